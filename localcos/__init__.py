@@ -1,0 +1,51 @@
+"""localcos: collaborative decoding of local GGUF models, made fast by speculation (CoS).
+
+The Python API::
+
+    from localcos import Ensemble, WeightedEnsemble, Contrastive
+    ens = Ensemble.load(["a.gguf", "b.gguf"], WeightedEnsemble([0.5, 0.5]))
+    completion = ens.generate("Once upon a time", method="cos", max_tokens=64, seed=0)
+"""
+
+__version__ = "0.1.0"
+
+from .backend import Model, ModelStats
+from .combiners import Combiner, Contrastive, CustomCombiner, LogitMix, WeightedEnsemble, make_combiner
+from .decoding import METHODS, Origin
+from .ensemble import Chunk, Completion, Ensemble, GenerationConfig, GenerationStats, Stream, TokenEvent
+from .errors import (
+    ConfigError,
+    LocalcosError,
+    ModelFileError,
+    ModelNotAvailableError,
+    PromptTooLongError,
+    TokenizerMismatchError,
+)
+from .sampling import Sampler
+
+__all__ = [
+    "METHODS",
+    "Chunk",
+    "Combiner",
+    "Completion",
+    "ConfigError",
+    "Contrastive",
+    "CustomCombiner",
+    "Ensemble",
+    "GenerationConfig",
+    "GenerationStats",
+    "LocalcosError",
+    "LogitMix",
+    "Model",
+    "ModelFileError",
+    "ModelNotAvailableError",
+    "ModelStats",
+    "Origin",
+    "PromptTooLongError",
+    "Sampler",
+    "Stream",
+    "TokenEvent",
+    "TokenizerMismatchError",
+    "WeightedEnsemble",
+    "make_combiner",
+]

@@ -1,0 +1,442 @@
+"""Model backend: one llama.cpp context per GGUF model, driven through the low-level batch API.
+
+A `Model` owns a llama.cpp model and context with a single sequence (id 0) in its KV cache, and
+always knows exactly which tokens that cache holds (`Model.tokens`). `evaluate` appends tokens and
+returns the logits of just the positions asked for, copied out of llama.cpp with
+`llama_get_logits_ith`; nothing proportional to n_ctx x n_vocab is ever allocated (the high-level
+`Llama(logits_all=True)` keeps such a buffer). `truncate` removes KV entries with `seq_rm`, which
+is how speculative decoding rolls back rejected drafts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+import llama_cpp
+
+from .errors import ModelFileError, TokenizerMismatchError
+
+GGUF_MAGIC = b"GGUF"
+
+# --- llama.cpp logging -------------------------------------------------------------------------
+# llama.cpp logs every load step to stderr. We keep the recent lines (an error message from a
+# failed load is shown to the user) and print them only when LOCALCOS_VERBOSE is set.
+_LOG_LINES: deque[str] = deque(maxlen=200)
+_LOG_ERRORS: deque[str] = deque(maxlen=20)
+_LOG_LOCK = threading.Lock()
+_VERBOSE = bool(os.environ.get("LOCALCOS_VERBOSE"))
+
+
+_GGML_LOG_ERROR, _GGML_LOG_CONT = 4, 5  # ggml_log_level
+_last_level = 0
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    global _last_level
+    line = text.decode("utf-8", errors="replace")
+    if level == _GGML_LOG_CONT:
+        level = _last_level
+    _last_level = level
+    with _LOG_LOCK:
+        _LOG_LINES.append(line)
+        if level == _GGML_LOG_ERROR:
+            _LOG_ERRORS.append(line.strip())
+    if _VERBOSE:
+        import sys
+
+        print(line, end="", file=sys.stderr, flush=True)
+
+
+def _install_logging() -> None:
+    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+
+
+_install_logging()
+llama_cpp.llama_backend_init()
+
+
+def set_verbose(verbose: bool) -> None:
+    """Echo llama.cpp's own log lines to stderr (off by default)."""
+    global _VERBOSE
+    _VERBOSE = verbose
+    _install_logging()
+
+
+def _last_llama_error() -> str:
+    """The most telling llama.cpp error logged since the last call (the first one: later lines
+    only say that loading failed)."""
+    with _LOG_LOCK:
+        errors = [e for e in _LOG_ERRORS if e]
+        _LOG_ERRORS.clear()
+    return errors[0] if errors else ""
+
+
+def default_threads() -> int:
+    """Threads for llama.cpp: every core the process may use, halved on larger machines where
+    the count includes SMT siblings (llama.cpp runs best on physical cores)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        n = os.cpu_count() or 1
+    return n if n <= 4 else max(4, n // 2)
+
+
+def amx_in_use() -> bool:
+    """True when this llama.cpp build runs AMX kernels on this CPU."""
+    return b"AMX_INT8 = 1" in (llama_cpp.llama_print_system_info() or b"")
+
+
+def default_extra_buffers() -> bool:
+    """Whether llama.cpp may repack weights into its extra CPU buffer types.
+
+    Off where llama.cpp would use its AMX kernels: they segfault in ggml_backend_amx_mul_mat on
+    some Sapphire Rapids machines (llama.cpp issue #20824; seen on the machines localcos is
+    tested on). LOCALCOS_EXTRA_BUFFERS=1 or =0 overrides.
+    """
+    env = os.environ.get("LOCALCOS_EXTRA_BUFFERS")
+    if env is not None:
+        return env.strip().lower() not in ("0", "false", "no", "off", "")
+    return not amx_in_use()
+
+
+def check_gguf_file(path: str | os.PathLike[str]) -> Path:
+    """Raise `ModelFileError` unless `path` is a readable file that starts with the GGUF magic."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelFileError(f"model file not found: {p}")
+    if not p.is_file():
+        raise ModelFileError(f"not a file: {p}")
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelFileError(f"cannot read {p}: {e.strerror}") from e
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"{p} is not a GGUF file (it does not start with the GGUF magic bytes)")
+    return p
+
+
+@dataclass
+class ModelStats:
+    """Work done by one model: llama_decode calls, tokens evaluated, seconds inside llama.cpp."""
+
+    calls: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def reset(self) -> None:
+        self.calls, self.tokens, self.seconds = 0, 0, 0.0
+
+    def snapshot(self) -> "ModelStats":
+        return ModelStats(self.calls, self.tokens, self.seconds)
+
+    def minus(self, earlier: "ModelStats") -> "ModelStats":
+        return ModelStats(
+            self.calls - earlier.calls, self.tokens - earlier.tokens, self.seconds - earlier.seconds
+        )
+
+
+class Model:
+    """A GGUF model loaded into its own llama.cpp context (one sequence in the KV cache).
+
+    Args:
+        path: the GGUF file.
+        n_ctx: context length in tokens (KV cache size).
+        n_gpu_layers: layers to offload to the GPU; -1 offloads all (needs a GPU build).
+        n_threads: CPU threads for llama.cpp (default: `default_threads()`).
+        n_batch: the largest number of tokens passed to one llama_decode call.
+        main_gpu, split_mode, flash_attn: passed to llama.cpp as they are.
+        extra_buffers: let llama.cpp repack weights for faster CPU kernels (default:
+            `default_extra_buffers()`).
+        max_logit_rows: logits rows one call is expected to return at most; llama.cpp sizes its
+            output compute buffer for this (n_vocab floats each), more are still possible.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        n_ctx: int = 4096,
+        n_gpu_layers: int = 0,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        main_gpu: int = 0,
+        split_mode: int = llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+        flash_attn: bool | None = None,
+        extra_buffers: bool | None = None,
+        max_logit_rows: int = 64,
+    ) -> None:
+        self.path = check_gguf_file(path)
+        self.name = self.path.name
+        if n_ctx < 8:
+            raise ValueError("n_ctx must be at least 8")
+        self._model = None
+        self._ctx = None
+        self._batch = None
+
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
+        mparams.main_gpu = main_gpu
+        mparams.split_mode = split_mode
+        mparams.use_extra_bufts = default_extra_buffers() if extra_buffers is None else extra_buffers
+        _last_llama_error()
+        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            detail = _last_llama_error() or "llama.cpp could not load it"
+            raise ModelFileError(
+                f"cannot load {self.path}: {_clean_llama_error(detail)}; download the file again or check "
+                "that this llama.cpp build supports its architecture"
+            )
+
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.n_params: int = llama_cpp.llama_model_n_params(self._model)
+        self.size_bytes: int = llama_cpp.llama_model_size(self._model)
+        self.n_ctx_train: int = llama_cpp.llama_model_n_ctx_train(self._model)
+        self.n_layer: int = llama_cpp.llama_model_n_layer(self._model)
+        self.n_embd: int = llama_cpp.llama_model_n_embd(self._model)
+        self.bos: int = llama_cpp.llama_vocab_bos(self._vocab)
+        self.eos: int = llama_cpp.llama_vocab_eos(self._vocab)
+        self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+        self.n_batch = max(1, min(n_batch, n_ctx))
+        self.n_threads = n_threads or default_threads()
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.n_outputs_max = max(1, min(max_logit_rows, self.n_batch))
+        cparams.no_perf = True
+        if flash_attn is not None:
+            cparams.flash_attn_type = (
+                llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
+        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            detail = _last_llama_error() or "llama.cpp could not create a context"
+            self.close()
+            raise ModelFileError(f"cannot create a context for {self.path}: {_clean_llama_error(detail)}")
+        self.n_ctx: int = min(n_ctx, llama_cpp.llama_n_ctx(self._ctx))
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+
+        # One reusable batch; numpy views over its arrays make filling it cheap.
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        b = self._batch
+        self._batch_token = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
+        self._batch_pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        self._batch_logits = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
+        np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))[:] = 1
+        for i in range(self.n_batch):
+            b.seq_id[i][0] = 0
+
+        self.tokens: list[int] = []
+        self.stats = ModelStats()
+        # Logits are returned for ids below this bound: an ensemble lowers it to the vocabulary
+        # its members share when one of them pads its embedding matrix.
+        self.logits_vocab: int = self.n_vocab
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    # --- metadata -------------------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text (None if absent)."""
+        buf = ctypes.create_string_buffer(4096)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def chat_template(self) -> str | None:
+        t = llama_cpp.llama_model_chat_template(self._model, None)
+        return t.decode("utf-8", errors="replace") if t else None
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, ...)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def eog_tokens(self) -> list[int]:
+        """All end-of-generation token ids."""
+        return [t for t in range(self.n_vocab) if self._is_eog_fast(t)]
+
+    def _is_eog_fast(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary entry of a token id, as stored in the GGUF file."""
+        return llama_cpp.llama_vocab_get_text(self._vocab, token) or b""
+
+    def vocab_fingerprint(self, n: int | None = None) -> str:
+        """SHA-256 over the text of token ids [0, n) (default: all)."""
+        h = hashlib.sha256()
+        for t in range(self.n_vocab if n is None else n):
+            h.update(self.token_text(t))
+            h.update(b"\0")
+        return h.hexdigest()
+
+    # --- text -----------------------------------------------------------------------------------
+    def tokenize(self, text: str, *, add_bos: bool | None = None, special: bool = False) -> list[int]:
+        """Token ids of `text`; BOS is added as the model's metadata says unless `add_bos` is given."""
+        data = text.encode("utf-8")
+        add = self.add_bos if add_bos is None else add_bos
+        cap = len(data) + 8
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add, special)
+        if n < 0:
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add, special)
+        return list(buf[:n])
+
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes a token stands for in generated text."""
+        buf = self._piece_buf
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    # --- evaluation -------------------------------------------------------------------------------
+    def evaluate(self, tokens: Sequence[int], n_logits: int | None = None) -> np.ndarray:
+        """Append `tokens` to the KV cache and return logits for the last `n_logits` of them.
+
+        Row i of the result is the model's next-token logits after the i-th of those tokens, as a
+        float32 array of shape [n_logits, logits_vocab]. `n_logits` defaults to all tokens; 0
+        evaluates without returning logits.
+        """
+        n = len(tokens)
+        n_logits = n if n_logits is None else n_logits
+        if not 0 <= n_logits <= n:
+            raise ValueError("n_logits must be between 0 and len(tokens)")
+        start = len(self.tokens)
+        if start + n > self.n_ctx:
+            raise ValueError(
+                f"{self.name}: evaluating {n} tokens at position {start} exceeds the context of {self.n_ctx}"
+            )
+        out = np.empty((n_logits, self.logits_vocab), dtype=np.float32)
+        first_logit = n - n_logits
+        t0 = time.perf_counter()
+        done = 0
+        while done < n:
+            chunk = min(self.n_batch, n - done)
+            self._batch.n_tokens = chunk
+            self._batch_token[:chunk] = tokens[done : done + chunk]
+            self._batch_pos[:chunk] = np.arange(start + done, start + done + chunk)
+            flags = self._batch_logits[:chunk]
+            flags[:] = 0
+            lo = max(first_logit - done, 0)
+            if lo < chunk:
+                flags[lo:] = 1
+            rc = llama_cpp.llama_decode(self._ctx, self._batch)
+            if rc != 0:
+                # the cache may hold part of the batch now: drop it, keep `tokens` exact
+                llama_cpp.llama_memory_seq_rm(self._memory, 0, start, -1)
+                self.tokens = self.tokens[:start]
+                raise RuntimeError(f"{self.name}: llama_decode failed with status {rc}")
+            for j in range(lo, chunk):
+                ptr = llama_cpp.llama_get_logits_ith(self._ctx, j)
+                row = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+                out[done + j - first_logit] = row[: self.logits_vocab]
+            self.stats.calls += 1
+            done += chunk
+        self.stats.tokens += n
+        self.stats.seconds += time.perf_counter() - t0
+        self.tokens.extend(int(t) for t in tokens)
+        return out
+
+    def truncate(self, n: int) -> None:
+        """Remove every token at position >= n from the KV cache."""
+        if n >= len(self.tokens):
+            return
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        ok = llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1)
+        if not ok:
+            raise RuntimeError(f"{self.name}: llama.cpp could not remove cache entries from position {n}")
+        del self.tokens[n:]
+
+    def reset(self) -> None:
+        """Empty the KV cache."""
+        self.truncate(0)
+
+    # --- lifetime ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the llama.cpp context and model (also done when the object is collected)."""
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"Model({self.name!r}, n_vocab={self.n_vocab}, n_params={self.n_params}, n_ctx={self.n_ctx})"
+
+
+def _clean_llama_error(text: str) -> str:
+    text = " ".join(text.split())
+    for prefix in ("llama_model_load: error loading model: ", "llama_model_load_from_file_impl: "):
+        if prefix in text:
+            text = text.split(prefix, 1)[1]
+    return text.rstrip(".") or "unknown llama.cpp error"
+
+
+# --- tokenizer compatibility ------------------------------------------------------------------------
+
+
+def shared_vocab_size(models: Sequence[Model]) -> int:
+    """The vocabulary the models of an ensemble share, or `TokenizerMismatchError`.
+
+    Models of one family often pad their embedding matrix to different sizes; then the shared ids
+    are those below the smallest vocabulary, and must carry the same token text in every model.
+    BOS and EOS must agree too.
+    """
+    if not models:
+        raise ValueError("no models")
+    first = models[0]
+    shared = min(m.n_vocab for m in models)
+    for other in models[1:]:
+        for what, a, b in (("BOS", first.bos, other.bos), ("EOS", first.eos, other.eos)):
+            if a != b:
+                raise TokenizerMismatchError(
+                    f"tokenizer mismatch: {first.path} and {other.path} have different {what} ids ({a} vs {b})"
+                )
+        if first.vocab_fingerprint(shared) == other.vocab_fingerprint(shared):
+            continue
+        for t in range(shared):
+            if first.token_text(t) != other.token_text(t):
+                raise TokenizerMismatchError(
+                    f"tokenizer mismatch: {first.path} and {other.path} differ at token id {t} "
+                    f"({first.token_text(t)!r} vs {other.token_text(t)!r}); an ensemble needs models "
+                    "with one tokenizer"
+                )
+    return shared

@@ -1,0 +1,251 @@
+"""Combination functions: how the models' next-token distributions become one distribution r.
+
+A combiner takes one logits array per model (in the user's model order), each of shape
+[positions, vocab], and a temperature, and returns r as probabilities of the same shape. Built in:
+
+* `WeightedEnsemble` (`we`): r = sum_k w_k softmax(l_k / T)                (probability level)
+* `Contrastive` (`cd`):      r = softmax((l_expert - mu * l_amateur) / T)  (logit level), with the
+  optional plausibility constraint of Li et al. (2023): only tokens with
+  p_expert(x) >= alpha * max p_expert may be chosen.
+* `LogitMix` (`logit-mix`):  r = softmax(sum_k w_k l_k / T)                 (logit level)
+* `CustomCombiner`: any user function, at the logit or probability level.
+
+Greedy decoding (T = 0) computes r at T = 1; the sampler then takes its argmax.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .errors import ConfigError
+from .sampling import softmax
+
+
+def normalise_weights(weights: Sequence[float], n_models: int) -> tuple[float, ...]:
+    """Check one finite, non-negative weight per model with a positive sum; scale to sum 1."""
+    w = [float(x) for x in weights]
+    if len(w) != n_models:
+        raise ConfigError(f"got {len(w)} weights for {n_models} models; give one weight per model")
+    if any(not math.isfinite(x) for x in w):
+        raise ConfigError("weights must be finite numbers")
+    if any(x < 0 for x in w):
+        raise ConfigError(f"weights must be >= 0, got {', '.join(f'{x:g}' for x in w)}")
+    total = sum(w)
+    if total <= 0:
+        raise ConfigError("weights must have a positive sum")
+    return tuple(x / total for x in w)
+
+
+class Combiner(ABC):
+    """Turns per-model logits into the combined distribution r."""
+
+    name: str = "combiner"
+
+    def bind(self, n_models: int, n_params: Sequence[int]) -> "Combiner":
+        """Check the combiner against the ensemble and fill in defaults; returns the bound combiner.
+
+        `n_params` (parameter counts, in model order) lets a combiner pick roles, such as the
+        expert of contrastive decoding.
+        """
+        return self
+
+    @abstractmethod
+    def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
+        """r for every row: [positions, vocab] float64 probabilities."""
+
+    def describe(self) -> str:
+        return self.name
+
+
+class _Weighted(Combiner):
+    """A combiner with one weight per model (default: equal weights)."""
+
+    def __init__(self, weights: Sequence[float] | None = None) -> None:
+        self.weights: tuple[float, ...] | None = None if weights is None else tuple(weights)
+
+    def bind(self, n_models: int, n_params: Sequence[int]) -> "_Weighted":
+        weights = self.weights if self.weights is not None else [1.0] * n_models
+        return type(self)(normalise_weights(weights, n_models))
+
+    def describe(self) -> str:
+        return f"{self.name}(" + ",".join(f"{w:g}" for w in self.weights or ()) + ")"
+
+
+class WeightedEnsemble(_Weighted):
+    """Probability-level weighted ensemble: r = sum_k w_k softmax(l_k / T)."""
+
+    name = "we"
+
+    def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
+        assert self.weights is not None, "bind() the combiner first"
+        r: np.ndarray | None = None
+        for w, l in zip(self.weights, logits):
+            if w == 0.0:
+                continue
+            p = softmax(l, temperature)
+            if w != 1.0:
+                p *= w
+            r = p if r is None else r + p
+        assert r is not None
+        return r
+
+
+class Contrastive(Combiner):
+    """Contrastive decoding: r = softmax((l_expert - mu * l_amateur) / T).
+
+    Args:
+        mu: the amateur's weight (>= 0; 0.1 in the CoS paper).
+        plausibility: alpha of Li et al.: keep only tokens with p_expert >= alpha * max p_expert
+            (p_expert at temperature 1). None (the paper's setting) keeps every token.
+        expert: index of the expert model; default the model with more parameters (ties: the
+            second). The other model is the amateur.
+    """
+
+    name = "cd"
+
+    def __init__(self, mu: float = 0.1, plausibility: float | None = None, expert: int | None = None) -> None:
+        if not math.isfinite(mu) or mu < 0:
+            raise ConfigError(f"mu must be >= 0, got {mu}")
+        if plausibility is not None and not 0 < plausibility <= 1:
+            raise ConfigError(f"plausibility alpha must be in (0, 1], got {plausibility}")
+        self.mu = float(mu)
+        self.plausibility = plausibility
+        self.expert = expert
+
+    def bind(self, n_models: int, n_params: Sequence[int]) -> "Contrastive":
+        if n_models != 2:
+            raise ConfigError(f"contrastive decoding combines exactly 2 models (an amateur and an expert), got {n_models}")
+        expert = self.expert
+        if expert is None:
+            expert = 0 if n_params[0] > n_params[1] else 1
+        if expert not in (0, 1):
+            raise ConfigError(f"expert must be model 0 or 1, got {expert}")
+        return Contrastive(self.mu, self.plausibility, expert)
+
+    @property
+    def amateur(self) -> int:
+        assert self.expert is not None
+        return 1 - self.expert
+
+    def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
+        assert self.expert is not None, "bind() the combiner first"
+        expert = np.asarray(logits[self.expert], dtype=np.float64)
+        z = expert - self.mu * np.asarray(logits[self.amateur], dtype=np.float64)
+        if self.plausibility is not None:
+            # p_expert(x) >= alpha * max p_expert  <=>  l(x) >= max l + log(alpha)
+            cut = expert.max(axis=-1, keepdims=True) + math.log(self.plausibility)
+            z[expert < cut] = -np.inf
+        return softmax(z, temperature)
+
+    def describe(self) -> str:
+        alpha = f",alpha={self.plausibility:g}" if self.plausibility is not None else ""
+        return f"cd(mu={self.mu:g},expert={self.expert}{alpha})"
+
+
+class LogitMix(_Weighted):
+    """Logit-level mixture: r = softmax(sum_k w_k l_k / T) (e.g. decoding-time realignment)."""
+
+    name = "logit-mix"
+
+    def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
+        assert self.weights is not None, "bind() the combiner first"
+        z = sum(w * np.asarray(l, dtype=np.float64) for w, l in zip(self.weights, logits) if w != 0.0)
+        return softmax(z, temperature)
+
+
+class CustomCombiner(Combiner):
+    """A user-written combination function.
+
+    Args:
+        fn: called with a list of per-model arrays of shape [positions, vocab] in model order,
+            returning one array of that shape.
+        level: "logits": fn gets raw logits and returns combined logits; r = softmax(out / T).
+            "probs": fn gets softmax(l_k / T) per model and returns (unnormalised) probabilities.
+        name: shown in stats.
+    """
+
+    def __init__(self, fn: Callable[[list[np.ndarray]], np.ndarray], level: str = "logits", name: str | None = None) -> None:
+        if level not in ("logits", "probs"):
+            raise ConfigError(f"custom combiner level must be 'logits' or 'probs', got {level!r}")
+        if not callable(fn):
+            raise ConfigError("a custom combiner must be callable")
+        self.fn = fn
+        self.level = level
+        self.name = name or getattr(fn, "__name__", "custom")
+
+    def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
+        if self.level == "logits":
+            out = np.asarray(self.fn([np.asarray(l, dtype=np.float64) for l in logits]), dtype=np.float64)
+            self._check_shape(out, logits[0])
+            if np.isnan(out).any():
+                raise ConfigError(f"combiner {self.name} returned NaN logits")
+            return softmax(out, temperature)
+        out = np.array(self.fn([softmax(l, temperature) for l in logits]), dtype=np.float64)
+        self._check_shape(out, logits[0])
+        if not np.isfinite(out).all() or (out < 0).any():
+            raise ConfigError(f"combiner {self.name} must return finite, non-negative probabilities")
+        total = out.sum(axis=-1, keepdims=True)
+        if (total <= 0).any():
+            raise ConfigError(f"combiner {self.name} returned a distribution with zero mass")
+        return out / total
+
+    def _check_shape(self, out: np.ndarray, like: np.ndarray) -> None:
+        if out.shape != np.shape(like):
+            raise ConfigError(f"combiner {self.name} returned shape {out.shape}, expected {np.shape(like)}")
+
+
+def load_custom(spec: str, level: str = "logits") -> CustomCombiner:
+    """A `CustomCombiner` from ``path/to/file.py:function`` or ``package.module:function``."""
+    if ":" not in spec:
+        raise ConfigError(f"custom combiner must look like FILE.py:FUNCTION or MODULE:FUNCTION, got {spec!r}")
+    where, func = spec.rsplit(":", 1)
+    try:
+        if where.endswith(".py"):
+            path = Path(where)
+            if not path.is_file():
+                raise ConfigError(f"combiner file not found: {where}")
+            mod_spec = importlib.util.spec_from_file_location(f"localcos_user_{path.stem}", path)
+            assert mod_spec and mod_spec.loader
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[mod_spec.name] = module
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except ConfigError:
+        raise
+    except Exception as e:  # the user's module failed to import
+        raise ConfigError(f"cannot import combiner module {where}: {type(e).__name__}: {e}") from e
+    fn = getattr(module, func, None)
+    if fn is None:
+        raise ConfigError(f"{where} has no function {func}")
+    return CustomCombiner(fn, level=level, name=func)
+
+
+def make_combiner(
+    kind: str,
+    *,
+    weights: Sequence[float] | None = None,
+    mu: float = 0.1,
+    plausibility: float | None = None,
+    expert: int | None = None,
+    level: str = "logits",
+) -> Combiner:
+    """A combiner by CLI name: we, cd, logit-mix, or FILE.py:FUNCTION / MODULE:FUNCTION."""
+    if kind == "we":
+        return WeightedEnsemble(weights)
+    if kind == "cd":
+        if weights is not None:
+            raise ConfigError("--weights does not apply to cd; use --mu")
+        return Contrastive(mu, plausibility, expert)
+    if kind == "logit-mix":
+        return LogitMix(weights)
+    if ":" in kind:
+        return load_custom(kind, level)
+    raise ConfigError(f"unknown combiner {kind!r}; use we, cd, logit-mix or FILE.py:FUNCTION")

@@ -1,0 +1,368 @@
+"""Decoding strategies: the standard ensemble, SD, Naive-CoS and CoS, over one shared state.
+
+`Decoder` holds the state of one completion and the operations every strategy is made of:
+catching a model up on the tokens its KV cache lacks (one batched llama_decode), the combined
+distribution r at given positions, proposing a draft token, verifying pending drafts (the one
+verifier in `verify.py`), committing tokens (stop conditions, text), and rolling every KV cache
+back after a rejection. Each strategy is a small class whose `step()` is one round of its loop.
+
+Positions: the token at position p is predicted by the logits a model computes after evaluating
+token p-1; we call those logits the model's *row* at p. A model whose cache holds n tokens has
+its row at every position up to n that decoding still needs.
+
+State invariant (checked by `check_invariants`): every model's cache holds a prefix of
+`committed + pending` (the committed tokens, then provisional draft tokens it has evaluated);
+rejected tokens never stay in any cache.
+
+Reference: ALGORITHM.md sections 2-5 (CoS paper, Fu et al. 2025).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .backend import Model
+from .combiners import Combiner
+from .sampling import Sampler, softmax
+from .text import TextAssembler
+from .verify import verify
+
+METHODS = ("ensemble", "sd", "naive-cos", "cos")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a committed token came from.
+
+    kind: "sample" (drawn from r directly), "draft" (a proposer's draft token, accepted),
+    "bonus" (sampled by a model from its own distribution right after scoring others' tokens,
+    then accepted; for sd: the bonus drawn from r), "resample" (drawn from the residual after a
+    rejection). model: index of the model that proposed it, if any.
+    """
+
+    kind: str
+    model: int | None = None
+
+
+@dataclass
+class Draft:
+    """A pending (not yet verified) token and the distribution its proposer sampled it from."""
+
+    token: int
+    proposer: int
+    q: np.ndarray
+    bonus: bool = False
+
+
+@dataclass
+class SpeculationStats:
+    """Counters of the speculative methods (all zero for `ensemble`)."""
+
+    proposed: int = 0  # draft tokens that went through verification
+    accepted: int = 0
+    verifications: int = 0
+    rollbacks: int = 0
+    bonus: int = 0  # bonus tokens committed
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.proposed if self.proposed else None
+
+    @property
+    def mean_accepted(self) -> float | None:
+        return self.accepted / self.verifications if self.verifications else None
+
+
+class Decoder:
+    """State of one completion, shared by all strategies."""
+
+    def __init__(
+        self,
+        models: Sequence[Model],
+        combiner: Combiner,
+        sampler: Sampler,
+        rng: np.random.Generator,
+        prompt: Sequence[int],
+        prompt_rows: Sequence[np.ndarray],
+        max_length: int,
+        end_tokens: set[int],
+        text: TextAssembler,
+        on_commit: Callable[[int, Origin], None] | None = None,
+    ) -> None:
+        self.models = list(models)
+        self.combiner = combiner
+        self.sampler = sampler
+        self.rng = rng
+        self.committed: list[int] = list(prompt)
+        self.n_prompt = len(prompt)
+        self.pending: list[Draft] = []
+        # rows[i][p]: model i's logits row at position p (only positions decoding still needs)
+        self.rows: list[dict[int, np.ndarray]] = [{len(prompt): row} for row in prompt_rows]
+        self.max_length = max_length
+        self.end_tokens = end_tokens
+        self.text = text
+        self.on_commit = on_commit
+        self.origins: list[Origin] = []
+        self.finish_reason: str | None = None
+        self.spec = SpeculationStats()
+        if len(self.committed) >= max_length:
+            self.finish_reason = "length"
+
+    # --- state ---------------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def generated(self) -> list[int]:
+        return self.committed[self.n_prompt :]
+
+    def sequence(self) -> list[int]:
+        """Committed tokens followed by the pending draft tokens."""
+        return self.committed + [d.token for d in self.pending]
+
+    def budget(self) -> int:
+        """How many more tokens may be committed."""
+        return self.max_length - len(self.committed)
+
+    def is_end(self, token: int) -> bool:
+        return token in self.end_tokens
+
+    def check_invariants(self) -> None:
+        """Assert that every model's KV cache holds a prefix of committed + pending."""
+        seq = self.sequence()
+        for m in self.models:
+            n = len(m.tokens)
+            assert n <= len(seq), f"{m.name} holds {n} tokens, more than the {len(seq)} committed+pending"
+            assert m.tokens == seq[:n], f"{m.name}'s KV cache holds tokens that are neither committed nor pending"
+
+    # --- model work ----------------------------------------------------------------------------
+    def catch_up(self, i: int, upto: int | None = None) -> None:
+        """Model i evaluates, in one batched call, every token of sequence()[:upto] its cache lacks."""
+        seq = self.sequence()
+        upto = len(seq) if upto is None else upto
+        model = self.models[i]
+        have = len(model.tokens)
+        if have >= upto:
+            return
+        # rows are needed for positions >= len(committed): the token at index k gives row k+1
+        n_logits = upto - max(have, len(self.committed) - 1)
+        logits = model.evaluate(seq[have:upto], n_logits)
+        first = upto - n_logits + 1
+        rows = self.rows[i]
+        for j in range(n_logits):
+            rows[first + j] = logits[j]
+
+    def rollback_model(self, i: int, length: int) -> None:
+        """Drop model i's cache entries and rows beyond `length` tokens."""
+        self.models[i].truncate(length)
+        rows = self.rows[i]
+        for p in [p for p in rows if p > length]:
+            del rows[p]
+
+    def rollback(self, length: int) -> None:
+        """Roll every model back to the first `length` tokens (a rejection at position `length`)."""
+        for i in range(len(self.models)):
+            self.rollback_model(i, length)
+
+    def scored_by_all(self) -> int:
+        """How many of the oldest pending tokens every model has a row for."""
+        last = min(len(m.tokens) for m in self.models)  # every model has rows up to here
+        return max(0, min(last - len(self.committed) + 1, len(self.pending)))
+
+    # --- distributions -------------------------------------------------------------------------
+    def combined(self, positions: Sequence[int]) -> np.ndarray:
+        """r at the given positions, [len(positions), vocab], sampler transforms applied."""
+        logits = [np.stack([rows[p] for p in positions]) for rows in self.rows]
+        r = self.combiner.combine(logits, self.sampler.softmax_temperature)
+        return self.sampler.finalize(r)
+
+    def own(self, i: int, position: int) -> np.ndarray:
+        """Model i's own distribution at `position` (what it proposes from)."""
+        p = softmax(self.rows[i][position], self.sampler.softmax_temperature)
+        return self.sampler.finalize(p)
+
+    # --- proposing, verifying, committing ------------------------------------------------------
+    def propose(self, i: int, bonus: bool = False) -> int:
+        """Model i samples the next draft token from its own distribution; returns it."""
+        position = len(self.committed) + len(self.pending)
+        q = self.own(i, position)
+        token = self.sampler.draw(q, self.rng)
+        self.pending.append(Draft(token, i, q, bonus))
+        return token
+
+    def draft(self, i: int, n: int, bonus: bool = False) -> None:
+        """Model i proposes up to n draft tokens, one at a time, catching up on each; it stops
+        after an end token. With `bonus`, the first one counts as a bonus token."""
+        for j in range(n):
+            self.catch_up(i)
+            if self.is_end(self.propose(i, bonus=bonus and j == 0)):
+                break
+
+    def draft_room(self) -> int:
+        """How many more draft tokens are worth proposing (none after an end token)."""
+        if self.pending and self.is_end(self.pending[-1].token):
+            return 0
+        return self.budget() - len(self.pending)
+
+    def verify_pending(self, k: int) -> bool:
+        """Verify the k oldest pending tokens against r; commit the result. True on a rejection."""
+        if k == 0:
+            return False
+        drafts = self.pending[:k]
+        n0 = len(self.committed)
+        r = self.combined(range(n0, n0 + k))
+        q = np.stack([d.q for d in drafts])
+        verdict = verify([d.token for d in drafts], q, r, self.rng)
+        self.spec.verifications += 1
+        self.spec.proposed += k
+        self.spec.accepted += verdict.accepted
+        accepted = drafts[: verdict.accepted]
+        tokens = [d.token for d in accepted]
+        origins = [Origin("bonus" if d.bonus else "draft", d.proposer) for d in accepted]
+        if verdict.replacement is None:
+            del self.pending[:k]
+            self.commit(tokens, origins)
+            return False
+        self.spec.rollbacks += 1
+        self.pending.clear()
+        self.rollback(n0 + verdict.accepted)
+        self.commit(tokens + [verdict.replacement], origins + [Origin("resample")])
+        return True
+
+    def commit(self, tokens: Sequence[int], origins: Sequence[Origin]) -> None:
+        """Append tokens to the completion, in order, until one of them ends it."""
+        for token, origin in zip(tokens, origins):
+            if self.finished:
+                break
+            if self.is_end(token):
+                self.finish_reason = "stop"
+                break
+            self.committed.append(token)
+            self.origins.append(origin)
+            if origin.kind == "bonus":
+                self.spec.bonus += 1
+            if self.on_commit is not None:
+                self.on_commit(token, origin)
+            if self.text.push(token):
+                self.finish_reason = "stop"
+            elif len(self.committed) >= self.max_length:
+                self.finish_reason = "length"
+        # rows before the first uncommitted position are no longer needed
+        n = len(self.committed)
+        for rows in self.rows:
+            for p in [p for p in rows if p < n]:
+                del rows[p]
+
+
+# --- strategies ----------------------------------------------------------------------------------
+
+
+class Strategy:
+    """One decoding method; `step()` runs one round of its loop."""
+
+    name = "strategy"
+
+    def __init__(self, dec: Decoder) -> None:
+        self.dec = dec
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+
+class EnsembleDecoding(Strategy):
+    """Standard collaborative decoding: every model evaluates every token; sample from r."""
+
+    name = "ensemble"
+
+    def step(self) -> None:
+        dec = self.dec
+        for i in range(len(dec.models)):
+            dec.catch_up(i)
+        r = dec.combined([len(dec.committed)])[0]
+        dec.commit([dec.sampler.draw(r, dec.rng)], [Origin("sample")])
+
+
+class _DrafterStrategy(Strategy):
+    """A method with one fixed drafter and proposal length gamma."""
+
+    def __init__(self, dec: Decoder, drafter: int, gamma: int) -> None:
+        super().__init__(dec)
+        self.drafter = drafter
+        self.gamma = gamma
+
+
+class SpeculativeDecoding(_DrafterStrategy):
+    """`sd`: the drafter proposes gamma tokens; the whole ensemble, drafter included, scores the
+    draft in one batched pass each and verifies it against r; a bonus token from r follows a
+    fully accepted draft. The target is treated as a black box, so the drafter re-runs its draft
+    in its target role."""
+
+    name = "sd"
+
+    def step(self) -> None:
+        dec, d = self.dec, self.drafter
+        n0 = len(dec.committed)
+        dec.draft(d, min(self.gamma, dec.budget() - 1))
+        # target pass: the drafter forgets its draft and scores it again, batched, like the others
+        dec.rollback_model(d, n0)
+        for i in range(len(dec.models)):
+            dec.catch_up(i)
+        if dec.verify_pending(len(dec.pending)) or dec.finished:
+            return
+        r = dec.combined([len(dec.committed)])[0]
+        dec.commit([dec.sampler.draw(r, dec.rng)], [Origin("bonus")])
+
+
+class NaiveCoS(_DrafterStrategy):
+    """`naive-cos`: like sd, but the drafter's draft-time distributions are its share of r (no
+    re-run) and there is no bonus token; the others score the draft positions only."""
+
+    name = "naive-cos"
+
+    def step(self) -> None:
+        dec, d = self.dec, self.drafter
+        dec.draft(d, min(self.gamma, dec.budget()))
+        upto = len(dec.committed) + len(dec.pending) - 1  # rows at the draft positions, no further
+        for i in range(len(dec.models)):
+            if i != d:
+                dec.catch_up(i, upto)
+        dec.verify_pending(len(dec.pending))
+
+
+class CoS(Strategy):
+    """`cos`: the alternate proposal framework (2 models) and its n-model generalisation.
+
+    Models take turns in `order` (the default proposer first). On its turn a model scores, in one
+    batched pass, every token it has not evaluated; the oldest pending tokens that every model has
+    now scored are verified against r; then, unless that rejected something, the model proposes:
+    its first token comes from the distribution after the last pending token (a *bonus* when it
+    just scored others' drafts), then gamma_i - 1 more. A rejection commits the residual sample,
+    discards all pending tokens, rolls back every cache and hands the turn to the default proposer.
+    With two models this is exactly Algorithm 1 of the paper; with n models, Algorithm 2.
+    """
+
+    name = "cos"
+
+    def __init__(self, dec: Decoder, order: Sequence[int], gammas: Sequence[int]) -> None:
+        super().__init__(dec)
+        self.order = list(order)
+        self.gammas = list(gammas)
+        self.turn = 0
+
+    def step(self) -> None:
+        dec = self.dec
+        i = self.order[self.turn]
+        scored_others = bool(dec.pending)
+        dec.catch_up(i)
+        k = dec.scored_by_all()
+        if k and dec.verify_pending(k):
+            self.turn = 0
+            return
+        if dec.finished:
+            return
+        dec.draft(i, min(self.gammas[i], dec.draft_room()), bonus=scored_others)
+        self.turn = (self.turn + 1) % len(self.order)

@@ -1,0 +1,31 @@
+"""Exceptions raised by localcos.
+
+Every error a user can cause by bad input is a `LocalcosError`; its message is one line that says
+what is wrong and what to do. The CLI prints that line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+
+class LocalcosError(Exception):
+    """Base class of all errors caused by bad input or configuration."""
+
+
+class ModelFileError(LocalcosError):
+    """A model file is missing, unreadable, not a GGUF file, or cannot be loaded by llama.cpp."""
+
+
+class TokenizerMismatchError(LocalcosError):
+    """The models of an ensemble do not share one tokenizer."""
+
+
+class ConfigError(LocalcosError):
+    """Bad settings: weights, mu, sampling parameters, method options, models.toml."""
+
+
+class PromptTooLongError(LocalcosError):
+    """The prompt does not fit into the context window."""
+
+
+class ModelNotAvailableError(LocalcosError):
+    """A model named in models.toml or on the hub is not on disk and cannot be downloaded."""

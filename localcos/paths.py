@@ -1,0 +1,28 @@
+"""Where localcos keeps its files."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """The user cache directory: $LOCALCOS_CACHE, else the platform's cache folder + localcos."""
+    env = os.environ.get("LOCALCOS_CACHE")
+    if env:
+        return Path(env).expanduser()
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "localcos"
+    if os.name == "nt":
+        return Path(os.environ.get("LOCALAPPDATA", Path.home())) / "localcos" / "cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "localcos"
+
+
+def config_dir() -> Path:
+    """The user configuration directory: $XDG_CONFIG_HOME/localcos (or the platform's)."""
+    if sys.platform == "darwin" and not os.environ.get("XDG_CONFIG_HOME"):
+        return Path.home() / "Library" / "Application Support" / "localcos"
+    if os.name == "nt":
+        return Path(os.environ.get("APPDATA", Path.home())) / "localcos"
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "localcos"

@@ -1,0 +1,126 @@
+"""Sampling from next-token distributions: temperature, top-k, top-p, min-p, seeded draws.
+
+Everything works on NumPy rows ([positions, vocab] or [vocab]); there is no Python loop over the
+vocabulary. Temperature is applied where distributions are made (`softmax(logits / T)`, in the
+combiners and for a proposer's own distribution); `Sampler.finalize` then applies greedy one-hot,
+the truncations and the banned tokens to a distribution, and `Sampler.draw` samples from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import ConfigError
+
+
+def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Row-wise softmax(logits / temperature) in float64; -inf logits get probability 0."""
+    z = np.asarray(logits, dtype=np.float64) / temperature
+    z = z - z.max(axis=-1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=-1, keepdims=True)
+    return z
+
+
+def draw(probs: np.ndarray, u: float) -> int:
+    """The token at quantile `u` in [0, 1) of a (possibly unnormalised) distribution row.
+
+    Tokens with zero probability are never returned: the inverse CDF skips over them.
+    """
+    cdf = np.cumsum(probs)
+    x = u * cdf[-1]
+    i = int(np.searchsorted(cdf, x, side="right"))
+    if i >= len(cdf):  # u * total rounded up to total
+        i = int(np.flatnonzero(probs)[-1])
+    return i
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Sampling settings applied to every distribution a method samples from.
+
+    Args:
+        temperature: 0 means greedy (one-hot at the argmax, ties to the lowest id); distributions
+            are then computed as at temperature 1 before the argmax is taken.
+        top_k: keep the k most likely tokens (0 = off); tokens tied with the k-th are kept too.
+        top_p: keep the smallest set of most likely tokens whose mass reaches top_p (1 = off).
+        min_p: keep tokens with probability >= min_p * the largest probability (0 = off).
+        banned: token ids that get probability 0 (used for --ignore-eos).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    banned: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ConfigError(f"top-k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ConfigError(f"min-p must be in [0, 1], got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def softmax_temperature(self) -> float:
+        """The temperature distributions are computed at (1 when greedy)."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+    def finalize(self, probs: np.ndarray) -> np.ndarray:
+        """Apply banned tokens, greedy or the truncations to distributions; rows sum to 1.
+
+        Accepts [vocab] or [positions, vocab]; returns float64 of the same shape (a new array).
+        """
+        p = np.array(probs, dtype=np.float64, ndmin=2)
+        if self.banned:
+            p[:, list(self.banned)] = 0.0
+        if self.greedy:
+            best = p.argmax(axis=1)
+            p = np.zeros_like(p)
+            p[np.arange(len(p)), best] = 1.0
+        else:
+            if self.top_k and self.top_k < p.shape[1]:
+                kth = -np.partition(-p, self.top_k - 1, axis=1)[:, self.top_k - 1 : self.top_k]
+                p[p < kth] = 0.0
+            if self.top_p < 1.0:
+                for row in p:
+                    _top_p_inplace(row, self.top_p)
+            if self.min_p > 0.0:
+                p[p < self.min_p * p.max(axis=1, keepdims=True)] = 0.0
+        total = p.sum(axis=1, keepdims=True)
+        if np.any(total <= 0):
+            raise ConfigError("every token was excluded by the sampling settings")
+        p /= total
+        return p if np.ndim(probs) == 2 else p[0]
+
+    def draw(self, probs: np.ndarray, rng: np.random.Generator) -> int:
+        """Sample one token from a finalized distribution row."""
+        if self.greedy:
+            return int(np.argmax(probs))
+        return draw(probs, float(rng.random()))
+
+
+def _top_p_inplace(row: np.ndarray, top_p: float) -> None:
+    """Zero every token outside the nucleus of mass `top_p` (ties at the cut are kept)."""
+    total = row.sum()
+    k = min(64, len(row))
+    while True:
+        # The nucleus of a peaked distribution is small: sort only the k largest, grow if needed.
+        top = np.argpartition(-row, k - 1)[:k] if k < len(row) else np.arange(len(row))
+        vals = np.sort(row[top])[::-1]
+        csum = np.cumsum(vals)
+        n = int(np.searchsorted(csum, top_p * total, side="left"))
+        if n < len(vals) or k == len(row):
+            cut = vals[min(n, len(vals) - 1)]
+            row[row < cut] = 0.0
+            return
+        k = min(len(row), k * 8)

@@ -1,0 +1,83 @@
+"""Named sets of synthetic models (built by `testmodels`, cached in the user cache directory).
+
+* ``demo``: a small weighted-ensemble pair that builds in seconds (``localcos demo``, ``chat --demo``).
+* ``we-pair``: two same-size siblings that agree about as much as an instruct model and its code
+  variant (weighted ensemble).
+* ``cd-pair``: an amateur and an expert of one family, the expert about 10x costlier per token
+  (contrastive decoding).
+* ``we-triple``: three same-size siblings (three-model weighted ensemble).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from .paths import cache_dir
+from .testmodels import ModelSpec, cached_model, cached_path
+
+
+@dataclass(frozen=True)
+class SyntheticSet:
+    name: str
+    description: str
+    specs: tuple[ModelSpec, ...]
+    combine: str  # the combiner the set is made for
+    labels: tuple[str, ...]
+
+
+_DEMO_BASE = ModelSpec(vocab_size=4096, n_embd=256, n_layer=4, n_head=4, n_ff=768, dtype="q8_0", seed=11, name="demo-a")
+_WE_BASE = ModelSpec(vocab_size=32000, n_embd=512, n_layer=8, n_head=8, n_ff=1536, dtype="q8_0", seed=21, name="we-a")
+_CD_AMATEUR = ModelSpec(vocab_size=32000, n_embd=256, n_layer=2, n_head=4, n_ff=768, dtype="q8_0", seed=31, name="cd-amateur")
+
+SETS: dict[str, SyntheticSet] = {
+    "demo": SyntheticSet(
+        "demo",
+        "two small siblings for a weighted ensemble (builds in seconds)",
+        (_DEMO_BASE, replace(_DEMO_BASE, noise=0.25, name="demo-b")),
+        "we",
+        ("demo-a", "demo-b"),
+    ),
+    "we-pair": SyntheticSet(
+        "we-pair",
+        "two same-size siblings (weighted ensemble)",
+        (_WE_BASE, replace(_WE_BASE, noise=0.25, name="we-b")),
+        "we",
+        ("we-a", "we-b"),
+    ),
+    "cd-pair": SyntheticSet(
+        "cd-pair",
+        "an amateur and an expert ~10x costlier per token (contrastive decoding)",
+        (
+            _CD_AMATEUR,
+            replace(_CD_AMATEUR, n_embd=256, extra_layers=0, name="cd-expert"),
+        ),
+        "cd",
+        ("cd-amateur", "cd-expert"),
+    ),
+    "we-triple": SyntheticSet(
+        "we-triple",
+        "three same-size siblings (three-model weighted ensemble)",
+        (
+            _WE_BASE,
+            replace(_WE_BASE, noise=0.25, name="we-b"),
+            replace(_WE_BASE, noise=0.25, noise_seed=2, name="we-c"),
+        ),
+        "we",
+        ("we-a", "we-b", "we-c"),
+    ),
+}
+
+
+def ensure_set(name: str, progress: Callable[[str], None] | None = None, directory: Path | None = None) -> list[Path]:
+    """Paths of the models of a synthetic set, building (and caching) any that are missing."""
+    if name not in SETS:
+        raise KeyError(name)
+    where = (directory or cache_dir() / "synthetic")
+    paths = []
+    for spec in SETS[name].specs:
+        if not cached_path(spec, where).exists() and progress:
+            progress(f"building synthetic model {spec.name} (once; cached in {where})")
+        paths.append(cached_model(spec, where))
+    return paths

@@ -1,0 +1,56 @@
+"""Shared fixtures: synthetic GGUF models written once per test session by localcos.testmodels.
+
+Set LOCALCOS_TEST_CACHE=DIR to keep the models between sessions (they are keyed by their spec).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from localcos.testmodels import ModelSpec, cached_model
+
+# Small and fast: a 1024-token vocabulary, 2 layers of width 64. Peaked distributions with a
+# mean entropy of about 2-3 nats, like a language model.
+BASE = ModelSpec(vocab_size=1024, n_embd=64, n_layer=2, n_head=4, n_ff=128, dtype="f32", seed=7, name="t-base")
+SPECS: dict[str, ModelSpec] = {
+    "base": BASE,
+    "sibling": replace(BASE, noise=0.3, name="t-sibling"),
+    "sibling2": replace(BASE, noise=0.3, noise_seed=2, name="t-sibling2"),
+    "sibling3": replace(BASE, noise=0.3, noise_seed=3, name="t-sibling3"),
+    "larger": replace(BASE, extra_layers=6, name="t-larger"),
+    "other_tokenizer": replace(BASE, tokenizer_variant=1, name="t-other-tok"),
+    "padded": replace(BASE, pad_vocab_to=1024 + 64, name="t-padded"),
+    "eos_heavy": replace(BASE, eos_rate=0.5, name="t-eos"),
+    "q8": replace(BASE, dtype="q8_0", name="t-q8"),
+    "f16": replace(BASE, dtype="f16", name="t-f16"),
+    # a real-size vocabulary (Qwen2.5's padded size), narrow so it stays small
+    "vocab152k": ModelSpec(vocab_size=151936, n_embd=32, n_layer=1, n_head=2, n_ff=64, dtype="f16", seed=9, name="t-152k"),
+    "vocab152k_padded": ModelSpec(
+        vocab_size=151936, pad_vocab_to=152064, n_embd=32, n_layer=1, n_head=2, n_ff=64, dtype="f16", seed=9, name="t-152k-pad"
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    env = os.environ.get("LOCALCOS_TEST_CACHE")
+    if env:
+        path = Path(env)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def models(model_dir: Path):
+    """name -> path of a test model, written on first use."""
+
+    class _Models:
+        def __getitem__(self, name: str) -> Path:
+            return cached_model(SPECS[name], model_dir)
+
+    return _Models()

@@ -1,0 +1,150 @@
+"""The llama.cpp backend: logits of exactly the positions asked for, exact KV-cache bookkeeping."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import llama_cpp
+
+from localcos.backend import Model, check_gguf_file, shared_vocab_size
+from localcos.errors import ModelFileError, TokenizerMismatchError
+
+# Batched and one-token-at-a-time evaluation round differently in llama.cpp: measured here, the
+# logits differ by up to ~1e-3 (on logits of magnitude ~10). Comparisons across batch shapes use
+# this tolerance; identical batch shapes must agree exactly.
+BATCH_TOL = 5e-3
+
+TEXT = "The small model writes a draft and the large model checks it, token by token."
+
+
+@pytest.fixture(scope="module")
+def base(models):
+    m = Model(models["base"], n_ctx=256)
+    yield m
+    m.close()
+
+
+def reference_logits(path, tokens):
+    """All-position logits from llama-cpp-python's high-level API (independent code path)."""
+    llm = llama_cpp.Llama(str(path), n_ctx=256, logits_all=True, verbose=False)
+    llm.eval(tokens)
+    out = np.array(llm.scores[: len(tokens)], dtype=np.float32)
+    llm.close()
+    return out
+
+
+def test_evaluate_returns_the_positions_asked_for(base, models):
+    base.reset()
+    tokens = base.tokenize(TEXT)
+    full = base.evaluate(tokens)
+    assert full.shape == (len(tokens), base.n_vocab)
+    assert full.dtype == np.float32
+    assert base.tokens == tokens
+    ref = reference_logits(models["base"], tokens)
+    np.testing.assert_allclose(full, ref, atol=BATCH_TOL)
+    # only the last 3 rows: the same numbers as the tail of the full evaluation
+    base.reset()
+    tail = base.evaluate(tokens, 3)
+    assert tail.shape == (3, base.n_vocab)
+    np.testing.assert_array_equal(tail, full[-3:])
+    base.reset()
+    assert base.evaluate(tokens, 0).shape == (0, base.n_vocab)
+    assert base.tokens == tokens
+
+
+def test_one_at_a_time_matches_batched_within_rounding(base):
+    base.reset()
+    tokens = base.tokenize(TEXT)
+    batched = base.evaluate(tokens)
+    base.reset()
+    single = np.concatenate([base.evaluate([t]) for t in tokens])
+    np.testing.assert_allclose(single, batched, atol=BATCH_TOL)
+    assert np.abs(single).max() > 1.0  # the comparison is not vacuous
+
+
+def test_truncate_then_reevaluate_equals_fresh_evaluation(base):
+    base.reset()
+    tokens = base.tokenize(TEXT)
+    fresh = base.evaluate(tokens)
+    for keep in (1, 5, len(tokens) - 1):
+        base.truncate(len(tokens))  # no-op
+        base.evaluate([42, 43, 44])  # something to throw away
+        base.truncate(keep)
+        assert base.tokens == tokens[:keep]
+        again = base.evaluate(tokens[keep:])
+        np.testing.assert_allclose(again, fresh[keep:], atol=BATCH_TOL)
+        base.truncate(len(tokens))
+
+
+def test_long_input_is_split_into_batches(models):
+    m = Model(models["base"], n_ctx=256, n_batch=16)
+    tokens = m.tokenize(TEXT * 3)
+    assert len(tokens) > 40
+    out = m.evaluate(tokens, 20)  # the logits span two batches
+    assert out.shape == (20, m.n_vocab)
+    assert m.stats.calls == -(-len(tokens) // 16)
+    ref = reference_logits(models["base"], tokens)
+    np.testing.assert_allclose(out, ref[-20:], atol=BATCH_TOL)
+    m.close()
+
+
+def test_counters(base):
+    base.reset()
+    base.stats.reset()
+    base.evaluate([5, 6, 7], 1)
+    base.evaluate([8])
+    assert (base.stats.calls, base.stats.tokens) == (2, 4)
+    assert base.stats.seconds > 0
+
+
+def test_context_overflow_is_refused(models):
+    m = Model(models["base"], n_ctx=16)
+    m.evaluate(list(range(10, 26)), 1)
+    with pytest.raises(ValueError, match="exceeds the context"):
+        m.evaluate([30])
+    assert len(m.tokens) == 16
+    m.close()
+
+
+def test_quantised_models_load_and_run(models):
+    for name in ("q8", "f16"):
+        m = Model(models[name], n_ctx=64)
+        logits = m.evaluate(m.tokenize(TEXT), 1)
+        assert np.isfinite(logits).all()
+        m.close()
+
+
+def test_bad_files(tmp_path, models):
+    with pytest.raises(ModelFileError, match="not found"):
+        check_gguf_file(tmp_path / "missing.gguf")
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(ModelFileError, match="not a GGUF file"):
+        Model(text)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(models["base"].read_bytes()[:200_000])
+    with pytest.raises(ModelFileError, match="not within the file bounds"):
+        Model(truncated)
+
+
+def test_tokenizer_mismatch_names_both_files_and_the_first_differing_id(models):
+    a = Model(models["base"], n_ctx=32)
+    b = Model(models["other_tokenizer"], n_ctx=32)
+    with pytest.raises(TokenizerMismatchError) as err:
+        shared_vocab_size([a, b])
+    message = str(err.value)
+    assert str(models["base"]) in message and str(models["other_tokenizer"]) in message
+    first = next(t for t in range(a.n_vocab) if a.token_text(t) != b.token_text(t))
+    assert f"token id {first}" in message
+    a.close()
+    b.close()
+
+
+def test_padded_vocabulary_shares_the_smaller_one(models):
+    a = Model(models["base"], n_ctx=32)
+    b = Model(models["padded"], n_ctx=32)
+    assert b.n_vocab == a.n_vocab + 64
+    assert shared_vocab_size([a, b]) == shared_vocab_size([b, a]) == a.n_vocab
+    a.close()
+    b.close()

@@ -1,0 +1,140 @@
+"""Combination functions against hand-computed cases, and their validation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from localcos.combiners import (
+    Contrastive,
+    CustomCombiner,
+    LogitMix,
+    WeightedEnsemble,
+    load_custom,
+    make_combiner,
+    normalise_weights,
+)
+from localcos.errors import ConfigError
+
+
+def softmax(x):
+    e = np.exp(np.asarray(x, float) - np.max(x))
+    return e / e.sum()
+
+
+L1 = np.array([[math.log(1), math.log(2), math.log(7)]])  # p1 = (0.1, 0.2, 0.7)
+L2 = np.array([[math.log(5), math.log(4), math.log(1)]])  # p2 = (0.5, 0.4, 0.1)
+
+
+def test_weighted_ensemble_by_hand():
+    we = WeightedEnsemble([1, 3]).bind(2, [1, 1])
+    assert we.weights == (0.25, 0.75)
+    r = we.combine([L1, L2], 1.0)
+    np.testing.assert_allclose(r[0], [0.25 * 0.1 + 0.75 * 0.5, 0.25 * 0.2 + 0.75 * 0.4, 0.25 * 0.7 + 0.75 * 0.1])
+
+
+def test_weighted_ensemble_temperature_applies_per_model():
+    we = WeightedEnsemble().bind(2, [1, 1])
+    r = we.combine([L1, L2], 0.5)
+    expected = 0.5 * softmax(L1[0] / 0.5) + 0.5 * softmax(L2[0] / 0.5)
+    np.testing.assert_allclose(r[0], expected)
+
+
+def test_contrastive_by_hand():
+    cd = Contrastive(mu=0.5).bind(2, [10, 100])  # model 1 is larger: the expert
+    assert (cd.expert, cd.amateur) == (1, 0)
+    r = cd.combine([L1, L2], 1.0)
+    np.testing.assert_allclose(r[0], softmax(L2[0] - 0.5 * L1[0]))
+    r_t = cd.combine([L1, L2], 2.0)
+    np.testing.assert_allclose(r_t[0], softmax((L2[0] - 0.5 * L1[0]) / 2.0))
+
+
+def test_contrastive_plausibility_masks_implausible_tokens():
+    # expert p = (0.5, 0.4, 0.1); alpha = 0.3 keeps tokens with p >= 0.15: ids 0 and 1
+    cd = Contrastive(mu=1.0, plausibility=0.3, expert=1).bind(2, [1, 1])
+    r = cd.combine([L1, L2], 1.0)
+    assert r[0, 2] == 0.0
+    np.testing.assert_allclose(r[0, :2], softmax((L2[0] - L1[0])[:2]))
+
+
+def test_contrastive_picks_the_larger_model_as_expert_by_default():
+    assert Contrastive().bind(2, [500, 100]).expert == 0
+    assert Contrastive().bind(2, [100, 500]).expert == 1
+    assert Contrastive(expert=0).bind(2, [100, 500]).expert == 0
+
+
+def test_logit_mix_by_hand():
+    mix = LogitMix([0.25, 0.75]).bind(2, [1, 1])
+    r = mix.combine([L1, L2], 1.0)
+    np.testing.assert_allclose(r[0], softmax(0.25 * L1[0] + 0.75 * L2[0]))
+
+
+def test_combiners_are_vectorised_over_positions():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(4, 50)), rng.normal(size=(4, 50))
+    for comb in (WeightedEnsemble([0.3, 0.7]), Contrastive(0.2), LogitMix([1, 2])):
+        bound = comb.bind(2, [1, 2])
+        together = bound.combine([a, b], 0.8)
+        one_by_one = np.concatenate([bound.combine([a[i : i + 1], b[i : i + 1]], 0.8) for i in range(4)])
+        np.testing.assert_allclose(together, one_by_one)
+        np.testing.assert_allclose(together.sum(axis=1), 1.0)
+
+
+def test_custom_combiners_at_both_levels():
+    logits_level = CustomCombiner(lambda ls: ls[1] - 0.5 * ls[0], level="logits")
+    np.testing.assert_allclose(logits_level.combine([L1, L2], 1.0)[0], softmax(L2[0] - 0.5 * L1[0]))
+    probs_level = CustomCombiner(lambda ps: np.sqrt(ps[0] * ps[1]), level="probs")
+    geo = np.sqrt(softmax(L1[0]) * softmax(L2[0]))
+    np.testing.assert_allclose(probs_level.combine([L1, L2], 1.0)[0], geo / geo.sum())
+
+
+def test_custom_combiner_errors():
+    with pytest.raises(ConfigError, match="shape"):
+        CustomCombiner(lambda ls: ls[0][:, :2]).combine([L1, L2], 1.0)
+    with pytest.raises(ConfigError, match="non-negative"):
+        CustomCombiner(lambda ps: ps[0] - ps[1], level="probs").combine([L1, L2], 1.0)
+    with pytest.raises(ConfigError, match="level"):
+        CustomCombiner(lambda ls: ls[0], level="bogus")
+
+
+def test_custom_combiner_from_a_file(tmp_path):
+    f = tmp_path / "mine.py"
+    f.write_text("def contrast(logits):\n    return logits[1] - 0.25 * logits[0]\n")
+    comb = make_combiner(f"{f}:contrast")
+    np.testing.assert_allclose(comb.combine([L1, L2], 1.0)[0], softmax(L2[0] - 0.25 * L1[0]))
+    with pytest.raises(ConfigError, match="no function"):
+        load_custom(f"{f}:missing")
+    with pytest.raises(ConfigError, match="not found"):
+        load_custom(f"{tmp_path}/nope.py:f")
+
+
+@pytest.mark.parametrize(
+    "weights, n, message",
+    [
+        ([0.5], 2, "got 1 weights for 2 models"),
+        ([0.5, 0.5, 0.1], 2, "got 3 weights for 2 models"),
+        ([1.0, -0.5], 2, "must be >= 0"),
+        ([0.0, 0.0], 2, "positive sum"),
+        ([float("nan"), 1.0], 2, "finite"),
+    ],
+)
+def test_weight_validation(weights, n, message):
+    with pytest.raises(ConfigError, match=message):
+        normalise_weights(weights, n)
+    with pytest.raises(ConfigError, match=message):
+        WeightedEnsemble(weights).bind(n, [1] * n)
+
+
+def test_contrastive_validation():
+    with pytest.raises(ConfigError, match="mu must be >= 0"):
+        Contrastive(mu=-0.1)
+    with pytest.raises(ConfigError, match="exactly 2 models"):
+        Contrastive().bind(3, [1, 2, 3])
+    with pytest.raises(ConfigError, match="plausibility"):
+        Contrastive(plausibility=1.5)
+    with pytest.raises(ConfigError, match="does not apply to cd"):
+        make_combiner("cd", weights=[1, 1])
+    with pytest.raises(ConfigError, match="unknown combiner"):
+        make_combiner("median")

@@ -1,0 +1,172 @@
+"""Standard collaborative decoding through the Python API."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import llama_cpp
+
+from localcos import Ensemble, WeightedEnsemble
+from localcos.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
+from localcos.sampling import softmax
+from statcheck import assert_matches
+
+PROMPTS = ["The river runs past the old mill", "def main():", "Question: what is the capital of France?"]
+
+
+@pytest.fixture(scope="module")
+def single(models):
+    with Ensemble.load([models["base"]], n_ctx=512) as ens:
+        yield ens
+
+
+@pytest.fixture(scope="module")
+def pair(models):
+    with Ensemble.load([models["base"], models["sibling"]], n_ctx=512) as ens:
+        yield ens
+
+
+def llama_greedy(path, prompt, n):
+    llm = llama_cpp.Llama(str(path), n_ctx=512, verbose=False)
+    tokens = llm.tokenize(prompt.encode())
+    out = []
+    for t in llm.generate(tokens, temp=0.0, top_k=1):
+        if t == llm.token_eos() or len(out) == n:
+            break
+        out.append(t)
+    llm.close()
+    return out
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_one_model_greedy_equals_llama_cpp_python(single, models, prompt):
+    ours = single.generate(prompt, method="ensemble", temperature=0, max_tokens=48)
+    theirs = llama_greedy(models["base"], prompt, 48)
+    assert len(ours.token_ids) > 10
+    assert ours.token_ids == theirs[: len(ours.token_ids)]
+
+
+def test_completion_fields_and_stats(pair):
+    out = pair.generate(PROMPTS[0], method="ensemble", max_tokens=20, seed=3, ignore_eos=True)
+    assert len(out.token_ids) == 20 and out.finish_reason == "length"
+    assert out.text == pair.detokenize(out.token_ids)
+    s = out.stats
+    assert s.method == "ensemble" and s.tokens == 20
+    # every model evaluates every token: 20 tokens need 19 single-token calls after the prompt
+    assert [m.calls for m in s.models] == [19, 19]
+    assert s.llama_seconds <= s.seconds and s.host_seconds >= 0
+    assert all(o.kind == "sample" for o in out.origins)
+
+
+def test_same_seed_same_output_and_different_seeds_differ(pair):
+    a = pair.generate(PROMPTS[1], max_tokens=30, seed=11, method="ensemble")
+    b = pair.generate(PROMPTS[1], max_tokens=30, seed=11, method="ensemble")
+    c = pair.generate(PROMPTS[1], max_tokens=30, seed=12, method="ensemble")
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+
+
+def test_generate_many_is_reproducible_and_independent(pair):
+    a = pair.generate_many(PROMPTS[0], 5, max_tokens=8, seed=1, method="ensemble")
+    b = pair.generate_many(PROMPTS[0], 5, max_tokens=8, seed=1, method="ensemble")
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert len({tuple(c.token_ids) for c in a}) > 1
+
+
+def test_first_token_follows_the_combined_distribution(pair):
+    """3000 one-token completions: their distribution is r = 0.5 p_base + 0.5 p_sibling."""
+    prompt = PROMPTS[0]
+    tokens = pair.tokenize(prompt)
+    for m in pair.models:
+        m.reset()
+    logits = [m.evaluate(tokens, 1) for m in pair.models]
+    r = 0.5 * softmax(logits[0][0]) + 0.5 * softmax(logits[1][0])
+    outs = pair.generate_many(prompt, 3000, max_tokens=1, seed=5, method="ensemble")
+    assert_matches([c.token_ids[0] for c in outs if c.token_ids], r, "first tokens")
+
+
+def test_stop_string_ends_the_text_before_it(pair):
+    full = pair.generate(PROMPTS[0], temperature=0, max_tokens=40, ignore_eos=True)
+    stop = full.text[10:14]
+    assert stop.strip()
+    out = pair.generate(PROMPTS[0], temperature=0, max_tokens=40, stop=[stop], ignore_eos=True)
+    assert out.finish_reason == "stop"
+    assert out.text == full.text[: full.text.index(stop)]
+    assert stop not in out.text
+
+
+def test_streaming_yields_the_final_text_in_pieces(pair):
+    full = pair.generate(PROMPTS[2], temperature=0, max_tokens=30, ignore_eos=True)
+    stop = full.text[20:23]
+    stream = pair.stream(PROMPTS[2], temperature=0, max_tokens=30, stop=[stop], ignore_eos=True)
+    pieces = list(stream)
+    assert len(pieces) > 3
+    assert "".join(pieces) == stream.completion.text == full.text[: full.text.index(stop)]
+
+
+def test_end_of_sequence_stops_unless_ignored(models):
+    with Ensemble.load([models["eos_heavy"]], n_ctx=512) as ens:
+        stops = [ens.generate("The river", max_tokens=200, seed=s, method="ensemble") for s in range(5)]
+        assert any(c.finish_reason == "stop" for c in stops)
+        for c in stops:
+            assert 2 not in c.token_ids  # EOS ends a completion, it is not part of it
+        ignored = ens.generate("The river", max_tokens=200, seed=0, ignore_eos=True, method="ensemble")
+        assert ignored.finish_reason == "length" and len(ignored.token_ids) == 200
+        assert 2 not in ignored.token_ids
+
+
+def test_context_full_ends_with_length(models):
+    with Ensemble.load([models["base"], models["sibling"]], n_ctx=32) as ens:
+        prompt = ens.tokenize(PROMPTS[0])
+        out = ens.generate(PROMPTS[0], max_tokens=1000, ignore_eos=True, method="ensemble")
+        assert out.finish_reason == "length"
+        assert len(prompt) + len(out.token_ids) == 32
+
+
+def test_prompt_longer_than_the_context(models):
+    with Ensemble.load([models["base"]], n_ctx=16) as ens:
+        with pytest.raises(PromptTooLongError, match="context holds 16"):
+            ens.generate("word " * 40)
+
+
+def test_prompt_cache_is_reused_and_correct(pair):
+    pair.generate(PROMPTS[0], max_tokens=5, method="ensemble", seed=0)
+    calls = [m.stats.calls for m in pair.models]
+    again = pair.generate(PROMPTS[0], max_tokens=1, method="ensemble", temperature=0)
+    assert [m.stats.calls for m in pair.models] == calls  # nothing evaluated for a cached prompt
+    for m in pair.models:
+        m.reset()
+    fresh = pair.generate(PROMPTS[0], max_tokens=1, method="ensemble", temperature=0)
+    assert again.token_ids == fresh.token_ids
+
+
+def test_speculative_methods_need_two_models(single):
+    with pytest.raises(ConfigError, match="at least 2 models"):
+        single.generate("hi", method="cos")
+
+
+def test_mismatched_tokenizers_are_refused(models):
+    with pytest.raises(TokenizerMismatchError):
+        Ensemble.load([models["base"], models["other_tokenizer"]])
+
+
+def test_padded_vocabulary_drops_the_padding_logits(models):
+    with Ensemble.load([models["padded"], models["base"]], n_ctx=128) as ens:
+        assert ens.n_vocab == 1024
+        out = ens.generate(PROMPTS[0], max_tokens=30, seed=2, ignore_eos=True, method="ensemble")
+        assert max(out.token_ids) < 1024
+        assert all(m.logits_vocab == 1024 for m in ens.models)
+
+
+def test_real_size_vocabulary(models):
+    """Qwen2.5's sizes: 151936 and 152064 (padded) entries."""
+    with Ensemble.load([models["vocab152k"], models["vocab152k_padded"]], n_ctx=256) as ens:
+        assert ens.n_vocab == 151936
+        out = ens.generate(PROMPTS[0], max_tokens=16, seed=0, ignore_eos=True, method="ensemble")
+        assert len(out.token_ids) == 16 and max(out.token_ids) < 151936
+
+
+def test_weights_are_validated_at_load(models):
+    with pytest.raises(ConfigError, match="got 3 weights for 2 models"):
+        Ensemble.load([models["base"], models["sibling"]], WeightedEnsemble([1, 1, 1]))
