@@ -1,0 +1,214 @@
+"""Exactness of the speculative methods on real llama.cpp models.
+
+1. Greedy: sd, naive-cos and cos produce the standard ensemble's tokens, token for token; where
+   they diverge, it must be a numerical near-tie of the combined scores.
+2. Sampling: for every method, the 2nd and 3rd tokens of thousands of 3-token completions follow
+   the exact combined distribution r computed directly from the models' logits.
+3. Rollback: after a rejection, every model's next logits equal a fresh model's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from conftest import BASE, SPECS
+from localcos import Contrastive, Ensemble, LogitMix, WeightedEnsemble
+from localcos.backend import Model
+from localcos.decoding import Decoder, Draft
+from localcos.sampling import Sampler, softmax
+from localcos.testmodels import cached_model
+from localcos.text import TextAssembler
+from statcheck import assert_matches
+
+SPECULATIVE = ("sd", "naive-cos", "cos")
+PROMPTS = [
+    "The river runs past the old mill",
+    "def count_words(sentence: str) -> dict[str, int]:",
+    "Question: A baker makes 24 loaves of bread every morning.",
+    "Which planet is closest to the Sun?",
+]
+# Batched verification and one-token evaluation round differently (~1e-3 on logits). A greedy
+# divergence is acceptable only where the combined scores' top two are this close (log-ratio).
+NEAR_TIE = 0.02
+
+# a model that disagrees with the base more than the sibling does: many rejections
+RIVAL = replace(BASE, noise=0.8, noise_seed=5, name="t-rival")
+
+
+def fresh_rows(paths, tokens):
+    """Each model's logits at the position after `tokens`, from a fresh context, one batch."""
+    rows = []
+    for p in paths:
+        m = Model(p, n_ctx=512)
+        rows.append(m.evaluate(tokens, 1))
+        m.close()
+    return rows
+
+
+def combined_scores(ens, paths, tokens):
+    """Log of r at temperature 1 after `tokens`, computed from scratch."""
+    r = ens.combiner.combine(fresh_rows(paths, tokens), 1.0)[0]
+    with np.errstate(divide="ignore"):
+        return np.log(r)
+
+
+ENSEMBLES = {
+    "we-2": (("base", "sibling"), WeightedEnsemble([0.5, 0.5])),
+    "we-3": (("base", "sibling", "sibling2"), WeightedEnsemble()),
+    "we-4": (("base", "sibling", "sibling2", "sibling3"), WeightedEnsemble()),
+    "cd-2": (("base", "larger"), Contrastive(mu=0.1)),
+    "cd-2-alpha": (("base", "larger"), Contrastive(mu=0.5, plausibility=0.1)),
+    "mix-3": (("base", "sibling", "sibling2"), LogitMix([1, 2, 1])),
+}
+
+
+@pytest.fixture(scope="module")
+def ensembles(models):
+    opened = {}
+
+    def get(key):
+        if key not in opened:
+            names, comb = ENSEMBLES[key]
+            paths = [models[n] for n in names]
+            opened[key] = (Ensemble.load(paths, comb, n_ctx=512), paths)
+        return opened[key]
+
+    yield get
+    for ens, _ in opened.values():
+        ens.close()
+
+
+@pytest.mark.parametrize("key", list(ENSEMBLES))
+def test_greedy_equals_the_standard_ensemble(ensembles, key):
+    ens, paths = ensembles(key)
+    gammas = [None, 3] if len(paths) == 2 else [None, 2]
+    divergences = 0
+    for prompt in PROMPTS:
+        reference = ens.generate(prompt, method="ensemble", temperature=0, max_tokens=64, ignore_eos=True)
+        assert len(reference.token_ids) == 64
+        for method in SPECULATIVE:
+            for gamma in gammas:
+                out = ens.generate(
+                    prompt, method=method, gamma=gamma, temperature=0, max_tokens=64, ignore_eos=True, check_invariants=True
+                )
+                if out.token_ids == reference.token_ids:
+                    continue
+                # a divergence must be a floating-point near-tie at the first differing position
+                i = next(j for j, (a, b) in enumerate(zip(out.token_ids, reference.token_ids)) if a != b)
+                prefix = ens.tokenize(prompt) + reference.token_ids[:i]
+                scores = combined_scores(ens, paths, prefix)
+                top2 = np.sort(scores)[-2:]
+                gap = top2[1] - top2[0]
+                assert gap < NEAR_TIE, (
+                    f"{method} (gamma {gamma}) diverged from ensemble at token {i} of {prompt!r} "
+                    f"where the combined top-two gap is {gap:.4f}: not a near-tie"
+                )
+                assert {out.token_ids[i], reference.token_ids[i]} <= set(np.argsort(scores)[-2:].tolist())
+                divergences += 1
+    # near-ties are rare: nearly every run must match exactly
+    assert divergences <= 2
+
+
+def test_greedy_speculation_actually_speculates(ensembles):
+    ens, _ = ensembles("we-2")
+    out = ens.generate(PROMPTS[0], method="cos", gamma=3, temperature=0, max_tokens=64, ignore_eos=True)
+    s = out.stats
+    assert s.proposed > 40 and s.accepted > 0.5 * s.proposed
+    assert s.bonus > 0 and s.rollbacks > 0
+    kinds = Counter(o.kind for o in out.origins)
+    assert kinds["draft"] > 0 and kinds["bonus"] > 0 and kinds["resample"] > 0
+    # fewer calls than the ensemble's one call per model per token
+    assert sum(m.calls for m in s.models) < 2 * 63
+
+
+# --- sampling: the output distribution is exactly r -----------------------------------------------
+
+N_COMPLETIONS = 2400
+
+# (method, gamma): cos with gamma 1 puts bonus tokens at positions 2 and 3, where the conditional
+# samples are large; gamma 2 mixes drafts and bonuses there.
+ALL_METHODS = (("ensemble", None), ("sd", 2), ("naive-cos", 2), ("cos", 1), ("cos", 2))
+SAMPLING_CASES = {
+    # case: (model names, combiner, sampler settings, (method, gamma) pairs)
+    "we-t1": (("base", "rival"), WeightedEnsemble([0.5, 0.5]), dict(temperature=1.0), ALL_METHODS),
+    "we-top-p": (("base", "sibling"), WeightedEnsemble([0.3, 0.7]), dict(temperature=1.0, top_p=0.9), ALL_METHODS),
+    "cd-t1": (("base", "larger"), Contrastive(mu=0.3), dict(temperature=1.0), ALL_METHODS),
+    "we3-t1": (("base", "sibling", "rival"), WeightedEnsemble(), dict(temperature=0.8, min_p=0.01), (("cos", 1), ("naive-cos", 2))),
+}
+
+
+@pytest.mark.parametrize("case", list(SAMPLING_CASES))
+def test_sampled_tokens_follow_the_combined_distribution(models, model_dir, case):
+    names, comb, sampling, methods = SAMPLING_CASES[case]
+    paths = [cached_model(RIVAL, model_dir) if n == "rival" else models[n] for n in names]
+    prompt = "The river runs past the old mill"
+    sampler = Sampler(**sampling)
+    with Ensemble.load(paths, comb, n_ctx=256) as ens:
+        prompt_tokens = ens.tokenize(prompt)
+
+        def exact(prefix):
+            rows = fresh_rows(paths, prompt_tokens + list(prefix))
+            return sampler.finalize(ens.combiner.combine(rows, sampler.softmax_temperature))[0]
+
+        for k, (method, gamma) in enumerate(methods):
+            what = f"{case}/{method}" + (f"(gamma {gamma})" if gamma else "")
+            outs = ens.generate_many(
+                prompt, N_COMPLETIONS, method=method, gamma=gamma, max_tokens=3, seed=1000 + k, ignore_eos=True, **sampling
+            )
+            seqs = [tuple(o.token_ids) for o in outs]
+            assert all(len(s) == 3 for s in seqs)
+            if method != "ensemble":
+                proposed = sum(o.stats.proposed for o in outs)
+                rejected = sum(o.stats.rollbacks for o in outs)
+                assert proposed > 0 and rejected > 0.03 * proposed, "the test must exercise rejections"
+            assert_matches(Counter(s[0] for s in seqs), exact(()), f"{what} token 1")
+            for depth in (1, 2):
+                prefixes = Counter(s[:depth] for s in seqs).most_common(2)
+                for prefix, count in prefixes:
+                    if count < 150:
+                        continue
+                    following = Counter(s[depth] for s in seqs if s[:depth] == prefix)
+                    assert_matches(following, exact(prefix), f"{what} token {depth + 1} after {prefix}")
+
+
+# --- rollback ---------------------------------------------------------------------------------------
+
+
+def test_rollback_restores_every_cache(models):
+    """Force a rejection after every model has scored a 3-token draft; afterwards each model's
+    logits for the next position equal a fresh model's on the committed sequence."""
+    paths = [models["base"], models["sibling"], models["sibling2"]]
+    with Ensemble.load(paths, WeightedEnsemble(), n_ctx=256) as ens:
+        prompt = ens.tokenize(PROMPTS[0])
+        sampler = Sampler(temperature=0)
+        dec = Decoder(
+            ens.models,
+            ens.combiner,
+            sampler,
+            np.random.default_rng(0),
+            prompt,
+            ens._prepare(prompt),
+            max_length=200,
+            end_tokens=set(),
+            text=TextAssembler(ens.models[0].piece),
+        )
+        n0 = len(prompt)
+        best = int(np.argmax(dec.combined([n0])[0]))
+        wrong_second = 100 if best != 100 else 101
+        for token in (best, wrong_second, 102):
+            dec.pending.append(Draft(token, 0, sampler.finalize(np.eye(ens.n_vocab)[token])))
+        for i in range(3):
+            dec.catch_up(i)
+        assert all(len(m.tokens) == n0 + 3 for m in ens.models)  # everyone holds the draft
+        assert dec.verify_pending(3)  # rejected at the second draft token
+        assert dec.committed[n0] == best and len(dec.committed) == n0 + 2
+        assert all(len(m.tokens) == n0 + 1 for m in ens.models)
+        dec.check_invariants()
+        for i, path in enumerate(paths):
+            dec.catch_up(i)
+            expected = fresh_rows([path], dec.committed)[0][0]
+            np.testing.assert_allclose(dec.rows[i][len(dec.committed)], expected, atol=5e-3)
