@@ -249,6 +249,7 @@ class Model:
         # its members share when one of them pads its embedding matrix.
         self.logits_vocab: int = self.n_vocab
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._pieces: dict[int, bytes] = {}
 
     # --- metadata -------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -306,12 +307,19 @@ class Model:
 
     def piece(self, token: int, *, special: bool = False) -> bytes:
         """The bytes a token stands for in generated text."""
+        if not special:
+            cached = self._pieces.get(token)
+            if cached is not None:
+                return cached
         buf = self._piece_buf
         n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-        return buf.raw[:n]
+        piece = buf.raw[:n]
+        if not special:
+            self._pieces[token] = piece
+        return piece
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 import os
 import sys
 import time
@@ -103,7 +104,9 @@ def add_method_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--gamma",
         default=None,
-        help="proposal length: one value (the proposer's; others 1) or one per model (default: from the cost ratio)",
+        help="proposal length: one value (the proposer's; others 1), one per model, or auto (chosen online from "
+        "measured acceptance and call times; the output then depends on timing, not only on --seed). "
+        "Default: from the models' size ratio",
     )
     g.add_argument("--proposer", type=int, default=None, help="index of the default proposer (default: the cheapest model)")
 
@@ -145,8 +148,10 @@ def load_ensemble(args: argparse.Namespace, paths: Sequence[str] | None = None):
 
 def generation_settings(args: argparse.Namespace, n_models: int) -> dict:
     method = args.method or ("cos" if n_models > 1 else "ensemble")
-    gamma = None
-    if args.gamma:
+    gamma: int | tuple[int, ...] | str | None = None
+    if args.gamma == "auto":
+        gamma = "auto"
+    elif args.gamma:
         values = _ints(args.gamma, "--gamma")
         gamma = values[0] if len(values) == 1 else tuple(values)
     return dict(
@@ -250,6 +255,110 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from . import bench
+    from .prompts import load_prompts
+    from .synthetic import SETS, ensure_set
+
+    if bool(args.models) == bool(args.synthetic):
+        raise ConfigError("give either --models FILES or --synthetic SET")
+    methods = _csv(args.methods)
+    for m in methods:
+        if m not in ("ensemble", "sd", "naive-cos", "cos"):
+            raise ConfigError(f"unknown method {m!r} in --methods")
+    gammas: list[int | str] = []
+    for g in _csv(args.gamma):
+        if g == "auto":
+            gammas.append("auto")
+        else:
+            gammas.extend(_ints(g, "--gamma"))
+    temperatures = _floats(args.temperature, "--temperature")
+    try:
+        prompts = load_prompts(args.prompts)
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if args.limit_prompts:
+        prompts = prompts[: args.limit_prompts]
+    title = args.synthetic or ""
+    if args.synthetic:
+        if args.synthetic not in SETS:
+            raise ConfigError(f"unknown synthetic set {args.synthetic!r}; choose from {', '.join(s for s in SETS if s != 'demo')}")
+        if args.combine is None:
+            args.combine = SETS[args.synthetic].combine
+        paths = [str(p) for p in ensure_set(args.synthetic, progress=lambda m: print(m, file=sys.stderr, flush=True))]
+    else:
+        paths = _csv(args.models)
+    if args.combine is None:
+        args.combine = "we"
+    rss_start = bench.current_rss_mb()
+    with load_ensemble(args, paths) as ens:
+        rss_loaded = bench.current_rss_mb()
+        proposer = ens.cheapest() if args.proposer is None else args.proposer
+        configs = bench.configurations(methods, gammas)
+        console = Console(stderr=True)
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
+        with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+            task_id = bar.add_task("bench", total=None)
+
+            def progress(done: int, total: int, what: str) -> None:
+                bar.update(task_id, completed=done, total=total, description=what)
+
+            with bench.RssSampler() as rss:
+                runs = bench.run_benchmark(
+                    ens,
+                    prompts,
+                    configs,
+                    temperatures,
+                    max_tokens=args.max_tokens,
+                    repeat=args.repeat,
+                    seed=args.seed if args.seed is not None else 0,
+                    proposer=args.proposer,
+                    progress=progress,
+                )
+        rows = bench.summarize(runs, proposer, len(ens.models))
+        names = [p.rsplit("/", 1)[-1] for p in paths]
+        tasks = sorted({t for t, _ in prompts})
+        shown = rows if args.per_task else [r for r in rows if r.task == "all"]
+        print(f"localcos bench: {', '.join(names)} | combine {ens.combiner.describe()} | proposer {names[proposer]} | "
+              f"{len(prompts)} prompts ({', '.join(tasks)}) x {args.repeat} | max {args.max_tokens} tokens")
+        print(bench.format_table(shown, names, f"{title} " if title else ""))
+        peak = rss.peak
+        sizes = sum(m.size_bytes for m in ens.models) / 2**20
+        print(
+            f"\nmemory: {rss_start:.0f} MiB before loading the models, {rss_loaded:.0f} MiB after, "
+            f"peak while generating {peak:.0f} MiB (+{peak - rss_loaded:.0f} MiB; model weights {sizes:.0f} MiB)"
+        )
+        report = {
+            "models": paths,
+            "combiner": ens.combiner.describe(),
+            "proposer": proposer,
+            "settings": {
+                "methods": methods,
+                "gammas": gammas,
+                "temperatures": temperatures,
+                "max_tokens": args.max_tokens,
+                "repeat": args.repeat,
+                "prompts": len(prompts),
+            },
+            "machine": bench.machine(),
+            "memory_mib": {"before_load": rss_start, "after_load": rss_loaded, "peak": peak, "weights": sizes},
+            "summary": [asdict(r) for r in rows],
+            "runs": [asdict(r) for r in runs],
+        }
+        if args.json:
+            bench.write_json(args.json, report)
+        if args.csv:
+            bench.write_csv(args.csv, rows)
+        if args.plot:
+            bench.plot(args.plot, rows, title or "bench")
+    return 0
+
+
 def cmd_make_test_models(args: argparse.Namespace) -> int:
     from .testmodels import standard_test_models
 
@@ -291,6 +400,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "bench",
+        help="compare ensemble, sd, naive-cos and cos side by side",
+        description="Run the standard ensemble and the speculative methods interleaved on the same prompts and "
+        "seeds, and print tokens/s, speedups, acceptance, calls per token, the measured cost ratio c and the "
+        "speedup the CoS paper's cost model expects.",
+    )
+    g = p.add_argument_group("models")
+    g.add_argument("--models", "-m", help="comma-separated GGUF files")
+    g.add_argument("--synthetic", help="a built-in synthetic set: we-pair, cd-pair or we-triple (built once, cached)")
+    g.add_argument("--ctx", type=int, default=2048, help="context length per model (default 2048)")
+    g.add_argument("--n-gpu-layers", default="0", help="one value or one per model; -1 = all (default 0)")
+    g.add_argument("--threads", type=int, default=None, help="CPU threads per model")
+    g.add_argument("--verbose", action="store_true", help="show llama.cpp's own log lines")
+    add_combine_options(p)
+    p.set_defaults(combine=None)
+    g = p.add_argument_group("what to compare")
+    g.add_argument("--methods", default="ensemble,sd,naive-cos,cos", help="default: all four")
+    g.add_argument("--gamma", default="1,3,5", help="proposal lengths to sweep, and/or auto (default 1,3,5)")
+    g.add_argument("--proposer", type=int, default=None, help="index of the proposer (default: the cheapest model)")
+    g.add_argument("--temperature", default="0,1", help="temperatures, comma-separated (default 0,1)")
+    g.add_argument("--prompts", default="builtin", help="builtin, or a file of prompts separated by lines '---'")
+    g.add_argument("--limit-prompts", type=int, default=None, help="use only the first N prompts")
+    g.add_argument("--max-tokens", type=int, default=64, help="tokens per generation (default 64)")
+    g.add_argument("--repeat", type=int, default=1, help="runs per prompt and setting (default 1)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--per-task", action="store_true", help="also print a table per task")
+    g = p.add_argument_group("output")
+    g.add_argument("--json", help="write every run and the summary as JSON")
+    g.add_argument("--csv", help="write the summary as CSV")
+    g.add_argument("--plot", help="write a PNG of speedup against gamma (needs matplotlib)")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("make-test-models", help="write synthetic GGUF test models into DIR", description="Write the synthetic test models (a base model, a sibling, a larger model, a different tokenizer, a padded vocabulary) into DIR.")
     p.add_argument("dir")

@@ -58,7 +58,7 @@ class Combiner(ABC):
 
     @abstractmethod
     def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
-        """r for every row: [positions, vocab] float64 probabilities."""
+        """r for every row: [positions, vocab] probabilities (float32, rows sum to 1)."""
 
     def describe(self) -> str:
         return self.name
@@ -91,8 +91,11 @@ class WeightedEnsemble(_Weighted):
                 continue
             p = softmax(l, temperature)
             if w != 1.0:
-                p *= w
-            r = p if r is None else r + p
+                p *= np.float32(w)
+            if r is None:
+                r = p
+            else:
+                r += p
         assert r is not None
         return r
 
@@ -136,8 +139,10 @@ class Contrastive(Combiner):
 
     def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
         assert self.expert is not None, "bind() the combiner first"
-        expert = np.asarray(logits[self.expert], dtype=np.float64)
-        z = expert - self.mu * np.asarray(logits[self.amateur], dtype=np.float64)
+        expert = np.asarray(logits[self.expert], dtype=np.float32)
+        with np.errstate(invalid="ignore"):
+            z = expert - np.float32(self.mu) * np.asarray(logits[self.amateur], dtype=np.float32)
+        z[np.isneginf(expert)] = -np.inf  # banned tokens: -inf - mu * -inf is nan
         if self.plausibility is not None:
             # p_expert(x) >= alpha * max p_expert  <=>  l(x) >= max l + log(alpha)
             cut = expert.max(axis=-1, keepdims=True) + math.log(self.plausibility)
@@ -156,7 +161,12 @@ class LogitMix(_Weighted):
 
     def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
         assert self.weights is not None, "bind() the combiner first"
-        z = sum(w * np.asarray(l, dtype=np.float64) for w, l in zip(self.weights, logits) if w != 0.0)
+        z: np.ndarray | None = None
+        for w, l in zip(self.weights, logits):
+            if w != 0.0:
+                term = np.float32(w) * np.asarray(l, dtype=np.float32)
+                z = term if z is None else z + term
+        assert z is not None
         return softmax(z, temperature)
 
 
@@ -194,7 +204,7 @@ class CustomCombiner(Combiner):
         total = out.sum(axis=-1, keepdims=True)
         if (total <= 0).any():
             raise ConfigError(f"combiner {self.name} returned a distribution with zero mass")
-        return out / total
+        return (out / total).astype(np.float32)
 
     def _check_shape(self, out: np.ndarray, like: np.ndarray) -> None:
         if out.shape != np.shape(like):

@@ -19,7 +19,8 @@ Reference: ALGORITHM.md sections 2-5 (CoS paper, Fu et al. 2025).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -27,6 +28,7 @@ import numpy as np
 from .backend import Model
 from .combiners import Combiner
 from .sampling import Sampler, softmax
+from .speedmodel import AutoGamma
 from .text import TextAssembler
 from .verify import verify
 
@@ -61,15 +63,21 @@ class Draft:
 class SpeculationStats:
     """Counters of the speculative methods (all zero for `ensemble`)."""
 
-    proposed: int = 0  # draft tokens that went through verification
+    proposed: int = 0  # draft tokens submitted to verification
     accepted: int = 0
     verifications: int = 0
-    rollbacks: int = 0
+    rollbacks: int = 0  # rejections (each rolls the caches back)
     bonus: int = 0  # bonus tokens committed
 
     @property
+    def tested(self) -> int:
+        """Draft tokens that got an accept/reject decision (those after a rejection did not)."""
+        return self.accepted + self.rollbacks
+
+    @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted / self.proposed if self.proposed else None
+        """Per-token acceptance rate alpha = accepted / tested (estimates 1 - TV(r, q))."""
+        return self.accepted / self.tested if self.tested else None
 
     @property
     def mean_accepted(self) -> float | None:
@@ -91,6 +99,8 @@ class Decoder:
         end_tokens: set[int],
         text: TextAssembler,
         on_commit: Callable[[int, Origin], None] | None = None,
+        observer: AutoGamma | None = None,
+        banned: Sequence[int] = (),
     ) -> None:
         self.models = list(models)
         self.combiner = combiner
@@ -100,11 +110,15 @@ class Decoder:
         self.n_prompt = len(prompt)
         self.pending: list[Draft] = []
         # rows[i][p]: model i's logits row at position p (only positions decoding still needs)
-        self.rows: list[dict[int, np.ndarray]] = [{len(prompt): row} for row in prompt_rows]
+        # Banned tokens (--ignore-eos) get logit -inf in every model, as a llama.cpp logit bias
+        # would: no model proposes them and r gives them no mass, for every method alike.
+        self.banned = list(banned)
+        self.rows: list[dict[int, np.ndarray]] = [{len(prompt): self._ban(row.copy())} for row in prompt_rows]
         self.max_length = max_length
         self.end_tokens = end_tokens
         self.text = text
         self.on_commit = on_commit
+        self.observer = observer
         self.origins: list[Origin] = []
         self.finish_reason: str | None = None
         self.spec = SpeculationStats()
@@ -150,11 +164,20 @@ class Decoder:
             return
         # rows are needed for positions >= len(committed): the token at index k gives row k+1
         n_logits = upto - max(have, len(self.committed) - 1)
+        t0 = time.perf_counter()
         logits = model.evaluate(seq[have:upto], n_logits)
+        if self.observer is not None:
+            self.observer.observe_call(i, upto - have, time.perf_counter() - t0)
         first = upto - n_logits + 1
+        self._ban(logits)
         rows = self.rows[i]
         for j in range(n_logits):
             rows[first + j] = logits[j]
+
+    def _ban(self, logits: np.ndarray) -> np.ndarray:
+        if self.banned:
+            logits[..., self.banned] = -np.inf
+        return logits
 
     def rollback_model(self, i: int, length: int) -> None:
         """Drop model i's cache entries and rows beyond `length` tokens."""
@@ -178,12 +201,12 @@ class Decoder:
         """r at the given positions, [len(positions), vocab], sampler transforms applied."""
         logits = [np.stack([rows[p] for p in positions]) for rows in self.rows]
         r = self.combiner.combine(logits, self.sampler.softmax_temperature)
-        return self.sampler.finalize(r)
+        return self.sampler.finalize(r, copy=False)
 
     def own(self, i: int, position: int) -> np.ndarray:
         """Model i's own distribution at `position` (what it proposes from)."""
         p = softmax(self.rows[i][position], self.sampler.softmax_temperature)
-        return self.sampler.finalize(p)
+        return self.sampler.finalize(p, copy=False)
 
     # --- proposing, verifying, committing ------------------------------------------------------
     def propose(self, i: int, bonus: bool = False) -> int:
@@ -220,6 +243,11 @@ class Decoder:
         self.spec.verifications += 1
         self.spec.proposed += k
         self.spec.accepted += verdict.accepted
+        if self.observer is not None:
+            for d in drafts[: verdict.accepted]:
+                self.observer.observe_verdicts(d.proposer, 1, 0)
+            if verdict.replacement is not None:
+                self.observer.observe_verdicts(drafts[verdict.accepted].proposer, 0, 1)
         accepted = drafts[: verdict.accepted]
         tokens = [d.token for d in accepted]
         origins = [Origin("bonus" if d.bonus else "draft", d.proposer) for d in accepted]
@@ -287,12 +315,18 @@ class EnsembleDecoding(Strategy):
 
 
 class _DrafterStrategy(Strategy):
-    """A method with one fixed drafter and proposal length gamma."""
+    """A method with one drafter and proposal length gamma (with --gamma auto: both chosen
+    before every draft by the decoder's observer)."""
 
-    def __init__(self, dec: Decoder, drafter: int, gamma: int) -> None:
+    def __init__(self, dec: Decoder, drafter: int, gamma: int, auto: bool = False) -> None:
         super().__init__(dec)
         self.drafter = drafter
         self.gamma = gamma
+        self.auto = auto
+
+    def choose(self) -> None:
+        if self.auto and self.dec.observer is not None:
+            self.drafter, self.gamma = self.dec.observer.choose(self.name)
 
 
 class SpeculativeDecoding(_DrafterStrategy):
@@ -304,6 +338,7 @@ class SpeculativeDecoding(_DrafterStrategy):
     name = "sd"
 
     def step(self) -> None:
+        self.choose()
         dec, d = self.dec, self.drafter
         n0 = len(dec.committed)
         dec.draft(d, min(self.gamma, dec.budget() - 1))
@@ -324,6 +359,7 @@ class NaiveCoS(_DrafterStrategy):
     name = "naive-cos"
 
     def step(self) -> None:
+        self.choose()
         dec, d = self.dec, self.drafter
         dec.draft(d, min(self.gamma, dec.budget()))
         upto = len(dec.committed) + len(dec.pending) - 1  # rows at the draft positions, no further
@@ -343,18 +379,24 @@ class CoS(Strategy):
     just scored others' drafts), then gamma_i - 1 more. A rejection commits the residual sample,
     discards all pending tokens, rolls back every cache and hands the turn to the default proposer.
     With two models this is exactly Algorithm 1 of the paper; with n models, Algorithm 2.
+    With --gamma auto, the default proposer and its gamma are chosen at the start of each cycle.
     """
 
     name = "cos"
 
-    def __init__(self, dec: Decoder, order: Sequence[int], gammas: Sequence[int]) -> None:
+    def __init__(self, dec: Decoder, order: Sequence[int], gammas: Sequence[int], auto: bool = False) -> None:
         super().__init__(dec)
         self.order = list(order)
         self.gammas = list(gammas)
         self.turn = 0
+        self.auto = auto
 
     def step(self) -> None:
         dec = self.dec
+        if self.auto and self.turn == 0 and not dec.pending and dec.observer is not None:
+            proposer, gamma = dec.observer.choose("cos")
+            self.order = [proposer] + [m for m in range(len(dec.models)) if m != proposer]
+            self.gammas = [gamma if m == proposer else 1 for m in range(len(dec.models))]
         i = self.order[self.turn]
         scored_others = bool(dec.pending)
         dec.catch_up(i)

@@ -31,6 +31,7 @@ from .decoding import (
 )
 from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from .sampling import Sampler
+from .speedmodel import AutoGamma
 from .text import TextAssembler
 
 
@@ -47,7 +48,7 @@ class GenerationConfig:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    gamma: int | tuple[int, ...] | None = None
+    gamma: int | tuple[int, ...] | str | None = None  # None: from the cost ratio; "auto": chosen online
     proposer: int | None = None
     check_invariants: bool = False  # assert the KV-cache invariant every round (tests)
 
@@ -57,6 +58,10 @@ class GenerationConfig:
         if self.max_tokens < 1:
             raise ConfigError(f"max tokens must be >= 1, got {self.max_tokens}")
         g = self.gamma
+        if isinstance(g, str):
+            if g != "auto":
+                raise ConfigError(f"gamma must be a number, one number per model, or 'auto'; got {g!r}")
+            return
         gammas = () if g is None else (g,) if isinstance(g, int) else tuple(g)
         if any((not isinstance(x, (int, np.integer))) or x < 1 for x in gammas):
             raise ConfigError(f"gamma values must be integers >= 1, got {g}")
@@ -87,9 +92,9 @@ class GenerationStats:
     models: list[ModelRunStats]
     llama_seconds: float
     host_seconds: float
-    proposed: int = 0
+    proposed: int = 0  # draft tokens submitted to verification
     accepted: int = 0
-    acceptance_rate: float | None = None
+    acceptance_rate: float | None = None  # accepted / (accepted + rollbacks)
     mean_accepted: float | None = None
     verifications: int = 0
     bonus: int = 0
@@ -111,7 +116,7 @@ class GenerationStats:
             f"{self.tokens_per_second:.1f} tok/s" if self.tokens_per_second else "- tok/s",
         ]
         if self.proposed:
-            parts.append(f"accept {self.acceptance_rate:.0%} ({self.accepted}/{self.proposed})")
+            parts.append(f"acceptance {self.acceptance_rate:.0%} ({self.accepted}/{self.accepted + self.rollbacks})")
             parts.append(f"mean accepted {self.mean_accepted:.2f}")
         parts.append("calls " + "/".join(str(m.calls) for m in self.models))
         if self.seconds > 0:
@@ -207,6 +212,7 @@ class Ensemble:
         self.end_tokens = {t for t in range(self.n_vocab) if first.is_eog(t)}
         self.combiner = self._bind(combiner or WeightedEnsemble())
         self._prompt_rows: list[tuple[tuple[int, ...], np.ndarray] | None] = [None] * len(self.models)
+        self._auto: dict[tuple, AutoGamma] = {}
 
     @classmethod
     def load(
@@ -377,13 +383,23 @@ class Ensemble:
         proposer = self.cheapest() if config.proposer is None else config.proposer
         if not 0 <= proposer < n:
             raise ConfigError(f"proposer must be a model index from 0 to {n - 1}, got {proposer}")
-        gammas = self._gammas(config.gamma, proposer)
+        auto = config.gamma == "auto"
+        gammas = self._gammas(None if auto else config.gamma, proposer)
         if config.method == "sd":
-            return SpeculativeDecoding(dec, proposer, gammas[proposer]), [gammas[proposer]], proposer
+            return SpeculativeDecoding(dec, proposer, gammas[proposer], auto), [gammas[proposer]], proposer
         if config.method == "naive-cos":
-            return NaiveCoS(dec, proposer, gammas[proposer]), [gammas[proposer]], proposer
+            return NaiveCoS(dec, proposer, gammas[proposer], auto), [gammas[proposer]], proposer
         order = [proposer] + [i for i in range(n) if i != proposer]
-        return CoS(dec, order, gammas), gammas, proposer
+        return CoS(dec, order, gammas, auto), gammas, proposer
+
+    def _observer(self, config: GenerationConfig, combiner: Combiner) -> AutoGamma | None:
+        """The --gamma auto controller for these settings (kept, so it learns across calls)."""
+        if config.gamma != "auto" or config.method == "ensemble":
+            return None
+        key = (config.method, combiner.describe(), config.temperature, config.top_k, config.top_p, config.min_p)
+        if key not in self._auto:
+            self._auto[key] = AutoGamma(len(self.models))
+        return self._auto[key]
 
     def _gammas(self, gamma: int | tuple[int, ...] | None, proposer: int) -> list[int]:
         """Proposal length per model: one value sets the proposer's (others 1); a list sets all."""
@@ -414,8 +430,7 @@ class Ensemble:
         stream: Stream,
     ) -> Iterator[Chunk]:
         combiner = self.combiner if combiner is None else self._bind(combiner)
-        banned = tuple(sorted(self.end_tokens)) if config.ignore_eos else ()
-        sampler = Sampler(config.temperature, config.top_k, config.top_p, config.min_p, banned)
+        sampler = Sampler(config.temperature, config.top_k, config.top_p, config.min_p)
         t_prompt = time.perf_counter()
         prompt_rows = self._prepare(prompt)
         t0 = time.perf_counter()
@@ -438,8 +453,10 @@ class Ensemble:
             prompt_rows,
             max_length=min(len(prompt) + config.max_tokens, self.n_ctx),
             end_tokens=set() if config.ignore_eos else self.end_tokens,
+            banned=sorted(self.end_tokens) if config.ignore_eos else (),
             text=text,
             on_commit=on_commit,
+            observer=self._observer(config, combiner),
         )
         strategy, gammas, proposer = self._strategy(dec, config)
         while not dec.finished:

@@ -16,6 +16,7 @@ def aggregate_stats(stats: Sequence[GenerationStats]) -> dict:
     seconds = sum(s.seconds for s in stats)
     proposed = sum(s.proposed for s in stats)
     accepted = sum(s.accepted for s in stats)
+    rollbacks = sum(s.rollbacks for s in stats)
     verifications = sum(s.verifications for s in stats)
     llama_seconds = sum(s.llama_seconds for s in stats)
     models = []
@@ -43,11 +44,11 @@ def aggregate_stats(stats: Sequence[GenerationStats]) -> dict:
         "calls_per_token": total_calls / tokens if tokens else None,
         "proposed": proposed,
         "accepted": accepted,
-        "acceptance_rate": accepted / proposed if proposed else None,
+        "acceptance_rate": accepted / (accepted + rollbacks) if accepted + rollbacks else None,
         "mean_accepted": accepted / verifications if verifications else None,
         "verifications": verifications,
         "bonus": sum(s.bonus for s in stats),
-        "rollbacks": sum(s.rollbacks for s in stats),
+        "rollbacks": rollbacks,
         "llama_seconds": llama_seconds,
         "host_seconds": max(0.0, seconds - llama_seconds),
         "host_fraction": max(0.0, seconds - llama_seconds) / seconds if seconds > 0 else None,

@@ -27,31 +27,31 @@ class SyntheticSet:
     labels: tuple[str, ...]
 
 
-_DEMO_BASE = ModelSpec(vocab_size=4096, n_embd=256, n_layer=4, n_head=4, n_ff=768, dtype="q8_0", seed=11, name="demo-a")
-_WE_BASE = ModelSpec(vocab_size=32000, n_embd=512, n_layer=8, n_head=8, n_ff=1536, dtype="q8_0", seed=21, name="we-a")
-_CD_AMATEUR = ModelSpec(vocab_size=32000, n_embd=256, n_layer=2, n_head=4, n_ff=768, dtype="q8_0", seed=31, name="cd-amateur")
+_DEMO_BASE = ModelSpec(vocab_size=8192, n_embd=512, n_layer=6, n_head=8, n_ff=1536, dtype="f16", seed=11, name="demo-a")
+_WE_BASE = ModelSpec(vocab_size=32000, n_embd=1024, n_layer=8, n_head=16, n_ff=2816, dtype="f16", seed=21, name="we-a")
+_CD_AMATEUR = ModelSpec(vocab_size=32000, n_embd=384, n_layer=4, n_head=6, n_ff=1152, dtype="f16", seed=31, name="cd-amateur")
 
 SETS: dict[str, SyntheticSet] = {
     "demo": SyntheticSet(
         "demo",
         "two small siblings for a weighted ensemble (builds in seconds)",
-        (_DEMO_BASE, replace(_DEMO_BASE, noise=0.25, name="demo-b")),
+        (_DEMO_BASE, replace(_DEMO_BASE, noise=0.2, name="demo-b")),
         "we",
         ("demo-a", "demo-b"),
     ),
     "we-pair": SyntheticSet(
         "we-pair",
         "two same-size siblings (weighted ensemble)",
-        (_WE_BASE, replace(_WE_BASE, noise=0.25, name="we-b")),
+        (_WE_BASE, replace(_WE_BASE, noise=0.2, name="we-b")),
         "we",
         ("we-a", "we-b"),
     ),
     "cd-pair": SyntheticSet(
         "cd-pair",
-        "an amateur and an expert ~10x costlier per token (contrastive decoding)",
+        "an amateur and a 3x wider, deeper expert of its family, ~10x costlier per token (contrastive decoding)",
         (
             _CD_AMATEUR,
-            replace(_CD_AMATEUR, n_embd=256, extra_layers=0, name="cd-expert"),
+            replace(_CD_AMATEUR, widen=3, widen_scale=0.1, extra_layers=4, extra_scale=0.05, name="cd-expert"),
         ),
         "cd",
         ("cd-amateur", "cd-expert"),
@@ -61,8 +61,8 @@ SETS: dict[str, SyntheticSet] = {
         "three same-size siblings (three-model weighted ensemble)",
         (
             _WE_BASE,
-            replace(_WE_BASE, noise=0.25, name="we-b"),
-            replace(_WE_BASE, noise=0.25, noise_seed=2, name="we-c"),
+            replace(_WE_BASE, noise=0.2, name="we-b"),
+            replace(_WE_BASE, noise=0.2, noise_seed=2, name="we-c"),
         ),
         "we",
         ("we-a", "we-b", "we-c"),

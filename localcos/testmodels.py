@@ -37,7 +37,7 @@ import gguf
 
 from .prompts import BUILTIN_PROMPTS
 
-WRITER_VERSION = 3  # bump when the output of the writer changes (invalidates caches)
+WRITER_VERSION = 4  # bump when the output of the writer changes (invalidates caches)
 
 # GGUF token types (llama.cpp's llama_token_type)
 TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 2, 3, 4, 5, 6
@@ -218,6 +218,8 @@ class ModelSpec:
     noise_seed: int = 1
     extra_layers: int = 0  # larger: layers appended after the base layers
     extra_scale: float = 0.05  # relative size of the extra layers' contributions
+    widen: int = 1  # larger: the base embedded in a model this many times as wide
+    widen_scale: float = 0.1  # relative size of what the new width contributes
     tokenizer_variant: int = 0
     pad_vocab_to: int | None = None
     chat_template: str | None = None
@@ -276,19 +278,20 @@ def _orthogonal(rng: np.random.Generator, d: int) -> np.ndarray:
     return (q * np.sign(np.diag(r))).astype(np.float32)
 
 
-def _layer(rng: np.random.Generator, spec: ModelSpec, contribution: float) -> dict[str, np.ndarray]:
-    """Weights of one transformer block; `contribution` scales what it adds to the residual."""
-    d, ff = spec.n_embd, spec.n_ff
-    n_kv = spec.n_head_kv or spec.n_head
-    head_dim = d // spec.n_head
+def _layer(rng: np.random.Generator, spec: ModelSpec, contribution: float, width: int = 1) -> dict[str, np.ndarray]:
+    """Weights of one transformer block (`width` times the spec's width); `contribution` scales
+    what it adds to the residual stream."""
+    d, ff, n_head = spec.n_embd * width, spec.n_ff * width, spec.n_head * width
+    n_kv = (spec.n_head_kv or spec.n_head) * width
+    head_dim = d // n_head
     d_kv = head_dim * n_kv
     qk_std = 1.2 / np.sqrt(d)
     R = _orthogonal(rng, d)
     wv = R[:d_kv]  # value heads: an orthogonal projection...
     # ...and the output projection maps them back, so O @ V is a scaled projection: attention
     # mixes earlier tokens' embeddings into the residual stream.
-    groups = spec.n_head // n_kv
-    wo_blocks = [R[(h // groups) * head_dim : (h // groups + 1) * head_dim].T for h in range(spec.n_head)]
+    groups = n_head // n_kv
+    wo_blocks = [R[(h // groups) * head_dim : (h // groups + 1) * head_dim].T for h in range(n_head)]
     wo = np.concatenate(wo_blocks, axis=1) * (spec.attn_mix * contribution / groups)
     return {
         "attn_norm.weight": np.ones(d, np.float32),
@@ -305,6 +308,53 @@ def _layer(rng: np.random.Generator, spec: ModelSpec, contribution: float) -> di
     }
 
 
+def _block_diag(base: np.ndarray, new: np.ndarray, leak: np.ndarray | None = None) -> np.ndarray:
+    """[[base, leak], [0, new]]: the new block works on the new dimensions; `leak` lets it
+    write a little into the base dimensions."""
+    out = np.zeros((base.shape[0] + new.shape[0], base.shape[1] + new.shape[1]), np.float32)
+    out[: base.shape[0], : base.shape[1]] = base
+    out[base.shape[0] :, base.shape[1] :] = new
+    if leak is not None:
+        out[: base.shape[0], base.shape[1] :] = leak
+    return out
+
+
+def _widen(tensors: dict[str, np.ndarray], spec: ModelSpec) -> dict[str, np.ndarray]:
+    """Embed the base model in one `spec.widen` times as wide (heads and feed-forward too).
+
+    The base weights keep acting on the first n_embd dimensions, so the wide model computes what
+    the base computes, plus what its new heads and feed-forward units add through small `leak`
+    blocks (relative size `spec.widen_scale`). RMSNorm weights are rescaled because the norm
+    now averages over more (nearly empty) dimensions. Costs grow about as widen**2 per layer.
+    """
+    f, s = spec.widen, spec.widen_scale
+    d = spec.n_embd
+    D = d * f
+    rng = np.random.default_rng([spec.seed, 5, f])
+    new_units: dict[str, dict[str, np.ndarray]] = {}  # per layer: weights of the new units
+    # RMSNorm over D dims of [x, ~s*x]: rescale the base dims back to the base model's values
+    k = float(np.sqrt((d + (D - d) * s * s) / D))
+    out: dict[str, np.ndarray] = {}
+    for name, t in tensors.items():
+        layer, key = name.split(".", 2)[1:] if name.startswith("blk.") else ("", name)
+        if layer and layer not in new_units:
+            new_units[layer] = _layer(rng, spec, 1.0, width=f - 1)
+        if name == "token_embd.weight":
+            out[name] = np.concatenate([t, s * rng.standard_normal((t.shape[0], D - d)).astype(np.float32)], axis=1)
+        elif name == "output.weight":
+            std = float(t.std())
+            out[name] = np.concatenate([t, s * std * rng.standard_normal((t.shape[0], D - d)).astype(np.float32)], axis=1)
+        elif t.ndim == 1:  # norm weights
+            out[name] = np.concatenate([t * k, np.full(D - d, float(t.mean()) * k, np.float32)])
+        elif key in ("attn_output.weight", "ffn_down.weight"):
+            new = new_units[layer][key] * s
+            leak = s * float(t.std()) * rng.standard_normal((t.shape[0], new.shape[1])).astype(np.float32)
+            out[name] = _block_diag(t, new, leak)
+        else:
+            out[name] = _block_diag(t, new_units[layer][key])
+    return out
+
+
 def build_weights(spec: ModelSpec, vocab: Vocab) -> dict[str, np.ndarray]:
     """All tensors of the model, float32, named as llama.cpp's llama architecture expects."""
     if spec.n_embd % spec.n_head:
@@ -313,9 +363,8 @@ def build_weights(spec: ModelSpec, vocab: Vocab) -> dict[str, np.ndarray]:
     n_real = vocab.n_real
     rng = np.random.default_rng(spec.seed)
     E = rng.standard_normal((n_real, d)).astype(np.float32)
-    # Successors are ordinary tokens (not bytes or control tokens); EOS is a successor of a few
-    # tokens so that completions can end. Three in four successors start a word, so generated
-    # text reads as a string of words.
+    # Successors are ordinary tokens (not bytes or control tokens). Three in four successors
+    # start a word, so generated text reads as a string of words.
     ordinary = np.arange(259, n_real)
     is_word = np.array([vocab.tokens[t].startswith(SPACE) and len(vocab.tokens[t]) > 1 for t in ordinary])
     words, rest = ordinary[is_word], ordinary[~is_word]
@@ -325,11 +374,21 @@ def build_weights(spec: ModelSpec, vocab: Vocab) -> dict[str, np.ndarray]:
         words[rng.integers(0, len(words), size=(n_real, spec.successors))],
         rest[rng.integers(0, len(rest), size=(n_real, spec.successors))],
     )
-    if spec.eos_rate > 0:
-        ends = rng.random(n_real) < spec.eos_rate
-        succ[ends, spec.successors // 2] = 2
     strength = (1.0 - 0.25 * np.arange(spec.successors) / max(spec.successors - 1, 1)).astype(np.float32)
     W = _successor_matrix(E, succ, strength, n_real)
+    # A token that follows many tokens (EOS in a large vocabulary) would get a long output row and
+    # win everywhere; scale rows back to the norm of a token with the average number of predecessors.
+    predecessors = np.bincount(succ.ravel(), minlength=n_real)
+    W /= np.sqrt(np.maximum(predecessors / spec.successors, 1.0)).astype(np.float32)[:, None]
+    if spec.eos_rate > 0:
+        # EOS follows the tokens whose embeddings point furthest along one direction u (a share
+        # eos_rate of them), about as strongly as a middle successor; a direction, unlike a
+        # successor list, gives EOS no hub row in large vocabularies.
+        u = rng.standard_normal(d).astype(np.float32)
+        u /= np.linalg.norm(u)
+        projection = _rmsnorm_rows(E) @ u
+        threshold = max(float(np.quantile(projection, 1.0 - spec.eos_rate)), 0.5)
+        W[2] = u * (float(strength[spec.successors // 2]) / threshold)
     g = _calibrate_scale(E, W, spec.entropy, np.random.default_rng(spec.seed + 7))
     if vocab.size > n_real:
         # padding rows, as in families whose embedding matrices are padded: never predicted
@@ -345,9 +404,11 @@ def build_weights(spec: ModelSpec, vocab: Vocab) -> dict[str, np.ndarray]:
     for i in range(spec.n_layer):
         for k, v in _layer(layer_rng, spec, 1.0).items():
             tensors[f"blk.{i}.{k}"] = v
+    if spec.widen > 1:
+        tensors = _widen(tensors, spec)
     extra_rng = np.random.default_rng([spec.seed, 2, spec.extra_layers])
     for i in range(spec.extra_layers):
-        for k, v in _layer(extra_rng, spec, spec.extra_scale).items():
+        for k, v in _layer(extra_rng, spec, spec.extra_scale, width=spec.widen).items():
             tensors[f"blk.{spec.n_layer + i}.{k}"] = v
     if spec.noise > 0:
         noise_rng = np.random.default_rng([spec.seed, 3, spec.noise_seed])
@@ -380,11 +441,11 @@ def write_model(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
     w = gguf.GGUFWriter(str(tmp), "llama")
     w.add_name(spec.name)
     w.add_context_length(spec.context_length)
-    w.add_embedding_length(spec.n_embd)
+    w.add_embedding_length(spec.n_embd * spec.widen)
     w.add_block_count(n_layer)
-    w.add_feed_forward_length(spec.n_ff)
-    w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head_kv or spec.n_head)
+    w.add_feed_forward_length(spec.n_ff * spec.widen)
+    w.add_head_count(spec.n_head * spec.widen)
+    w.add_head_count_kv((spec.n_head_kv or spec.n_head) * spec.widen)
     w.add_rope_dimension_count(spec.n_embd // spec.n_head)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(vocab.size)

@@ -7,7 +7,9 @@ import pytest
 
 import llama_cpp
 
+from conftest import NEAR_TIE
 from localcos import Ensemble, WeightedEnsemble
+from localcos.backend import Model
 from localcos.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from localcos.sampling import softmax
 from statcheck import assert_matches
@@ -27,6 +29,13 @@ def pair(models):
         yield ens
 
 
+def fresh_logits(path, tokens):
+    m = Model(path, n_ctx=512)
+    out = m.evaluate(tokens, 1)[0]
+    m.close()
+    return out
+
+
 def llama_greedy(path, prompt, n):
     llm = llama_cpp.Llama(str(path), n_ctx=512, verbose=False)
     tokens = llm.tokenize(prompt.encode())
@@ -42,9 +51,16 @@ def llama_greedy(path, prompt, n):
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_one_model_greedy_equals_llama_cpp_python(single, models, prompt):
     ours = single.generate(prompt, method="ensemble", temperature=0, max_tokens=48)
-    theirs = llama_greedy(models["base"], prompt, 48)
+    theirs = llama_greedy(models["base"], prompt, 48)[: len(ours.token_ids)]
     assert len(ours.token_ids) > 10
-    assert ours.token_ids == theirs[: len(ours.token_ids)]
+    if ours.token_ids != theirs:
+        # llama-cpp-python runs llama.cpp with other thread and batch settings, which round
+        # differently (~1e-3 on logits): a divergence must be a near-tie of the top two logits
+        i = next(j for j, (a, b) in enumerate(zip(ours.token_ids, theirs)) if a != b)
+        logits = fresh_logits(models["base"], single.tokenize(prompt) + ours.token_ids[:i])
+        top = np.argsort(logits)[::-1][:2]
+        assert set(top.tolist()) == {ours.token_ids[i], theirs[i]}
+        assert logits[top[0]] - logits[top[1]] < NEAR_TIE, f"diverged at token {i} without a near-tie"
 
 
 def test_completion_fields_and_stats(pair):

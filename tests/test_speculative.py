@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from conftest import BASE, SPECS
+from conftest import BASE, NEAR_TIE, SPECS
 from localcos import Contrastive, Ensemble, LogitMix, WeightedEnsemble
 from localcos.backend import Model
 from localcos.decoding import Decoder, Draft
@@ -31,9 +31,6 @@ PROMPTS = [
     "Question: A baker makes 24 loaves of bread every morning.",
     "Which planet is closest to the Sun?",
 ]
-# Batched verification and one-token evaluation round differently (~1e-3 on logits). A greedy
-# divergence is acceptable only where the combined scores' top two are this close (log-ratio).
-NEAR_TIE = 0.02
 
 # a model that disagrees with the base more than the sibling does: many rejections
 RIVAL = replace(BASE, noise=0.8, noise_seed=5, name="t-rival")

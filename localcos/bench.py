@@ -1,0 +1,368 @@
+"""`localcos bench`: the CoS paper's comparison, measured side by side in one process.
+
+Every configuration (method x gamma) runs on the same prompts with the same seeds, interleaved:
+for each temperature, each prompt and each repeat, all configurations run one after the other. So
+every speedup is a ratio of tokens/second measured in the same conditions, minutes apart at most.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Sequence
+
+from .ensemble import Completion, Ensemble
+from .speedmodel import expected_speedup
+
+
+@dataclass(frozen=True)
+class Config:
+    """One column of the comparison: a method and its proposal length."""
+
+    method: str
+    gamma: int | str | None  # None for ensemble; an int, or "auto"
+
+    @property
+    def label(self) -> str:
+        return self.method if self.gamma is None else f"{self.method}/{self.gamma}"
+
+
+@dataclass
+class Run:
+    """One generation of the benchmark."""
+
+    task: str
+    prompt: int
+    temperature: float
+    repeat: int
+    method: str
+    gamma: int | str | None
+    tokens: int
+    seconds: float
+    llama_seconds: float
+    accepted: int
+    rejected: int
+    verifications: int
+    calls: list[int]
+    model_seconds: list[float]
+    model_tokens: list[int]
+
+
+@dataclass
+class Row:
+    """Aggregated results of one configuration on one task at one temperature."""
+
+    task: str
+    temperature: float
+    method: str
+    gamma: int | str | None
+    tokens: int
+    seconds: float
+    tokens_per_second: float
+    speedup: float | None
+    min_prompt_speedup: float | None
+    acceptance: float | None
+    mean_accepted: float | None
+    calls_per_token: list[float]
+    cost_ratio: float | None
+    batch_cost: float | None
+    expected: float | None
+    measured_over_expected: float | None
+    expected_with_batch_cost: float | None
+    host_fraction: float
+
+
+def configurations(methods: Sequence[str], gammas: Sequence[int | str]) -> list[Config]:
+    """ensemble once, every other method once per gamma of the sweep."""
+    out = []
+    for m in methods:
+        if m == "ensemble":
+            out.append(Config("ensemble", None))
+        else:
+            out.extend(Config(m, g) for g in gammas)
+    if not any(c.method == "ensemble" for c in out):
+        out.insert(0, Config("ensemble", None))  # speedups need the baseline
+    return out
+
+
+def run_benchmark(
+    ens: Ensemble,
+    prompts: Sequence[tuple[str, str]],
+    configs: Sequence[Config],
+    temperatures: Sequence[float],
+    *,
+    max_tokens: int = 64,
+    repeat: int = 1,
+    seed: int = 0,
+    proposer: int | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> list[Run]:
+    """Run every configuration on every prompt, interleaved; returns one `Run` per generation."""
+    total = len(temperatures) * len(prompts) * repeat * len(configs)
+    done = 0
+    # warm up: fault in the model weights and let the CPU settle before anything is timed
+    ens.generate(prompts[0][1], method="ensemble", max_tokens=8, temperature=0, ignore_eos=True)
+    runs: list[Run] = []
+    for temperature in temperatures:
+        for p, (task, prompt) in enumerate(prompts):
+            for r in range(repeat):
+                run_seed = seed + 1000 * p + r
+                for config in configs:
+                    if progress:
+                        progress(done, total, f"T={temperature:g} prompt {p + 1}/{len(prompts)} {config.label}")
+                    out = ens.generate(
+                        prompt,
+                        method=config.method,
+                        gamma=config.gamma,
+                        proposer=proposer,
+                        max_tokens=max_tokens,
+                        temperature=temperature,
+                        seed=run_seed,
+                        ignore_eos=True,
+                    )
+                    runs.append(_record(out, task, p, temperature, r, config))
+                    done += 1
+    if progress:
+        progress(done, total, "done")
+    return runs
+
+
+def _record(out: Completion, task: str, p: int, temperature: float, r: int, config: Config) -> Run:
+    s = out.stats
+    return Run(
+        task=task,
+        prompt=p,
+        temperature=temperature,
+        repeat=r,
+        method=config.method,
+        gamma=config.gamma,
+        tokens=s.tokens,
+        seconds=s.seconds,
+        llama_seconds=s.llama_seconds,
+        accepted=s.accepted,
+        rejected=s.rollbacks,
+        verifications=s.verifications,
+        calls=[m.calls for m in s.models],
+        model_seconds=[m.seconds for m in s.models],
+        model_tokens=[m.tokens for m in s.models],
+    )
+
+
+def summarize(runs: Sequence[Run], proposer: int, n_models: int) -> list[Row]:
+    """Rows per (task, temperature, configuration), plus task "all"."""
+    groups: dict[tuple, list[Run]] = defaultdict(list)
+    for run in runs:
+        for task in (run.task, "all"):
+            groups[(task, run.temperature, run.method, run.gamma)].append(run)
+    rows = []
+    for (task, temperature, method, gamma), group in groups.items():
+        baseline = groups.get((task, temperature, "ensemble", None), [])
+        rows.append(_row(task, temperature, method, gamma, group, baseline, proposer, n_models))
+    order = {"all": 0}
+    rows.sort(key=lambda r: (order.get(r.task, 1), r.task, r.temperature, r.method != "ensemble", r.method, str(r.gamma)))
+    return rows
+
+
+def _tps(runs: Iterable[Run]) -> float:
+    runs = list(runs)
+    seconds = sum(r.seconds for r in runs)
+    return sum(r.tokens for r in runs) / seconds if seconds > 0 else 0.0
+
+
+def _seconds_per_call(runs: Sequence[Run], n_models: int) -> list[float]:
+    return [sum(r.model_seconds[i] for r in runs) / max(1, sum(r.calls[i] for r in runs)) for i in range(n_models)]
+
+
+def _row(task, temperature, method, gamma, group, baseline, proposer, n_models) -> Row:
+    tokens = sum(r.tokens for r in group)
+    seconds = sum(r.seconds for r in group)
+    tps = tokens / seconds if seconds > 0 else 0.0
+    base_tps = _tps(baseline)
+    speedup = tps / base_tps if base_tps > 0 else None
+    # worst prompt: the method against the ensemble on the same prompt (and repeats)
+    per_prompt = []
+    for p in sorted({r.prompt for r in group}):
+        mine = _tps(r for r in group if r.prompt == p)
+        theirs = _tps(r for r in baseline if r.prompt == p)
+        if theirs > 0:
+            per_prompt.append(mine / theirs)
+    accepted = sum(r.accepted for r in group)
+    rejected = sum(r.rejected for r in group)
+    verifications = sum(r.verifications for r in group)
+    acceptance = accepted / (accepted + rejected) if accepted + rejected else None
+    calls = [sum(r.calls[i] for r in group) / tokens if tokens else 0.0 for i in range(n_models)]
+    # cost ratio c: one proposer call / one call of the costliest other model, from the
+    # ensemble's single-token calls
+    c = b = None
+    if baseline and n_models >= 2:
+        base_call = _seconds_per_call(baseline, n_models)
+        others = [i for i in range(n_models) if i != proposer]
+        verifier = max(others, key=lambda i: base_call[i])
+        if base_call[verifier] > 0:
+            c = base_call[proposer] / base_call[verifier]
+            # b: what the verifier's calls cost here (batched) relative to a single-token call
+            b = _seconds_per_call(group, n_models)[verifier] / base_call[verifier]
+    expected = expected_b = None
+    if method == "ensemble":
+        expected = expected_b = 1.0
+    elif n_models == 2 and acceptance is not None and c is not None and isinstance(gamma, int):
+        # the paper's cost model (a verifier pass costs one call whatever its length), and the
+        # same with the batch cost b measured here
+        expected = expected_speedup(method, acceptance, gamma, c)
+        expected_b = expected_speedup(method, acceptance, gamma, c, batch_cost=b)
+    llama = sum(r.llama_seconds for r in group)
+    return Row(
+        task=task,
+        temperature=temperature,
+        method=method,
+        gamma=gamma,
+        tokens=tokens,
+        seconds=seconds,
+        tokens_per_second=tps,
+        speedup=speedup,
+        min_prompt_speedup=min(per_prompt) if per_prompt else None,
+        acceptance=acceptance,
+        mean_accepted=accepted / verifications if verifications else None,
+        calls_per_token=calls,
+        cost_ratio=c,
+        batch_cost=b,
+        expected=expected,
+        measured_over_expected=(speedup / expected) if speedup and expected else None,
+        expected_with_batch_cost=expected_b,
+        host_fraction=max(0.0, seconds - llama) / seconds if seconds > 0 else 0.0,
+    )
+
+
+def _f(x: float | None, fmt: str, none: str = "-") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def format_table(rows: Sequence[Row], names: Sequence[str], title: str = "") -> str:
+    """Plain-text tables, one per (task, temperature)."""
+    lines = []
+    header = (
+        f"{'method':<11}{'gamma':>6}{'tok/s':>9}{'speedup':>9}{'worst':>7}{'accept':>8}{'acc/ver':>8}"
+        f"{'calls/tok':>16}{'c':>7}{'b':>6}{'expect':>8}{'meas/exp':>9}{'exp(b)':>8}{'host':>7}"
+    )
+    current = None
+    for r in rows:
+        key = (r.task, r.temperature)
+        if key != current:
+            current = key
+            if lines:
+                lines.append("")
+            lines.append(f"{title}task {r.task}, temperature {r.temperature:g}  (calls/tok: {' / '.join(names)})")
+            lines.append(header)
+        calls = "/".join(f"{c:.2f}" for c in r.calls_per_token)
+        lines.append(
+            f"{r.method:<11}{'-' if r.gamma is None else str(r.gamma):>6}{r.tokens_per_second:>9.1f}"
+            f"{_f(r.speedup, '.2f'):>8}x{_f(r.min_prompt_speedup, '.2f'):>6}x{_f(r.acceptance, '.0%'):>8}"
+            f"{_f(r.mean_accepted, '.2f'):>8}{calls:>16}{_f(r.cost_ratio, '.3f'):>7}{_f(r.batch_cost, '.2f'):>6}"
+            f"{_f(r.expected, '.2f'):>7}x{_f(r.measured_over_expected, '.2f'):>9}{_f(r.expected_with_batch_cost, '.2f'):>7}x"
+            f"{r.host_fraction:>7.1%}"
+        )
+    return "\n".join(lines)
+
+
+class RssSampler:
+    """Samples this process's resident memory in a background thread; `peak` is the highest seen."""
+
+    def __init__(self, interval: float = 0.02) -> None:
+        import threading
+
+        self.interval = interval
+        self.peak = current_rss_mb()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, current_rss_mb())
+
+    def __enter__(self) -> "RssSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, current_rss_mb())
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def current_rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
+    except OSError:
+        return peak_rss_mb()
+
+
+def write_json(path: str, report: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+def write_csv(path: str, rows: Sequence[Row]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(list(Row.__dataclass_fields__))
+        for r in rows:
+            d = asdict(r)
+            d["calls_per_token"] = "/".join(f"{c:.4f}" for c in r.calls_per_token)
+            w.writerow(list(d.values()))
+
+
+def plot(path: str, rows: Sequence[Row], title: str) -> None:
+    """Speedup against gamma, one line per method, one panel per temperature (task "all")."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        from .errors import ConfigError
+
+        raise ConfigError("--plot needs matplotlib: pip install 'localcos[plot]'") from e
+    rows = [r for r in rows if r.task == "all"]
+    temps = sorted({r.temperature for r in rows})
+    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 4), squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        for method in ("sd", "naive-cos", "cos"):
+            pts = sorted((r.gamma, r.speedup) for r in rows if r.temperature == t and r.method == method and isinstance(r.gamma, int))
+            if pts:
+                ax.plot([g for g, _ in pts], [s for _, s in pts], marker="o", label=method)
+            auto = [r.speedup for r in rows if r.temperature == t and r.method == method and r.gamma == "auto"]
+            if auto and auto[0]:
+                ax.axhline(auto[0], linestyle=":", linewidth=1, color=ax.lines[-1].get_color() if pts else None, label=f"{method} auto")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xlabel("gamma (proposal length)")
+        ax.set_ylabel("speedup over the standard ensemble")
+        ax.set_title(f"{title} T={t:g}")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def machine() -> dict:
+    import llama_cpp
+
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
+        "gpu_offload_supported": bool(llama_cpp.llama_supports_gpu_offload()),
+    }

@@ -1,0 +1,153 @@
+"""Expected speed of the speculative methods (ALGORITHM.md section 6, CoS paper Theorems 3.1/3.6),
+and the online controller behind ``--gamma auto``.
+
+Notation: alpha is the per-token acceptance rate, gamma the proposal length, c the cost of one
+proposer call relative to one verifier call; the standard ensemble pays 1 + c per token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+def expected_tokens(alpha: float, n: int) -> float:
+    """sum_{k<n} alpha^k: expected tokens from n draft tokens (accepted prefix + replacement)."""
+    if alpha >= 1.0:
+        return float(n)
+    return (1.0 - alpha**n) / (1.0 - alpha)
+
+
+def expected_speedup(method: str, alpha: float, gamma: int, c: float, batch_cost: float | None = None) -> float | None:
+    """Speedup over the standard ensemble predicted by the paper's cost model (2 models).
+
+    naive-cos: E (1 + c) / (gamma c + 1) with E = (1 - alpha^gamma) / (1 - alpha) (Theorem 3.1).
+    cos:       as naive-cos, but the proposer skips a call whenever it carries a bonus token
+               (probability alpha^gamma): E (1 + c) / ((gamma - alpha^gamma) c + 1) (Theorem 3.6).
+    sd:        the target is the whole ensemble, drafter included (cost 1 + c per pass), and a
+               fully accepted draft earns a bonus token: E' (1 + c) / (gamma c + 1 + c) with
+               E' = (1 - alpha^(gamma+1)) / (1 - alpha).
+    The paper counts a batched verification pass as one call. `batch_cost` b, when given, is
+    what a verification pass really costs in single-token calls (on a CPU, several tokens cost
+    more than one); the pass terms are then scaled by b.
+    """
+    if method == "ensemble":
+        return 1.0
+    if not (0.0 <= alpha <= 1.0) or gamma < 1 or c < 0:
+        return None
+    b = 1.0 if batch_cost is None else batch_cost
+    if method == "naive-cos":
+        return expected_tokens(alpha, gamma) * (1 + c) / (gamma * c + b)
+    if method == "cos":
+        return expected_tokens(alpha, gamma) * (1 + c) / ((gamma - alpha**gamma) * c + b)
+    if method == "sd":
+        return expected_tokens(alpha, gamma + 1) * (1 + c) / (gamma * c + (1 + c) * b)
+    return None
+
+
+@dataclass
+class _CallCost:
+    """Seconds per llama_decode call as a + b * n_tokens, fitted with exponential forgetting."""
+
+    decay: float = 0.98
+    w: float = 0.0
+    sn: float = 0.0
+    st: float = 0.0
+    snn: float = 0.0
+    snt: float = 0.0
+
+    def observe(self, n: int, seconds: float) -> None:
+        d = self.decay
+        self.w = d * self.w + 1.0
+        self.sn = d * self.sn + n
+        self.st = d * self.st + seconds
+        self.snn = d * self.snn + n * n
+        self.snt = d * self.snt + n * seconds
+
+    @property
+    def known(self) -> bool:
+        return self.w > 0
+
+    def __call__(self, n: int) -> float:
+        if not self.known:
+            return 1.0
+        mean_n, mean_t = self.sn / self.w, self.st / self.w
+        var = self.snn / self.w - mean_n * mean_n
+        if var < 0.25:  # one batch size seen so far: assume a batch of n costs 1 + 0.1 (n - 1) singles
+            single = mean_t / (1 + 0.1 * (mean_n - 1))
+            return single * (1 + 0.1 * (n - 1))
+        b = max((self.snt / self.w - mean_n * mean_t) / var, 0.0)
+        a = max(mean_t - b * mean_n, 1e-6)
+        return a + b * n
+
+
+@dataclass
+class AutoGamma:
+    """Chooses the default proposer and its proposal length online (``--gamma auto``).
+
+    It keeps, per model, a linear model of call time against batch size (measured on every
+    llama_decode call) and, per proposer, the acceptance rate of its draft tokens; before each
+    new draft it picks the (proposer, gamma) with the highest expected tokens per second under
+    the method's cost structure. Choices depend only on the past, so the output distribution
+    stays exact.
+    """
+
+    n_models: int
+    gamma_max: int = 8
+    prior_alpha: float = 0.7
+    prior_weight: float = 8.0
+    decay: float = 0.995
+    costs: list[_CallCost] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+    tested: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.costs = [_CallCost() for _ in range(self.n_models)]
+        self.accepted = [0.0] * self.n_models
+        self.tested = [0.0] * self.n_models
+
+    def observe_call(self, model: int, n_tokens: int, seconds: float) -> None:
+        self.costs[model].observe(n_tokens, seconds)
+
+    def observe_verdicts(self, proposer: int, accepted: int, rejected: int) -> None:
+        d = self.decay ** (accepted + rejected)
+        self.accepted[proposer] = d * self.accepted[proposer] + accepted
+        self.tested[proposer] = d * self.tested[proposer] + accepted + rejected
+
+    def alpha(self, proposer: int) -> float:
+        return (self.accepted[proposer] + self.prior_alpha * self.prior_weight) / (self.tested[proposer] + self.prior_weight)
+
+    def tokens_per_second(self, method: str, proposer: int, gamma: int) -> float:
+        a = self.alpha(proposer)
+        t_p = self.costs[proposer]
+        others = [i for i in range(self.n_models) if i != proposer]
+        verifiers = [self.costs[i] for i in others]
+        if method == "cos" and len(others) == 1:
+            # Two models, the other proposing 1 token (its bonus). A Markov chain over cycles:
+            # a fully accepted draft (probability s = a^gamma) leaves the other's bonus pending;
+            # the proposer scores it in a 2-token call (one more token, accepted or resampled)
+            # and, if it was accepted (probability a_o), drafts one token less next time. In the
+            # stationary regime the tokens and seconds per cycle are:
+            t_o = verifiers[0]
+            s = a**gamma
+            a_o = self.alpha(others[0])
+            tokens = expected_tokens(a, gamma) + s
+            seconds = (gamma - a_o * s) * t_p(1) + t_o(gamma + 1) + s * t_p(2)
+        elif method == "cos":
+            tokens = expected_tokens(a, gamma)
+            seconds = (gamma - a**gamma) * t_p(1) + sum(t(gamma + 1) for t in verifiers)
+        elif method == "naive-cos":
+            tokens = expected_tokens(a, gamma)
+            seconds = gamma * t_p(1) + sum(t(gamma) for t in verifiers)
+        else:  # sd
+            tokens = expected_tokens(a, gamma + 1)
+            seconds = gamma * t_p(1) + t_p(gamma) + sum(t(gamma + 1) for t in verifiers)
+        return tokens / seconds if seconds > 0 else math.inf
+
+    def choose(self, method: str, proposers: list[int] | None = None) -> tuple[int, int]:
+        """The (proposer, gamma) with the best expected speed; proposers default to all models."""
+        candidates = proposers if proposers is not None else list(range(self.n_models))
+        best = max(
+            ((self.tokens_per_second(method, p, g), -g, p) for p in candidates for g in range(1, self.gamma_max + 1)),
+        )
+        return best[2], -best[1]

@@ -1,0 +1,194 @@
+"""`localcos bench`, the speed model and the --gamma auto controller."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from localcos import Ensemble
+from localcos.bench import Config, Run, configurations, summarize
+from localcos.speedmodel import AutoGamma, expected_speedup, expected_tokens
+
+
+def test_expected_tokens():
+    assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(1.0, 4) == 4
+    assert expected_tokens(0.0, 4) == 1
+
+
+def test_expected_speedup_formulas():
+    # naive-cos, Theorem 3.1: E (1 + c) / (gamma c + 1)
+    assert expected_speedup("naive-cos", 0.8, 4, 0.1) == pytest.approx((1 - 0.8**4) / 0.2 * 1.1 / 1.4)
+    # cos, Theorem 3.6: the proposer skips a call with probability alpha^gamma
+    assert expected_speedup("cos", 0.8, 4, 0.1) == pytest.approx((1 - 0.8**4) / 0.2 * 1.1 / ((4 - 0.8**4) * 0.1 + 1))
+    # two equal models, gamma 1, full acceptance: every call yields two distributions -> 2x
+    assert expected_speedup("cos", 1.0, 1, 1.0) == pytest.approx(2.0)
+    # sd: target pass costs 1 + c, bonus token on full acceptance
+    assert expected_speedup("sd", 1.0, 3, 0.1) == pytest.approx(4 * 1.1 / (0.3 + 1.1))
+    assert expected_speedup("ensemble", 0.3, 1, 1.0) == 1.0
+    assert expected_speedup("cos", 1.5, 1, 1.0) is None
+
+
+def test_configurations_always_include_the_baseline():
+    configs = configurations(["cos", "sd"], [1, 3, "auto"])
+    assert configs[0] == Config("ensemble", None)
+    assert [c.label for c in configs[1:]] == ["cos/1", "cos/3", "cos/auto", "sd/1", "sd/3", "sd/auto"]
+
+
+def _run(prompt, method, gamma, tokens, seconds, accepted=0, rejected=0, calls=(10, 10), model_seconds=(0.1, 1.0)):
+    return Run(
+        task="code" if prompt == 0 else "math",
+        prompt=prompt,
+        temperature=0.0,
+        repeat=0,
+        method=method,
+        gamma=gamma,
+        tokens=tokens,
+        seconds=seconds,
+        llama_seconds=seconds * 0.9,
+        accepted=accepted,
+        rejected=rejected,
+        verifications=max(1, rejected),
+        calls=list(calls),
+        model_seconds=list(model_seconds),
+        model_tokens=[tokens, tokens],
+    )
+
+
+def test_summary_by_hand():
+    runs = [
+        _run(0, "ensemble", None, 10, 1.0),
+        _run(1, "ensemble", None, 10, 1.0),
+        _run(0, "cos", 3, 10, 0.5, accepted=8, rejected=2, calls=(6, 3)),
+        _run(1, "cos", 3, 10, 0.8, accepted=6, rejected=4, calls=(6, 3)),
+    ]
+    rows = {(r.task, r.method): r for r in summarize(runs, proposer=0, n_models=2)}
+    cos = rows[("all", "cos")]
+    assert cos.tokens_per_second == pytest.approx(20 / 1.3)
+    assert cos.speedup == pytest.approx((20 / 1.3) / 10)
+    assert cos.min_prompt_speedup == pytest.approx(10 / 0.8 / 10)
+    assert cos.acceptance == pytest.approx(14 / 20)
+    assert cos.calls_per_token == pytest.approx([0.6, 0.3])
+    assert cos.cost_ratio == pytest.approx(0.1)  # 0.1 s vs 1.0 s per 10 calls
+    assert cos.expected == pytest.approx(expected_speedup("cos", 0.7, 3, 0.1))
+    assert cos.measured_over_expected == pytest.approx(cos.speedup / cos.expected)
+    assert cos.host_fraction == pytest.approx(0.1)
+    assert rows[("code", "cos")].speedup == pytest.approx(2.0)
+    assert rows[("all", "ensemble")].speedup == pytest.approx(1.0)
+
+
+def test_auto_gamma_prefers_long_drafts_from_a_cheap_accurate_proposer():
+    auto = AutoGamma(2)
+    for _ in range(50):
+        auto.observe_call(0, 1, 0.001)  # cheap amateur
+        auto.observe_call(1, 1, 0.010)  # expensive expert
+        auto.observe_call(1, 6, 0.012)  # batches are cheap for the expert
+    auto.observe_verdicts(0, 90, 10)
+    auto.observe_verdicts(1, 90, 10)
+    for method in ("cos", "naive-cos", "sd"):
+        proposer, gamma = auto.choose(method)
+        assert proposer == 0 and gamma >= 4, (method, proposer, gamma)
+    # a proposer that is almost always rejected should draft one token at a time
+    bad = AutoGamma(2)
+    for _ in range(50):
+        bad.observe_call(0, 1, 0.001)
+        bad.observe_call(1, 1, 0.010)
+        bad.observe_call(1, 2, 0.011)
+    bad.observe_verdicts(0, 5, 95)
+    bad.observe_verdicts(1, 5, 95)
+    assert bad.choose("naive-cos")[1] == 1
+
+
+def test_auto_gamma_end_to_end(models):
+    with Ensemble.load([models["base"], models["larger"]], n_ctx=256) as ens:
+        out = ens.generate("The river runs", method="cos", gamma="auto", max_tokens=48, seed=0, ignore_eos=True)
+        assert len(out.token_ids) == 48 and out.stats.proposed > 0
+        assert ens._auto, "the controller is kept on the ensemble and learns across calls"
+        greedy = ens.generate("The river runs", method="cos", gamma="auto", max_tokens=48, temperature=0, ignore_eos=True)
+        reference = ens.generate("The river runs", method="ensemble", max_tokens=48, temperature=0, ignore_eos=True)
+        assert greedy.token_ids == reference.token_ids
+
+
+def test_bench_command(models, tmp_path):
+    out_json, out_csv, out_png = tmp_path / "b.json", tmp_path / "b.csv", tmp_path / "b.png"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "localcos",
+            "bench",
+            "--models",
+            f"{models['base']},{models['sibling']}",
+            "--methods",
+            "ensemble,sd,cos",
+            "--gamma",
+            "1,2,auto",
+            "--temperature",
+            "0,1",
+            "--limit-prompts",
+            "2",
+            "--max-tokens",
+            "8",
+            "--json",
+            str(out_json),
+            "--csv",
+            str(out_csv),
+            "--plot",
+            str(out_png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "speedup" in proc.stdout and "meas/exp" in proc.stdout and "peak while generating" in proc.stdout
+    report = json.loads(out_json.read_text())
+    assert len(report["runs"]) == 2 * 2 * 7  # temperatures x prompts x configurations
+    all_rows = [r for r in report["summary"] if r["task"] == "all"]
+    assert {(r["method"], r["gamma"]) for r in all_rows} >= {("ensemble", None), ("cos", 1), ("cos", 2), ("cos", "auto")}
+    for r in all_rows:
+        if r["method"] == "ensemble":
+            assert r["speedup"] == pytest.approx(1.0)
+        else:
+            assert r["speedup"] > 0 and 0 <= r["acceptance"] <= 1
+            assert r["cost_ratio"] > 0
+    with open(out_csv) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(report["summary"]) and "measured_over_expected" in rows[0]
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+MEMORY_SCRIPT = """
+import sys
+from localcos import Ensemble
+from localcos.bench import RssSampler, current_rss_mb
+a, b = sys.argv[1:3]
+with Ensemble.load([a, b], n_ctx=8192) as ens:
+    ens.generate("warm up", method="ensemble", max_tokens=4, ignore_eos=True)
+    loaded = current_rss_mb()
+    with RssSampler(0.005) as rss:
+        for method in ("ensemble", "sd", "naive-cos", "cos"):
+            ens.generate("The river runs past the old mill", method=method, gamma=5, max_tokens=48, ignore_eos=True, seed=1)
+    print(rss.peak - loaded)
+"""
+
+
+def test_memory_at_a_152k_vocabulary_and_8k_context(models):
+    """Nothing proportional to n_ctx x n_vocab: at 152k x 8192 one such float32 buffer would be
+    5 GB; the decoding overhead above the loaded models and KV caches stays under 300 MB."""
+    proc = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT, str(models["vocab152k"]), str(models["vocab152k_padded"])],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    overhead = float(proc.stdout.strip().splitlines()[-1])
+    assert overhead < 300, f"{overhead:.0f} MiB above the loaded models"
