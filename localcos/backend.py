@@ -161,6 +161,8 @@ class Model:
             `default_extra_buffers()`).
         max_logit_rows: logits rows one call is expected to return at most; llama.cpp sizes its
             output compute buffer for this (n_vocab floats each), more are still possible.
+        vocab_only: load only the vocabulary (fast; for tokenizer checks); `evaluate` is then
+            unavailable.
     """
 
     def __init__(
@@ -176,6 +178,7 @@ class Model:
         flash_attn: bool | None = None,
         extra_buffers: bool | None = None,
         max_logit_rows: int = 64,
+        vocab_only: bool = False,
     ) -> None:
         self.path = check_gguf_file(path)
         self.name = self.path.name
@@ -190,6 +193,7 @@ class Model:
         mparams.main_gpu = main_gpu
         mparams.split_mode = split_mode
         mparams.use_extra_bufts = default_extra_buffers() if extra_buffers is None else extra_buffers
+        mparams.vocab_only = vocab_only
         _last_llama_error()
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
@@ -209,6 +213,16 @@ class Model:
         self.bos: int = llama_cpp.llama_vocab_bos(self._vocab)
         self.eos: int = llama_cpp.llama_vocab_eos(self._vocab)
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self.tokens: list[int] = []
+        self.stats = ModelStats()
+        # Logits are returned for ids below this bound: an ensemble lowers it to the vocabulary
+        # its members share when one of them pads its embedding matrix.
+        self.logits_vocab: int = self.n_vocab
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._pieces: dict[int, bytes] = {}
+        self.n_ctx = 0
+        if vocab_only:
+            return
 
         self.n_batch = max(1, min(n_batch, n_ctx))
         self.n_threads = n_threads or default_threads()
@@ -243,13 +257,6 @@ class Model:
         for i in range(self.n_batch):
             b.seq_id[i][0] = 0
 
-        self.tokens: list[int] = []
-        self.stats = ModelStats()
-        # Logits are returned for ids below this bound: an ensemble lowers it to the vocabulary
-        # its members share when one of them pads its embedding matrix.
-        self.logits_vocab: int = self.n_vocab
-        self._piece_buf = ctypes.create_string_buffer(256)
-        self._pieces: dict[int, bytes] = {}
 
     # --- metadata -------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -332,6 +339,8 @@ class Model:
         float32 array of shape [n_logits, logits_vocab]. `n_logits` defaults to all tokens; 0
         evaluates without returning logits.
         """
+        if self._ctx is None:
+            raise RuntimeError(f"{self.name} was loaded with vocab_only")
         n = len(tokens)
         n_logits = n if n_logits is None else n_logits
         if not 0 <= n_logits <= n:

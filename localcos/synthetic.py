@@ -6,6 +6,7 @@
 * ``cd-pair``: an amateur and an expert of one family, the expert about 10x costlier per token
   (contrastive decoding).
 * ``we-triple``: three same-size siblings (three-model weighted ensemble).
+* ``we-pair-152k``: a we-pair with Qwen2.5's 151936-token vocabulary (host overhead at 152k).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from .paths import cache_dir
-from .testmodels import ModelSpec, cached_model, cached_path
+from .testmodels import CHAT_TEMPLATE, ModelSpec, cached_model, cached_path
 
 
 @dataclass(frozen=True)
@@ -27,8 +28,11 @@ class SyntheticSet:
     labels: tuple[str, ...]
 
 
-_DEMO_BASE = ModelSpec(vocab_size=8192, n_embd=512, n_layer=6, n_head=8, n_ff=1536, dtype="f16", seed=11, name="demo-a")
+_DEMO_BASE = ModelSpec(
+    vocab_size=8192, n_embd=512, n_layer=6, n_head=8, n_ff=1536, dtype="f16", seed=11, chat_template=CHAT_TEMPLATE, name="demo-a"
+)
 _WE_BASE = ModelSpec(vocab_size=32000, n_embd=1024, n_layer=8, n_head=16, n_ff=2816, dtype="f16", seed=21, name="we-a")
+_WE_152K = ModelSpec(vocab_size=151936, n_embd=512, n_layer=8, n_head=8, n_ff=1536, dtype="f16", seed=41, name="we152k-a")
 _CD_AMATEUR = ModelSpec(vocab_size=32000, n_embd=384, n_layer=4, n_head=6, n_ff=1152, dtype="f16", seed=31, name="cd-amateur")
 
 SETS: dict[str, SyntheticSet] = {
@@ -55,6 +59,13 @@ SETS: dict[str, SyntheticSet] = {
         ),
         "cd",
         ("cd-amateur", "cd-expert"),
+    ),
+    "we-pair-152k": SyntheticSet(
+        "we-pair-152k",
+        "two same-size siblings with Qwen2.5's 152k vocabulary (host overhead at a large vocabulary)",
+        (_WE_152K, replace(_WE_152K, noise=0.2, name="we152k-b")),
+        "we",
+        ("we152k-a", "we152k-b"),
     ),
     "we-triple": SyntheticSet(
         "we-triple",

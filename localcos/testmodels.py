@@ -491,6 +491,16 @@ def cached_model(spec: ModelSpec, cache_dir: str | os.PathLike[str]) -> Path:
     return path
 
 
+# A small ChatML-like template (plain-text markers: the synthetic vocabulary has no special tokens
+# for them). Real models carry their own in tokenizer.chat_template.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + '\\n' + message['content'] + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' + '\\n' }}{% endif %}"
+)
+
+
 def standard_test_models(
     directory: str | os.PathLike[str],
     *,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from localcos.testmodels import ModelSpec, cached_model
+from localcos.testmodels import CHAT_TEMPLATE, ModelSpec, cached_model
 
 # Small and fast: a 1024-token vocabulary, 2 layers of width 64. Peaked distributions with a
 # mean entropy of about 2-3 nats, like a language model.
@@ -26,6 +26,8 @@ SPECS: dict[str, ModelSpec] = {
     "padded": replace(BASE, pad_vocab_to=1024 + 64, name="t-padded"),
     "eos_heavy": replace(BASE, eos_rate=0.5, name="t-eos"),
     "q8": replace(BASE, dtype="q8_0", name="t-q8"),
+    "chat": replace(BASE, chat_template=CHAT_TEMPLATE, name="t-chat"),
+    "chat_sibling": replace(BASE, noise=0.3, chat_template=CHAT_TEMPLATE.replace("<|", "[").replace("|>", "]"), name="t-chat2"),
     "f16": replace(BASE, dtype="f16", name="t-f16"),
     # a real-size vocabulary (Qwen2.5's padded size), narrow so it stays small
     "vocab152k": ModelSpec(vocab_size=151936, n_embd=32, n_layer=1, n_head=2, n_ff=64, dtype="f16", seed=9, name="t-152k"),

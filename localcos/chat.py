@@ -1,0 +1,95 @@
+"""Chat prompts: messages formatted with the chat template stored in a model's GGUF metadata.
+
+Templates are Jinja2, rendered the way llama-cpp-python and Hugging Face render them (a sandboxed
+environment, `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception`).
+Models of one ensemble may carry different templates; one designated model's template is used
+(default: the first) and the rendered prompt must tokenise identically for every model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Sequence
+
+from .errors import ConfigError, TokenizerMismatchError
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+def render(template: str, messages: Sequence[Message], *, bos_token: str, eos_token: str, add_generation_prompt: bool = True) -> str:
+    """Render a chat template (Jinja2) for `messages`."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise ConfigError(f"the chat template refused the conversation: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
+    try:
+        compiled = env.from_string(template)
+        return compiled.render(
+            messages=[{"role": m.role, "content": m.content} for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            raise_exception=raise_exception,
+            strftime_now=lambda fmt: datetime.now().strftime(fmt),
+        )
+    except jinja2.TemplateError as e:
+        raise ConfigError(f"cannot render the chat template: {e}") from None
+
+
+class ChatFormatter:
+    """Turns a conversation into prompt tokens for an ensemble.
+
+    Args:
+        ensemble: the `Ensemble` (its models' GGUF chat templates and tokenizers are used).
+        template_model: index of the model whose template formats messages (default 0).
+    """
+
+    def __init__(self, ensemble, template_model: int = 0) -> None:
+        models = ensemble.models
+        if not 0 <= template_model < len(models):
+            raise ConfigError(f"chat template model must be an index from 0 to {len(models) - 1}")
+        self.ensemble = ensemble
+        self.model = models[template_model]
+        template = self.model.chat_template
+        if not template:
+            raise ConfigError(
+                f"{self.model.path} has no chat template in its GGUF metadata; choose another model's "
+                "template (--chat-template-model) or generate without --chat"
+            )
+        self.template = template
+        others = [m.name for m in models if m.chat_template and m.chat_template != template]
+        missing = [m.name for m in models if not m.chat_template]
+        self.note: str | None = None
+        if others or missing:
+            self.note = f"the models carry different chat templates; formatting with the one of {self.model.name}"
+        self.bos = self.model.token_text(self.model.bos).decode("utf-8", errors="replace") if self.model.bos >= 0 else ""
+        self.eos = self.model.token_text(self.model.eos).decode("utf-8", errors="replace") if self.model.eos >= 0 else ""
+
+    def text(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        return render(self.template, messages, bos_token=self.bos, eos_token=self.eos, add_generation_prompt=add_generation_prompt)
+
+    def tokens(self, messages: Sequence[Message]) -> list[int]:
+        """Prompt tokens for the conversation; identical for every model or an error.
+
+        Special tokens in the rendered text (<|im_start|> ...) are parsed as special tokens; BOS
+        is added as each model's metadata says unless the template already wrote it.
+        """
+        text = self.text(messages)
+        add_bos = None if not (self.bos and text.startswith(self.bos)) else False
+        first = self.ensemble.models[0]
+        tokens = first.tokenize(text, add_bos=add_bos, special=True)
+        for m in self.ensemble.models[1:]:
+            if m.tokenize(text, add_bos=add_bos, special=True) != tokens:
+                raise TokenizerMismatchError(
+                    f"the chat prompt tokenises differently for {first.path} and {m.path}; "
+                    "these models cannot share a chat template"
+                )
+        return tokens

@@ -1,0 +1,335 @@
+"""models.toml: named models and ensembles, and turning model references into files on disk.
+
+A model reference is a local path, a name from models.toml, or ``hf:OWNER/REPO/FILE``. Hub files
+are fetched with huggingface-hub into its cache (its progress bar, its ``HF_HOME``, ``HF_ENDPOINT``
+and ``HF_HUB_OFFLINE``); once cached they are used without network.
+
+The built-in models.toml (the CoS paper's model pairs) is merged with the user's
+``$XDG_CONFIG_HOME/localcos/models.toml`` and any ``--config FILE``; later entries override.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, ModelFileError, ModelNotAvailableError
+from .paths import config_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+BUILTIN = Path(__file__).with_name("models.toml")
+
+_MODEL_KEYS = {"repo", "file", "path", "description", "n_gpu_layers"}
+_ENSEMBLE_KEYS = {
+    "description",
+    "models",
+    "combine",
+    "weights",
+    "mu",
+    "plausibility",
+    "expert",
+    "method",
+    "gamma",
+    "chat_template",
+}
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A named model: a hub file (repo + file) or a local path."""
+
+    name: str
+    repo: str | None = None
+    file: str | None = None
+    path: str | None = None
+    description: str = ""
+    n_gpu_layers: int | None = None
+    source: str = ""  # the models.toml it came from
+
+    @property
+    def where(self) -> str:
+        return self.path if self.path else f"{self.repo}/{self.file}"
+
+
+@dataclass(frozen=True)
+class EnsembleEntry:
+    """A named ensemble: its models (in order) and how to run them."""
+
+    name: str
+    models: tuple[str, ...]
+    combine: str = "we"
+    weights: tuple[float, ...] | None = None
+    mu: float | None = None
+    plausibility: float | None = None
+    expert: int | None = None
+    method: str | None = None
+    gamma: int | tuple[int, ...] | str | None = None
+    chat_template: str | None = None
+    description: str = ""
+    source: str = ""
+
+
+@dataclass
+class Registry:
+    """Every named model and ensemble, from the built-in and the user's models.toml files."""
+
+    models: dict[str, ModelEntry] = field(default_factory=dict)
+    ensembles: dict[str, EnsembleEntry] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, extra: str | os.PathLike[str] | None = None, *, user: bool = True) -> "Registry":
+        """The built-in models.toml, then the user's, then `extra` (later entries override)."""
+        reg = cls()
+        reg.merge_file(BUILTIN)
+        user_file = config_dir() / "models.toml"
+        if user and user_file.is_file():
+            reg.merge_file(user_file)
+        if extra is not None:
+            if not Path(extra).is_file():
+                raise ConfigError(f"config file not found: {extra}")
+            reg.merge_file(Path(extra))
+        reg._check_references()
+        return reg
+
+    def merge_file(self, path: Path) -> None:
+        text = path.read_text(encoding="utf-8")
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: malformed TOML: {e}") from None
+        self.files.append(str(path))
+        parser = _Parser(path, text)
+        for key in data:
+            if key not in ("models", "ensembles"):
+                raise ConfigError(parser.where(key) + f"unknown table [{key}]; use [models.NAME] or [ensembles.NAME]")
+        for name, body in _table(data.get("models", {}), parser, "models").items():
+            self.models[name] = parser.model(name, body)
+        for name, body in _table(data.get("ensembles", {}), parser, "ensembles").items():
+            self.ensembles[name] = parser.ensemble(name, body)
+
+    def _check_references(self) -> None:
+        for e in self.ensembles.values():
+            for m in e.models:
+                if m not in self.models and not m.startswith("hf:") and not Path(m).expanduser().exists():
+                    raise ConfigError(f"{e.source}: ensemble {e.name} names model {m!r}, which is not defined")
+            if e.chat_template is not None and e.chat_template not in e.models:
+                raise ConfigError(f"{e.source}: ensemble {e.name}: chat_template {e.chat_template!r} is not one of its models")
+
+    # --- references -----------------------------------------------------------------------------
+    def resolve(self, ref: str, *, download: bool = True) -> Path:
+        """The file for a model reference: a path, a models.toml name, or hf:OWNER/REPO/FILE."""
+        if ref.startswith("hf:"):
+            repo, file = parse_hf_ref(ref)
+            return hub_file(repo, file, name=ref, download=download)
+        path = Path(ref).expanduser()
+        if path.exists():
+            return path
+        entry = self.models.get(ref)
+        if entry is not None:
+            if entry.path:
+                p = Path(entry.path).expanduser()
+                if not p.exists():
+                    raise ModelFileError(f"model {ref}: file not found: {entry.path} (from {entry.source})")
+                return p
+            assert entry.repo and entry.file
+            return hub_file(entry.repo, entry.file, name=ref, download=download)
+        if "/" in ref or ref.endswith(".gguf"):
+            raise ModelFileError(f"model file not found: {ref}")
+        raise ModelNotAvailableError(
+            f"unknown model {ref!r}: not a file and not a name in models.toml (see `localcos models list`)"
+        )
+
+    def cached(self, name: str) -> Path | None:
+        """The file of a named model if it is on disk already (no network)."""
+        entry = self.models[name]
+        if entry.path:
+            p = Path(entry.path).expanduser()
+            return p if p.exists() else None
+        return cached_hub_file(entry.repo or "", entry.file or "")
+
+
+def parse_hf_ref(ref: str) -> tuple[str, str]:
+    """hf:OWNER/REPO/FILE -> (OWNER/REPO, FILE)."""
+    parts = ref[3:].split("/")
+    if len(parts) < 3 or not all(parts):
+        raise ConfigError(f"hub reference must look like hf:OWNER/REPO/FILE.gguf, got {ref!r}")
+    return "/".join(parts[:2]), "/".join(parts[2:])
+
+
+def cached_hub_file(repo: str, file: str) -> Path | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo, file)
+    return Path(found) if isinstance(found, str) else None
+
+
+def hub_file(repo: str, file: str, *, name: str, download: bool = True) -> Path:
+    """A hub file through huggingface-hub's cache, downloading it if needed and allowed."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
+
+    if not download:
+        cached = cached_hub_file(repo, file)
+        if cached is None:
+            raise ModelNotAvailableError(f"{name} ({repo}/{file}) is not downloaded; run `localcos models pull {name}`")
+        return cached
+    try:
+        return Path(hf_hub_download(repo, file))
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled):
+        raise ModelNotAvailableError(
+            f"{name} ({repo}/{file}) is not in the Hugging Face cache and the hub cannot be reached; "
+            f"run `localcos models pull {name}` with network access, or give the path of a local copy"
+        ) from None
+    except GatedRepoError:
+        raise ModelNotAvailableError(
+            f"{repo} is gated on the hub: accept its licence on huggingface.co and log in (HF_TOKEN) to download {file}"
+        ) from None
+    except RepositoryNotFoundError:
+        raise ModelNotAvailableError(f"no repository {repo} on the hub (or it needs a login: set HF_TOKEN)") from None
+    except EntryNotFoundError:
+        raise ModelNotAvailableError(f"the hub repository {repo} has no file {file}") from None
+    except HfHubHTTPError as e:
+        raise ModelNotAvailableError(f"downloading {repo}/{file} failed: {' '.join(str(e).split())}") from None
+    except OSError as e:  # connection errors, full disks
+        raise ModelNotAvailableError(f"downloading {repo}/{file} failed: {e}") from None
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+
+def _table(value: Any, parser: "_Parser", kind: str) -> dict[str, dict]:
+    if not isinstance(value, dict):
+        raise ConfigError(parser.where(kind) + f"[{kind}] must be a table of [{kind}.NAME] tables")
+    for name, body in value.items():
+        if not isinstance(body, dict):
+            raise ConfigError(parser.where(kind, name) + f"{kind}.{name} must be a table")
+    return value
+
+
+class _Parser:
+    """Validates entries and says where in the file a problem is."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        self.lines = text.splitlines()
+
+    def where(self, *keys: str) -> str:
+        """'FILE:LINE: ' for the header of [a.b] (or the line of key c inside it)."""
+        line = self._line(*keys)
+        return f"{self.path}:{line}: " if line else f"{self.path}: "
+
+    def _line(self, *keys: str) -> int | None:
+        if not keys:
+            return None
+        parts = [r"[\"']?" + re.escape(k) + r"[\"']?" for k in keys[:2]]
+        header = re.compile(r"^\s*\[\s*" + r"\s*\.\s*".join(parts) + r"\s*\]")
+        for i, line in enumerate(self.lines):
+            if header.match(line):
+                if len(keys) == 3:
+                    key = re.compile(r"^\s*" + re.escape(keys[2]) + r"\s*=")
+                    for j in range(i + 1, len(self.lines)):
+                        if self.lines[j].lstrip().startswith("["):
+                            break
+                        if key.match(self.lines[j]):
+                            return j + 1
+                return i + 1
+        return None
+
+    def fail(self, kind: str, name: str, key: str | None, problem: str) -> ConfigError:
+        keys = (kind, name, key) if key else (kind, name)
+        return ConfigError(self.where(*keys) + f"{kind}.{name}" + (f".{key}" if key else "") + f": {problem}")
+
+    def model(self, name: str, body: dict) -> ModelEntry:
+        for key in body:
+            if key not in _MODEL_KEYS:
+                raise self.fail("models", name, key, f"unknown key; expected one of {', '.join(sorted(_MODEL_KEYS))}")
+        for key in ("repo", "file", "path", "description"):
+            if key in body and not isinstance(body[key], str):
+                raise self.fail("models", name, key, "must be a string")
+        if "n_gpu_layers" in body and not _is_int(body["n_gpu_layers"]):
+            raise self.fail("models", name, "n_gpu_layers", "must be an integer (-1 = all layers)")
+        has_hub = "repo" in body or "file" in body
+        if "path" in body and has_hub:
+            raise self.fail("models", name, None, "give either path or repo + file, not both")
+        if "path" not in body and not ("repo" in body and "file" in body):
+            raise self.fail("models", name, None, "needs repo and file (a hub GGUF file) or path (a local one)")
+        if "repo" in body and body["repo"].count("/") != 1:
+            raise self.fail("models", name, "repo", "must look like OWNER/NAME")
+        return ModelEntry(
+            name=name,
+            repo=body.get("repo"),
+            file=body.get("file"),
+            path=body.get("path"),
+            description=body.get("description", ""),
+            n_gpu_layers=body.get("n_gpu_layers"),
+            source=str(self.path),
+        )
+
+    def ensemble(self, name: str, body: dict) -> EnsembleEntry:
+        for key in body:
+            if key not in _ENSEMBLE_KEYS:
+                raise self.fail("ensembles", name, key, f"unknown key; expected one of {', '.join(sorted(_ENSEMBLE_KEYS))}")
+        models = body.get("models")
+        if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
+            raise self.fail("ensembles", name, "models" if "models" in body else None, "needs models = [\"NAME\", ...]")
+        weights = body.get("weights")
+        if weights is not None:
+            if not isinstance(weights, list) or not all(_is_number(w) for w in weights):
+                raise self.fail("ensembles", name, "weights", "must be a list of numbers")
+            if len(weights) != len(models):
+                raise self.fail("ensembles", name, "weights", f"has {len(weights)} values for {len(models)} models")
+        for key in ("mu", "plausibility"):
+            if key in body and not _is_number(body[key]):
+                raise self.fail("ensembles", name, key, "must be a number")
+        for key in ("combine", "method", "chat_template", "description"):
+            if key in body and not isinstance(body[key], str):
+                raise self.fail("ensembles", name, key, "must be a string")
+        if "expert" in body and not _is_int(body["expert"]):
+            raise self.fail("ensembles", name, "expert", "must be a model index")
+        gamma = body.get("gamma")
+        if gamma is not None:
+            ok = gamma == "auto" or _is_int(gamma) or (isinstance(gamma, list) and all(_is_int(g) for g in gamma))
+            if not ok:
+                raise self.fail("ensembles", name, "gamma", "must be an integer, a list of integers, or \"auto\"")
+            if isinstance(gamma, list):
+                if len(gamma) != len(models):
+                    raise self.fail("ensembles", name, "gamma", f"has {len(gamma)} values for {len(models)} models")
+                gamma = tuple(gamma)
+        return EnsembleEntry(
+            name=name,
+            models=tuple(models),
+            combine=body.get("combine", "we"),
+            weights=tuple(float(w) for w in weights) if weights is not None else None,
+            mu=body.get("mu"),
+            plausibility=body.get("plausibility"),
+            expert=body.get("expert"),
+            method=body.get("method"),
+            gamma=gamma,
+            chat_template=body.get("chat_template"),
+            description=body.get("description", ""),
+            source=str(self.path),
+        )
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)

@@ -1,0 +1,92 @@
+"""models.toml: parsing, errors that point at the file and line, and model references."""
+
+from __future__ import annotations
+
+import pytest
+
+from localcos.errors import ConfigError, ModelFileError, ModelNotAvailableError
+from localcos.registry import BUILTIN, Registry, parse_hf_ref
+
+
+def write(tmp_path, text, name="models.toml"):
+    f = tmp_path / name
+    f.write_text(text)
+    return f
+
+
+@pytest.fixture(autouse=True)
+def no_user_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+
+
+def test_builtin_presets_are_the_papers_pairs():
+    reg = Registry.load()
+    assert BUILTIN.is_file()
+    assert set(reg.ensembles) >= {"qwen-1.5b-we", "qwen-3b-we", "qwen-1.5b-we3", "llama-3-cd"}
+    cd = reg.ensembles["llama-3-cd"]
+    assert cd.combine == "cd" and cd.mu == 0.1 and cd.expert == 1
+    assert [reg.models[m].repo for m in cd.models] == ["bartowski/Llama-3.2-1B-Instruct-GGUF", "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF"]
+    assert len(reg.ensembles["qwen-1.5b-we3"].models) == 3
+
+
+def test_user_file_adds_and_overrides(tmp_path, monkeypatch, models):
+    user = tmp_path / "config" / "localcos"
+    user.mkdir(parents=True)
+    (user / "models.toml").write_text(
+        f'[models.mine]\npath = "{models["base"]}"\nn_gpu_layers = -1\n\n'
+        '[ensembles.pair]\nmodels = ["mine", "mine"]\nweights = [1, 3]\n'
+    )
+    reg = Registry.load()
+    assert reg.models["mine"].n_gpu_layers == -1
+    assert reg.resolve("mine") == models["base"]
+    assert reg.ensembles["pair"].weights == (1.0, 3.0)
+    assert "qwen-1.5b-we" in reg.ensembles  # built-ins stay
+
+
+def test_malformed_toml_names_file_and_line(tmp_path):
+    f = write(tmp_path, '[models.a]\nrepo = "x/y"\nfile = "f.gguf"\n\n[models.b\npath = "p"\n')
+    with pytest.raises(ConfigError) as err:
+        Registry.load(f)
+    assert str(f) in str(err.value) and "line 5" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "text, line, problem",
+    [
+        ('[models.a]\nrepo = "x/y"\nfile = "f.gguf"\nquant = "q4"\n', 4, "unknown key"),
+        ('[models.a]\nrepo = "x/y"\n', 1, "needs repo and file"),
+        ('[models.a]\nrepo = "xy"\nfile = "f.gguf"\n', 2, "OWNER/NAME"),
+        ('[models.a]\npath = "/m.gguf"\nrepo = "x/y"\nfile = "f"\n', 1, "either path or repo"),
+        ('[models.a]\npath = "/m.gguf"\nn_gpu_layers = "all"\n', 3, "must be an integer"),
+        ('[ensembles.e]\nmodels = ["/m.gguf"]\nweights = [1, 2]\n', 3, "has 2 values for 1 models"),
+        ('[ensembles.e]\nmodels = []\n', 2, "needs models"),
+        ('[ensembles.e]\nmodels = ["/m.gguf"]\ngamma = "fast"\n', 3, "gamma"),
+        ('[weird]\nx = 1\n', 1, "unknown table"),
+    ],
+)
+def test_schema_errors_point_at_the_line(tmp_path, text, line, problem):
+    f = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        Registry.load(f)
+    assert f"{f}:{line}:" in str(err.value)
+    assert problem in str(err.value)
+
+
+def test_ensemble_naming_an_unknown_model(tmp_path):
+    f = write(tmp_path, '[ensembles.e]\nmodels = ["nope"]\n')
+    with pytest.raises(ConfigError, match="names model 'nope', which is not defined"):
+        Registry.load(f)
+
+
+def test_references(tmp_path, models):
+    reg = Registry.load()
+    assert reg.resolve(str(models["base"])) == models["base"]
+    with pytest.raises(ModelFileError, match="not found"):
+        reg.resolve(str(tmp_path / "missing.gguf"))
+    with pytest.raises(ModelNotAvailableError, match="unknown model 'whatever'"):
+        reg.resolve("whatever")
+    assert parse_hf_ref("hf:owner/repo/dir/file.gguf") == ("owner/repo", "dir/file.gguf")
+    with pytest.raises(ConfigError, match="hf:OWNER/REPO/FILE"):
+        parse_hf_ref("hf:owner/file.gguf")
+    with pytest.raises(ConfigError, match="config file not found"):
+        Registry.load(tmp_path / "nope.toml")
