@@ -271,6 +271,11 @@ class Model:
         return buf.value.decode("utf-8", errors="replace")
 
     @property
+    def label(self) -> str:
+        """A short name for people: the GGUF's general.name, else the file name."""
+        return self.meta("general.name") or self.name
+
+    @property
     def chat_template(self) -> str | None:
         t = llama_cpp.llama_model_chat_template(self._model, None)
         return t.decode("utf-8", errors="replace") if t else None

@@ -93,3 +93,50 @@ class ChatFormatter:
                     "these models cannot share a chat template"
                 )
         return tokens
+
+
+class Conversation:
+    """A multi-turn conversation that always fits the context.
+
+    `prompt(user_text)` adds the user's message and returns the prompt tokens for the reply,
+    dropping the oldest turns (never the system message) when prompt plus reply would not fit.
+    """
+
+    def __init__(self, formatter: ChatFormatter, n_ctx: int, system: str | None = None) -> None:
+        self.formatter = formatter
+        self.n_ctx = n_ctx
+        self.system = system
+        self.messages: list[Message] = []
+
+    def _all(self) -> list[Message]:
+        return ([Message("system", self.system)] if self.system else []) + self.messages
+
+    def prompt(self, user_text: str, reply_tokens: int) -> tuple[list[int], int]:
+        """Add the user's message; return (prompt tokens, number of messages dropped to fit).
+
+        Raises `PromptTooLongError` if even the newest message alone does not fit.
+        """
+        from .errors import PromptTooLongError
+
+        self.messages.append(Message("user", user_text))
+        dropped = 0
+        while True:
+            tokens = self.formatter.tokens(self._all())
+            if len(tokens) + min(reply_tokens, max(1, self.n_ctx // 4)) <= self.n_ctx:
+                return tokens, dropped
+            if len(self.messages) <= 1:
+                self.messages.pop()
+                raise PromptTooLongError(
+                    f"the message has {len(tokens)} tokens with the chat template; the context holds {self.n_ctx}"
+                )
+            # drop the oldest turn: a user message and the reply that follows it
+            drop = 2 if len(self.messages) > 2 and self.messages[1].role == "assistant" else 1
+            del self.messages[:drop]
+            dropped += drop
+
+    def reply(self, text: str) -> None:
+        """Record the assistant's reply (also a partial one)."""
+        self.messages.append(Message("assistant", text))
+
+    def clear(self) -> None:
+        self.messages.clear()

@@ -279,7 +279,8 @@ class Ensemble:
 
     @property
     def names(self) -> list[str]:
-        return [m.name for m in self.models]
+        """The models' names for people (GGUF general.name, else the file name)."""
+        return [m.label for m in self.models]
 
     def cheapest(self) -> int:
         """Index of the model with the fewest parameters (the first of equals)."""
