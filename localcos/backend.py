@@ -284,13 +284,6 @@ class Model:
         """True for end-of-generation tokens (EOS, EOT, ...)."""
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
-    def eog_tokens(self) -> list[int]:
-        """All end-of-generation token ids."""
-        return [t for t in range(self.n_vocab) if self._is_eog_fast(t)]
-
-    def _is_eog_fast(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
-
     def token_text(self, token: int) -> bytes:
         """The vocabulary entry of a token id, as stored in the GGUF file."""
         return llama_cpp.llama_vocab_get_text(self._vocab, token) or b""

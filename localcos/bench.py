@@ -13,9 +13,8 @@ import os
 import platform
 import resource
 import sys
-import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Sequence
 
 from .ensemble import Completion, Ensemble

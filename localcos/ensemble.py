@@ -10,9 +10,10 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -528,8 +529,6 @@ class _TokenText:
     """Text of each token on its own, decoding UTF-8 across token boundaries."""
 
     def __init__(self, piece: Callable[[int], bytes]) -> None:
-        import codecs
-
         self._piece = piece
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
-import math
-import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from localcos import Ensemble

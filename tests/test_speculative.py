@@ -15,11 +15,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from conftest import BASE, NEAR_TIE, SPECS
+from conftest import BASE, NEAR_TIE
 from localcos import Contrastive, Ensemble, LogitMix, WeightedEnsemble
 from localcos.backend import Model
 from localcos.decoding import Decoder, Draft
-from localcos.sampling import Sampler, softmax
+from localcos.sampling import Sampler
 from localcos.testmodels import cached_model
 from localcos.text import TextAssembler
 from statcheck import assert_matches

@@ -171,7 +171,7 @@ def test_new_chat_and_context_overflow(chat_paths):
             await until(pilot, lambda: app.ensemble is not None)
             for i in range(4):
                 await send(pilot, app, f"Message number {i} about the river and the mill")
-                await until(pilot, lambda: len(replies(app)) == i + 1 and replies(app)[i].complete)
+                await until(pilot, lambda n=i + 1: len(replies(app)) == n and replies(app)[-1].complete)
             notices = [v for v in app.query(MessageView) if v.role == "notice"]
             assert notices and "oldest" in notices[0].text
             assert app.conversation.messages[0].content != "Message number 0 about the river and the mill"

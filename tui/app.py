@@ -14,7 +14,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, ProgressBar, Static
+from textual.widgets import Footer, Header, Input, ProgressBar
 from textual.worker import get_current_worker
 
 from localcos.chat import ChatFormatter, Conversation
