@@ -146,8 +146,10 @@ class Decoder:
         return token in self.end_tokens
 
     def check_invariants(self) -> None:
-        """Assert that every model's KV cache holds a prefix of committed + pending."""
+        """Assert that every model's KV cache holds a prefix of committed + pending, and that
+        drafts never reach past the length limit (--max-tokens or the context)."""
         seq = self.sequence()
+        assert len(seq) <= self.max_length, f"{len(seq)} committed+pending tokens exceed the limit {self.max_length}"
         for m in self.models:
             n = len(m.tokens)
             assert n <= len(seq), f"{m.name} holds {n} tokens, more than the {len(seq)} committed+pending"
@@ -155,9 +157,11 @@ class Decoder:
 
     # --- model work ----------------------------------------------------------------------------
     def catch_up(self, i: int, upto: int | None = None) -> None:
-        """Model i evaluates, in one batched call, every token of sequence()[:upto] its cache lacks."""
+        """Model i evaluates, in one batched call, every token of sequence()[:upto] its cache lacks
+        (by default all of them, except a final end token: nothing follows it)."""
         seq = self.sequence()
-        upto = len(seq) if upto is None else upto
+        if upto is None:
+            upto = len(seq) - (1 if self.draft_room() == 0 and self.pending else 0)
         model = self.models[i]
         have = len(model.tokens)
         if have >= upto:
@@ -279,8 +283,13 @@ class Decoder:
                 self.finish_reason = "stop"
             elif len(self.committed) >= self.max_length:
                 self.finish_reason = "length"
-        # rows before the first uncommitted position are no longer needed
         n = len(self.committed)
+        if self.finished:
+            # tokens scored past the end (after a stop string, an end token) leave every cache,
+            # so each holds exactly the completion
+            self.pending.clear()
+            self.rollback(n)
+        # rows before the first uncommitted position are no longer needed
         for rows in self.rows:
             for p in [p for p in rows if p < n]:
                 del rows[p]

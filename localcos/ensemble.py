@@ -32,7 +32,7 @@ from .decoding import (
 )
 from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from .sampling import Sampler
-from .speedmodel import AutoGamma
+from .speedmodel import AutoGamma, CallCosts
 from .text import TextAssembler
 
 
@@ -213,7 +213,9 @@ class Ensemble:
         self.end_tokens = {t for t in range(self.n_vocab) if first.is_eog(t)}
         self.combiner = self._bind(combiner or WeightedEnsemble())
         self._prompt_rows: list[tuple[tuple[int, ...], np.ndarray] | None] = [None] * len(self.models)
+        # --gamma auto: acceptance is learned per setting, call costs once per ensemble
         self._auto: dict[tuple, AutoGamma] = {}
+        self._call_costs = CallCosts([m.n_params for m in self.models])
 
     @classmethod
     def load(
@@ -400,7 +402,7 @@ class Ensemble:
             return None
         key = (config.method, combiner.describe(), config.temperature, config.top_k, config.top_p, config.min_p)
         if key not in self._auto:
-            self._auto[key] = AutoGamma(len(self.models))
+            self._auto[key] = AutoGamma(self._call_costs)
         return self._auto[key]
 
     def _gammas(self, gamma: int | tuple[int, ...] | None, proposer: int) -> list[int]:

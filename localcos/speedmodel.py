@@ -81,33 +81,54 @@ class _CallCost:
         return a + b * n
 
 
+class CallCosts:
+    """Per-model call cost models, shared by the --gamma auto controllers of one ensemble.
+
+    Before a model's first measured call its cost is guessed from its parameter count, scaled to
+    the measured cost of another model when there is one.
+    """
+
+    def __init__(self, n_params: list[int]) -> None:
+        self.n_params = [max(1, p) for p in n_params]
+        self.models = [_CallCost() for _ in n_params]
+
+    def observe(self, model: int, n_tokens: int, seconds: float) -> None:
+        self.models[model].observe(n_tokens, seconds)
+
+    def __call__(self, model: int, n_tokens: int) -> float:
+        if self.models[model].known:
+            return self.models[model](n_tokens)
+        known = [k for k, c in enumerate(self.models) if c.known]
+        unit = self.models[known[0]](1) / self.n_params[known[0]] if known else 1e-9
+        return unit * self.n_params[model] * (1 + 0.1 * (n_tokens - 1))
+
+
 @dataclass
 class AutoGamma:
     """Chooses the default proposer and its proposal length online (``--gamma auto``).
 
-    It keeps, per model, a linear model of call time against batch size (measured on every
-    llama_decode call) and, per proposer, the acceptance rate of its draft tokens; before each
+    It keeps the acceptance rate of each proposer's draft tokens and uses `costs`, a model of
+    each model's call time against batch size (measured on every llama_decode call); before each
     new draft it picks the (proposer, gamma) with the highest expected tokens per second under
     the method's cost structure. Choices depend only on the past, so the output distribution
     stays exact.
     """
 
-    n_models: int
+    costs: CallCosts
     gamma_max: int = 8
     prior_alpha: float = 0.7
     prior_weight: float = 8.0
     decay: float = 0.995
-    costs: list[_CallCost] = field(default_factory=list)
     accepted: list[float] = field(default_factory=list)
     tested: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.costs = [_CallCost() for _ in range(self.n_models)]
+        self.n_models = len(self.costs.models)
         self.accepted = [0.0] * self.n_models
         self.tested = [0.0] * self.n_models
 
     def observe_call(self, model: int, n_tokens: int, seconds: float) -> None:
-        self.costs[model].observe(n_tokens, seconds)
+        self.costs.observe(model, n_tokens, seconds)
 
     def observe_verdicts(self, proposer: int, accepted: int, rejected: int) -> None:
         d = self.decay ** (accepted + rejected)
@@ -119,29 +140,28 @@ class AutoGamma:
 
     def tokens_per_second(self, method: str, proposer: int, gamma: int) -> float:
         a = self.alpha(proposer)
-        t_p = self.costs[proposer]
+        cost = self.costs
         others = [i for i in range(self.n_models) if i != proposer]
-        verifiers = [self.costs[i] for i in others]
         if method == "cos" and len(others) == 1:
             # Two models, the other proposing 1 token (its bonus). A Markov chain over cycles:
             # a fully accepted draft (probability s = a^gamma) leaves the other's bonus pending;
             # the proposer scores it in a 2-token call (one more token, accepted or resampled)
             # and, if it was accepted (probability a_o), drafts one token less next time. In the
             # stationary regime the tokens and seconds per cycle are:
-            t_o = verifiers[0]
+            other = others[0]
             s = a**gamma
-            a_o = self.alpha(others[0])
+            a_o = self.alpha(other)
             tokens = expected_tokens(a, gamma) + s
-            seconds = (gamma - a_o * s) * t_p(1) + t_o(gamma + 1) + s * t_p(2)
+            seconds = (gamma - a_o * s) * cost(proposer, 1) + cost(other, gamma + 1) + s * cost(proposer, 2)
         elif method == "cos":
             tokens = expected_tokens(a, gamma)
-            seconds = (gamma - a**gamma) * t_p(1) + sum(t(gamma + 1) for t in verifiers)
+            seconds = (gamma - a**gamma) * cost(proposer, 1) + sum(cost(i, gamma + 1) for i in others)
         elif method == "naive-cos":
             tokens = expected_tokens(a, gamma)
-            seconds = gamma * t_p(1) + sum(t(gamma) for t in verifiers)
+            seconds = gamma * cost(proposer, 1) + sum(cost(i, gamma) for i in others)
         else:  # sd
             tokens = expected_tokens(a, gamma + 1)
-            seconds = gamma * t_p(1) + t_p(gamma) + sum(t(gamma + 1) for t in verifiers)
+            seconds = gamma * cost(proposer, 1) + cost(proposer, gamma) + sum(cost(i, gamma + 1) for i in others)
         return tokens / seconds if seconds > 0 else math.inf
 
     def choose(self, method: str, proposers: list[int] | None = None) -> tuple[int, int]:

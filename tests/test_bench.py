@@ -11,7 +11,7 @@ import pytest
 
 from localcos import Ensemble
 from localcos.bench import Config, Run, configurations, summarize
-from localcos.speedmodel import AutoGamma, expected_speedup, expected_tokens
+from localcos.speedmodel import AutoGamma, CallCosts, expected_speedup, expected_tokens
 
 
 def test_expected_tokens():
@@ -82,7 +82,7 @@ def test_summary_by_hand():
 
 
 def test_auto_gamma_prefers_long_drafts_from_a_cheap_accurate_proposer():
-    auto = AutoGamma(2)
+    auto = AutoGamma(CallCosts([1, 10]))
     for _ in range(50):
         auto.observe_call(0, 1, 0.001)  # cheap amateur
         auto.observe_call(1, 1, 0.010)  # expensive expert
@@ -93,7 +93,7 @@ def test_auto_gamma_prefers_long_drafts_from_a_cheap_accurate_proposer():
         proposer, gamma = auto.choose(method)
         assert proposer == 0 and gamma >= 4, (method, proposer, gamma)
     # a proposer that is almost always rejected should draft one token at a time
-    bad = AutoGamma(2)
+    bad = AutoGamma(CallCosts([1, 10]))
     for _ in range(50):
         bad.observe_call(0, 1, 0.001)
         bad.observe_call(1, 1, 0.010)
@@ -101,6 +101,15 @@ def test_auto_gamma_prefers_long_drafts_from_a_cheap_accurate_proposer():
     bad.observe_verdicts(0, 5, 95)
     bad.observe_verdicts(1, 5, 95)
     assert bad.choose("naive-cos")[1] == 1
+
+
+def test_call_costs_before_measurements_follow_parameter_counts():
+    costs = CallCosts([100, 1000])
+    assert costs(1, 1) == pytest.approx(10 * costs(0, 1))
+    costs.observe(0, 1, 0.002)
+    assert costs(0, 1) == pytest.approx(0.002)
+    assert costs(1, 1) == pytest.approx(0.02)  # scaled to the measured model
+    assert costs(1, 3) > costs(1, 1)
 
 
 def test_auto_gamma_end_to_end(models):

@@ -209,3 +209,35 @@ def test_rollback_restores_every_cache(models):
             dec.catch_up(i)
             expected = fresh_rows([path], dec.committed)[0][0]
             np.testing.assert_allclose(dec.rows[i][len(dec.committed)], expected, atol=5e-3)
+
+
+# --- limits ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", SPECULATIVE)
+def test_limits_eos_and_stop_strings_end_where_the_ensemble_ends(models, method):
+    """Drafts never run past --max-tokens or the context, and an end token or a stop string
+    inside a draft ends the completion exactly where the standard ensemble ends it."""
+    with Ensemble.load([models["eos_heavy"], models["sibling"]], n_ctx=256) as ens:
+        prompt = ens.tokenize(PROMPTS[0])
+        for seed in range(6):
+            ref = ens.generate(PROMPTS[0], method="ensemble", temperature=0, max_tokens=40, seed=seed)
+            out = ens.generate(PROMPTS[0], method=method, gamma=4, temperature=0, max_tokens=40, seed=seed, check_invariants=True)
+            assert (out.token_ids, out.text, out.finish_reason) == (ref.token_ids, ref.text, ref.finish_reason)
+        ends = ens.generate(PROMPTS[0], method="ensemble", temperature=0, max_tokens=200)
+        assert ends.finish_reason == "stop"  # greedy decoding reaches EOS here
+        # a stop string in the middle of a draft
+        stop = ends.text[len(ends.text) // 2 : len(ends.text) // 2 + 3]
+        ref = ens.generate(PROMPTS[0], method="ensemble", temperature=0, max_tokens=200, stop=[stop])
+        out = ens.generate(PROMPTS[0], method=method, gamma=4, temperature=0, max_tokens=200, stop=[stop])
+        assert (out.text, out.finish_reason) == (ref.text, "stop")
+        # max tokens: drafts stop at the limit (check_invariants asserts it every round)
+        for max_tokens in (1, 2, 5):
+            out = ens.generate(PROMPTS[0], method=method, gamma=4, max_tokens=max_tokens, ignore_eos=True, seed=1, check_invariants=True)
+            assert len(out.token_ids) == max_tokens and out.finish_reason == "length"
+            full = prompt + out.token_ids
+            assert all(len(prompt) <= len(m.tokens) and m.tokens == full[: len(m.tokens)] for m in ens.models)
+    # context: the completion fills the context exactly, without an error
+    with Ensemble.load([models["base"], models["sibling"]], n_ctx=40) as ens:
+        out = ens.generate(PROMPTS[0], method=method, gamma=4, max_tokens=500, ignore_eos=True, seed=2, check_invariants=True)
+        assert out.finish_reason == "length" and len(ens.tokenize(PROMPTS[0])) + len(out.token_ids) == 40
