@@ -142,26 +142,51 @@ class AutoGamma:
         a = self.alpha(proposer)
         cost = self.costs
         others = [i for i in range(self.n_models) if i != proposer]
-        if method == "cos" and len(others) == 1:
-            # Two models, the other proposing 1 token (its bonus). A Markov chain over cycles:
-            # a fully accepted draft (probability s = a^gamma) leaves the other's bonus pending;
-            # the proposer scores it in a 2-token call (one more token, accepted or resampled)
-            # and, if it was accepted (probability a_o), drafts one token less next time. In the
-            # stationary regime the tokens and seconds per cycle are:
-            other = others[0]
-            s = a**gamma
-            a_o = self.alpha(other)
-            tokens = expected_tokens(a, gamma) + s
-            seconds = (gamma - a_o * s) * cost(proposer, 1) + cost(other, gamma + 1) + s * cost(proposer, 2)
-        elif method == "cos":
-            tokens = expected_tokens(a, gamma)
-            seconds = (gamma - a**gamma) * cost(proposer, 1) + sum(cost(i, gamma + 1) for i in others)
-        elif method == "naive-cos":
+        if method == "cos":
+            return self._cos_tokens_per_second(proposer, gamma)
+        if method == "naive-cos":
             tokens = expected_tokens(a, gamma)
             seconds = gamma * cost(proposer, 1) + sum(cost(i, gamma) for i in others)
         else:  # sd
             tokens = expected_tokens(a, gamma + 1)
             seconds = gamma * cost(proposer, 1) + cost(proposer, gamma) + sum(cost(i, gamma + 1) for i in others)
+        return tokens / seconds if seconds > 0 else math.inf
+
+    def _cos_tokens_per_second(self, proposer: int, gamma: int, horizon: int = 12) -> float:
+        """Expected speed of `cos` with `proposer` drafting gamma tokens and the others one (their
+        bonus tokens), as a renewal process from one rejection to the next.
+
+        The turn schedule without rejections is deterministic (who evaluates how many tokens in
+        each call, which tokens every model has scored and so are verified), so walking it turn by
+        turn while tracking the probability that every token verified so far was accepted gives
+        the expected seconds and committed tokens of a cycle. That captures what a closed form
+        misses with more than two models: bonus tokens from every model, and tokens that wait
+        n - 1 turns for their verification (and are wasted by a rejection meanwhile).
+        """
+        n = self.n_models
+        order = [proposer] + [i for i in range(n) if i != proposer]
+        # stream index 0 is the token resampled at the last rejection, which no cache holds yet
+        have = [0] * n  # stream tokens each model has evaluated
+        alphas: list[float] = [1.0]  # per stream token: its proposer's acceptance rate
+        verified = 0  # stream index of the newest verified token
+        alive = 1.0  # probability that every verified token was accepted
+        seconds = tokens = 0.0
+        for turn in range(horizon * n):
+            m = order[turn % n]
+            seconds += alive * self.costs(m, len(alphas) - have[m])
+            have[m] = len(alphas)
+            # a token is verified once every model has evaluated the token before it
+            newest = min(min(have), len(alphas) - 1)
+            for i in range(verified + 1, newest + 1):
+                tokens += alive  # accepted, or rejected and replaced: one token either way
+                alive *= alphas[i]
+            verified = newest
+            drafts = gamma if m == proposer else 1
+            seconds += alive * (drafts - 1) * self.costs(m, 1)  # the first reuses the catch-up row
+            have[m] = len(alphas) + drafts - 1
+            alphas.extend([self.alpha(m)] * drafts)
+            if alive < 1e-3:
+                break
         return tokens / seconds if seconds > 0 else math.inf
 
     def choose(self, method: str, proposers: list[int] | None = None) -> tuple[int, int]:

@@ -16,6 +16,7 @@ import pytest
 from fakes import FakeModel, exact_joint
 from localcos import Contrastive, Ensemble, LogitMix, WeightedEnsemble
 from localcos.sampling import Sampler
+from localcos.speedmodel import AutoGamma, CallCosts
 from statcheck import assert_matches
 
 LENGTH = 3
@@ -75,3 +76,30 @@ def test_calls_per_token_match_the_algorithm():
     assert total_calls <= 40 + 1
     base = ens.generate([1, 2], method="ensemble", max_tokens=40, seed=0)
     assert sum(m.calls for m in base.stats.models) == 2 * 39
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_cos_speed_model_predicts_the_decoders_calls(n):
+    """--gamma auto ranks choices by a model of the cos turn schedule; with every call costing
+    the same, its tokens per call must be what the real decoder does, for 2 to 4 models."""
+
+    class UnitCost(CallCosts):
+        def __call__(self, model: int, n_tokens: int) -> float:
+            return 1.0
+
+    base = FakeModel(seed=60, sharpness=2.5)
+    models = [base] + [FakeModel(seed=60 + i, sharpness=2.5) for i in range(1, n)]
+    for m in models[1:]:  # relatives of the first: acceptance about 0.7-0.8
+        m.table = (0.8 * base.table + 0.6 * m.table).astype(np.float32)
+    ens = Ensemble(models, WeightedEnsemble())
+    for gamma in (1, 2, 4):
+        outs = ens.generate_many([1, 2], 60, method="cos", gamma=(gamma,) + (1,) * (n - 1), max_tokens=100, seed=gamma, ignore_eos=True)
+        tokens = sum(len(o.token_ids) for o in outs)
+        calls = sum(m.calls for o in outs for m in o.stats.models)
+        accepted = sum(o.stats.accepted for o in outs)
+        tested = accepted + sum(o.stats.rollbacks for o in outs)
+        model = AutoGamma(UnitCost([1] * n))
+        for m in range(n):
+            model.observe_verdicts(m, accepted, tested - accepted)
+        predicted = model.tokens_per_second("cos", 0, gamma)
+        assert predicted == pytest.approx(tokens / calls, rel=0.03), (n, gamma)
