@@ -94,8 +94,18 @@ def test_colouring_toggles(chat_paths):
 
 
 def test_escape_stops_a_long_reply_and_keeps_it(chat_paths):
+    # The reply must still be running when Escape arrives: the tiny models generate thousands of
+    # tokens a second and may sample an end token at any moment, so this reply ignores them.
+    load = loader_for(chat_paths, n_ctx=8192)
+
+    def endless_loader(progress):
+        ens, formatter = load(progress)
+        stream = ens.stream
+        ens.stream = lambda *args, **settings: stream(*args, **{**settings, "ignore_eos": True})
+        return ens, formatter
+
     async def scenario():
-        app = ChatApp(loader_for(chat_paths, n_ctx=8192), ChatSettings(max_tokens=6000, temperature=1.0))
+        app = ChatApp(endless_loader, ChatSettings(max_tokens=6000, temperature=1.0))
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: app.ensemble is not None)
             await send(pilot, app, "Tell me a long story")
