@@ -17,6 +17,7 @@ from .errors import ConfigError, LocalcosError
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 METHOD_CHOICES = ("ensemble", "sd", "naive-cos", "cos")
+SYNTHETIC_DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,6 +71,12 @@ def add_model_options(p: argparse.ArgumentParser, *, synthetic: bool = False) ->
     g.add_argument("--preset", help="a named ensemble from models.toml: its models, combiner, method and gamma")
     if synthetic:
         g.add_argument("--synthetic", help="a built-in synthetic set: we-pair, cd-pair, we-triple, we-pair-152k (built once, cached)")
+        g.add_argument(
+            "--synthetic-dtype",
+            choices=SYNTHETIC_DTYPES,
+            default=None,
+            help="weight type of the synthetic set (default bf16: the cheapest batched verification on CPUs with BF16 instructions)",
+        )
     g.add_argument("--config", help="an extra models.toml (merged over the built-in and your own)")
     g.add_argument("--ctx", type=int, default=4096, help="context length per model (default 4096)")
     g = p.add_argument_group("hardware")
@@ -369,7 +376,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise ConfigError(f"unknown synthetic set {args.synthetic!r}; choose from {', '.join(s for s in SETS if s != 'demo')}")
         if args.combine is None:
             args.combine = SETS[args.synthetic].combine
-        paths = ensure_set(args.synthetic, progress=lambda m: print(m, file=sys.stderr, flush=True))
+        paths = ensure_set(args.synthetic, progress=lambda m: print(m, file=sys.stderr, flush=True), dtype=args.synthetic_dtype)
         layers = _ints(args.n_gpu_layers, "--n-gpu-layers") if args.n_gpu_layers else [0]
         setup = Setup(paths, [str(p) for p in paths], layers * len(paths) if len(layers) == 1 else layers)
     else:
@@ -640,7 +647,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("dir")
     p.add_argument("--vocab", type=int, default=2048, help="vocabulary size (default 2048; up to ~152k)")
-    p.add_argument("--dtype", choices=("f32", "f16", "q8_0"), default="f32")
+    p.add_argument("--dtype", choices=SYNTHETIC_DTYPES, default="f32", help="weight type (default f32)")
     p.set_defaults(func=cmd_make_test_models)
     return parser
 

@@ -45,40 +45,56 @@ def expected_speedup(method: str, alpha: float, gamma: int, c: float, batch_cost
     return None
 
 
+# Before a batch size has been measured, an extra token in a batch is guessed to cost this share
+# of a single-token call (the memory-bound regime of GPUs). Optimistic on CPUs, so the controller
+# tries longer drafts once and then knows their real cost.
+PRIOR_EXTRA_TOKEN = 0.1
+
+
 @dataclass
 class _CallCost:
-    """Seconds per llama_decode call as a + b * n_tokens, fitted with exponential forgetting."""
+    """Seconds per llama_decode call of one model, by batch size.
+
+    Each batch size keeps its own exponentially forgetting mean: call time is not linear in the
+    batch size (on CPUs one token runs matrix-vector kernels and two or more run matrix-matrix
+    kernels, so the step from 1 to 2 tokens costs far more than each later one). Sizes not seen
+    yet are interpolated between measured neighbours, or extrapolated from the largest ones.
+    """
 
     decay: float = 0.98
-    w: float = 0.0
-    sn: float = 0.0
-    st: float = 0.0
-    snn: float = 0.0
-    snt: float = 0.0
+    weight: dict[int, float] = field(default_factory=dict)
+    mean: dict[int, float] = field(default_factory=dict)
 
     def observe(self, n: int, seconds: float) -> None:
-        d = self.decay
-        self.w = d * self.w + 1.0
-        self.sn = d * self.sn + n
-        self.st = d * self.st + seconds
-        self.snn = d * self.snn + n * n
-        self.snt = d * self.snt + n * seconds
+        w = self.decay * self.weight.get(n, 0.0) + 1.0
+        self.mean[n] = self.mean.get(n, seconds) + (seconds - self.mean.get(n, seconds)) / w
+        self.weight[n] = w
 
     @property
     def known(self) -> bool:
-        return self.w > 0
+        return bool(self.mean)
 
     def __call__(self, n: int) -> float:
-        if not self.known:
-            return 1.0
-        mean_n, mean_t = self.sn / self.w, self.st / self.w
-        var = self.snn / self.w - mean_n * mean_n
-        if var < 0.25:  # one batch size seen so far: assume a batch of n costs 1 + 0.1 (n - 1) singles
-            single = mean_t / (1 + 0.1 * (mean_n - 1))
-            return single * (1 + 0.1 * (n - 1))
-        b = max((self.snt / self.w - mean_n * mean_t) / var, 0.0)
-        a = max(mean_t - b * mean_n, 1e-6)
-        return a + b * n
+        if n in self.mean:
+            return self.mean[n]
+        if not self.mean:
+            return 1.0 + PRIOR_EXTRA_TOKEN * (n - 1)
+        sizes = sorted(self.mean)
+        below = [m for m in sizes if m < n]
+        above = [m for m in sizes if m > n]
+        if below and above:
+            lo, hi = below[-1], above[0]
+            return self.mean[lo] + (self.mean[hi] - self.mean[lo]) * (n - lo) / (hi - lo)
+        if below:
+            lo = below[-1]
+            if len(below) >= 2 and below[-2] >= 2:  # a slope between two batched sizes
+                prev = below[-2]
+                slope = max((self.mean[lo] - self.mean[prev]) / (lo - prev), 0.0)
+            else:
+                slope = PRIOR_EXTRA_TOKEN * self.mean[below[0]] / (1 + PRIOR_EXTRA_TOKEN * (below[0] - 1))
+            return self.mean[lo] + slope * (n - lo)
+        hi = above[0]
+        return self.mean[hi] * (1 + PRIOR_EXTRA_TOKEN * (n - 1)) / (1 + PRIOR_EXTRA_TOKEN * (hi - 1))
 
 
 class CallCosts:
@@ -100,7 +116,7 @@ class CallCosts:
             return self.models[model](n_tokens)
         known = [k for k, c in enumerate(self.models) if c.known]
         unit = self.models[known[0]](1) / self.n_params[known[0]] if known else 1e-9
-        return unit * self.n_params[model] * (1 + 0.1 * (n_tokens - 1))
+        return unit * self.n_params[model] * (1 + PRIOR_EXTRA_TOKEN * (n_tokens - 1))
 
 
 @dataclass

@@ -207,7 +207,7 @@ class ModelSpec:
     n_ff: int = 256
     context_length: int = 4096
     seed: int = 0  # the family: embeddings, successors and base layers
-    dtype: str = "f32"  # f32 | f16 | q8_0
+    dtype: str = "f32"  # f32 | f16 | bf16 | q8_0 | q4_0
     entropy: float = 2.0  # target mean next-token entropy in nats
     successors: int = 8
     attn_mix: float = 0.5  # how much attention mixes in earlier tokens
@@ -424,8 +424,10 @@ _QTYPES = {
     "f32": gguf.GGMLQuantizationType.F32,
     "f16": gguf.GGMLQuantizationType.F16,
     "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "q4_0": gguf.GGMLQuantizationType.Q4_0,
+    "bf16": gguf.GGMLQuantizationType.BF16,
 }
-_FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7}
+_FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}
 
 
 def write_model(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:

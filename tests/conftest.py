@@ -29,6 +29,8 @@ SPECS: dict[str, ModelSpec] = {
     "chat": replace(BASE, chat_template=CHAT_TEMPLATE, name="t-chat"),
     "chat_sibling": replace(BASE, noise=0.3, chat_template=CHAT_TEMPLATE.replace("<|", "[").replace("|>", "]"), name="t-chat2"),
     "f16": replace(BASE, dtype="f16", name="t-f16"),
+    "bf16": replace(BASE, dtype="bf16", name="t-bf16"),
+    "q4": replace(BASE, dtype="q4_0", name="t-q4"),
     # a real-size vocabulary (Qwen2.5's padded size), narrow so it stays small
     "vocab152k": ModelSpec(vocab_size=151936, n_embd=32, n_layer=1, n_head=2, n_ff=64, dtype="f16", seed=9, name="t-152k"),
     "vocab152k_padded": ModelSpec(

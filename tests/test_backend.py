@@ -107,11 +107,20 @@ def test_context_overflow_is_refused(models):
     m.close()
 
 
-def test_quantised_models_load_and_run(models):
-    for name in ("q8", "f16"):
+def test_quantised_models_load_and_run(models, base):
+    """Every weight type the writer offers loads and computes the F32 model's function, to the
+    type's precision."""
+    base.reset()
+    tokens = base.tokenize(TEXT)
+    reference = base.evaluate(tokens)
+    base.reset()
+    for name, tolerance in (("f16", 0.01), ("bf16", 0.05), ("q8", 0.05), ("q4", 0.3)):
         m = Model(models[name], n_ctx=64)
-        logits = m.evaluate(m.tokenize(TEXT), 1)
+        logits = m.evaluate(tokens)
         assert np.isfinite(logits).all()
+        error = np.abs(logits - reference).mean() / np.abs(reference).mean()
+        assert error < tolerance, (name, error)
+        assert (logits.argmax(axis=1) == reference.argmax(axis=1)).mean() > 0.8, name
         m.close()
 
 

@@ -198,3 +198,21 @@ def test_memory_at_a_152k_vocabulary_and_8k_context(models):
     assert proc.returncode == 0, proc.stderr
     overhead = float(proc.stdout.strip().splitlines()[-1])
     assert overhead < 300, f"{overhead:.0f} MiB above the loaded models"
+
+
+def test_call_costs_are_kept_per_batch_size():
+    """Call time is not linear in the batch size (on CPUs one token runs matrix-vector kernels,
+    two or more matrix-matrix ones): measured sizes are used as measured, others interpolated or
+    extrapolated from the batched sizes."""
+    costs = CallCosts([100])
+    for _ in range(5):
+        for n, seconds in ((1, 1.0), (2, 1.65), (4, 1.95)):
+            costs.observe(0, n, seconds)
+    assert costs(0, 1) == pytest.approx(1.0)
+    assert costs(0, 2) == pytest.approx(1.65)
+    assert costs(0, 3) == pytest.approx(1.80)  # between 2 and 4
+    assert costs(0, 6) == pytest.approx(2.25)  # the slope of 2 -> 4, not of 1 -> 2
+    # a later change (another program took a core) shows within a hundred calls
+    for _ in range(100):
+        costs.observe(0, 2, 3.3)
+    assert costs(0, 2) == pytest.approx(3.3, rel=0.05)

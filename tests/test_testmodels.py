@@ -110,5 +110,5 @@ def test_vocabulary_sizes_and_padding():
 
 def test_quantised_files_are_smaller(tmp_path):
     spec = ModelSpec(vocab_size=512, n_embd=64, n_layer=1, n_head=2, n_ff=128)
-    sizes = {d: write_model(replace(spec, dtype=d), tmp_path / f"{d}.gguf").stat().st_size for d in ("f32", "f16", "q8_0")}
-    assert sizes["f32"] > sizes["f16"] > sizes["q8_0"]
+    sizes = {d: write_model(replace(spec, dtype=d), tmp_path / f"{d}.gguf").stat().st_size for d in ("f32", "f16", "bf16", "q8_0", "q4_0")}
+    assert sizes["f32"] > sizes["f16"] == sizes["bf16"] > sizes["q8_0"] > sizes["q4_0"]
