@@ -309,6 +309,8 @@ def _summary_line(stats: dict, seed: int | None) -> str:
         parts.append(f"acceptance {stats['acceptance_rate']:.0%}")
         parts.append(f"mean accepted {stats['mean_accepted']:.2f}")
     parts.append("calls " + "/".join(str(c) for c in stats["calls"]))
+    if stats.get("speedup_estimate"):
+        parts.append(f"~{stats['speedup_estimate']:.2f}x the ensemble (est.)")
     if seed is not None:
         parts.append(f"seed {seed}")
     return "[localcos] " + " | ".join(parts)

@@ -28,7 +28,7 @@ import numpy as np
 from .backend import Model
 from .combiners import Combiner
 from .sampling import Sampler, softmax
-from .speedmodel import AutoGamma
+from .speedmodel import AutoGamma, CallCosts
 from .text import TextAssembler
 from .verify import verify
 
@@ -101,6 +101,7 @@ class Decoder:
         on_commit: Callable[[int, Origin], None] | None = None,
         observer: AutoGamma | None = None,
         banned: Sequence[int] = (),
+        costs: CallCosts | None = None,
     ) -> None:
         self.models = list(models)
         self.combiner = combiner
@@ -119,6 +120,7 @@ class Decoder:
         self.text = text
         self.on_commit = on_commit
         self.observer = observer
+        self.costs = costs  # every llama_decode call's time is recorded here, by batch size
         self.origins: list[Origin] = []
         self.finish_reason: str | None = None
         self.spec = SpeculationStats()
@@ -170,8 +172,8 @@ class Decoder:
         n_logits = upto - max(have, len(self.committed) - 1)
         t0 = time.perf_counter()
         logits = model.evaluate(seq[have:upto], n_logits)
-        if self.observer is not None:
-            self.observer.observe_call(i, upto - have, time.perf_counter() - t0)
+        if self.costs is not None:
+            self.costs.observe(i, upto - have, time.perf_counter() - t0)
         first = upto - n_logits + 1
         self._ban(logits)
         rows = self.rows[i]

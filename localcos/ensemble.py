@@ -103,10 +103,19 @@ class GenerationStats:
     calls_per_token: float | None = None
     gamma: list[int] | None = None
     proposer: int | None = None
+    # what the standard ensemble would spend inside llama.cpp on these tokens: one single-token
+    # call per model per token, at the single-token call times measured on this ensemble
+    ensemble_llama_seconds: float | None = None
+
+    @property
+    def speedup_estimate(self) -> float | None:
+        """The standard ensemble's estimated llama.cpp time for these tokens over this run's."""
+        return speedup_estimate(self.ensemble_llama_seconds, self.llama_seconds)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["calls"] = [m.calls for m in self.models]
+        d["speedup_estimate"] = self.speedup_estimate
         return d
 
     def summary(self) -> str:
@@ -122,7 +131,16 @@ class GenerationStats:
         parts.append("calls " + "/".join(str(m.calls) for m in self.models))
         if self.seconds > 0:
             parts.append(f"host {self.host_seconds / self.seconds:.0%}")
+        if self.method != "ensemble" and self.speedup_estimate:
+            parts.append(f"~{self.speedup_estimate:.2f}x the ensemble (est.)")
         return " | ".join(parts)
+
+
+def speedup_estimate(ensemble_llama_seconds: float | None, llama_seconds: float) -> float | None:
+    """Estimated speedup in llama.cpp time over the standard ensemble (None when unknown)."""
+    if ensemble_llama_seconds is None or llama_seconds <= 0:
+        return None
+    return ensemble_llama_seconds / llama_seconds
 
 
 @dataclass
@@ -373,7 +391,13 @@ class Ensemble:
                 continue
             keep = min(keep, len(prompt) - 1)  # re-evaluate at least the last token for its row
             m.truncate(keep)
-            row = m.evaluate(prompt[keep:], 1)[0]
+            if keep < len(prompt) - 1:
+                m.evaluate(prompt[keep:-1], 0)
+            # the last prompt token on its own: a single-token call like every step of the
+            # standard ensemble, timed for the speedup estimate and --gamma auto
+            t0 = time.perf_counter()
+            row = m.evaluate(prompt[-1:], 1)[0]
+            self._call_costs.observe(i, 1, time.perf_counter() - t0)
             self._prompt_rows[i] = (key, row)
             rows.append(row)
         return rows
@@ -461,6 +485,7 @@ class Ensemble:
             text=text,
             on_commit=on_commit,
             observer=self._observer(config, combiner),
+            costs=self._call_costs,
         )
         strategy, gammas, proposer = self._strategy(dec, config)
         while not dec.finished:
@@ -524,7 +549,16 @@ class Ensemble:
             calls_per_token=sum(w.calls for w in work) / n_tokens if n_tokens else None,
             gamma=gammas,
             proposer=proposer,
+            ensemble_llama_seconds=self._ensemble_llama_seconds(n_tokens),
         )
+
+    def _ensemble_llama_seconds(self, n_tokens: int) -> float | None:
+        """llama.cpp seconds the standard ensemble needs for n_tokens (one single-token call per
+        model per token), from measured single-token calls; None until every model has some."""
+        costs = self._call_costs
+        if not all(costs.measured(i, 1) for i in range(len(self.models))):
+            return None
+        return n_tokens * sum(costs(i, 1) for i in range(len(self.models)))
 
 
 class _TokenText:

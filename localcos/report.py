@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .ensemble import GenerationStats
+from .ensemble import GenerationStats, speedup_estimate
 
 
 def aggregate_stats(stats: Sequence[GenerationStats]) -> dict:
@@ -56,4 +56,7 @@ def aggregate_stats(stats: Sequence[GenerationStats]) -> dict:
         "prompt_seconds": sum(s.prompt_seconds for s in stats),
         "gamma": first.gamma,
         "proposer": first.proposer,
+        "speedup_estimate": None
+        if first.method == "ensemble" or any(s.ensemble_llama_seconds is None for s in stats)
+        else speedup_estimate(sum(s.ensemble_llama_seconds or 0.0 for s in stats), llama_seconds),
     }

@@ -111,6 +111,10 @@ class CallCosts:
     def observe(self, model: int, n_tokens: int, seconds: float) -> None:
         self.models[model].observe(n_tokens, seconds)
 
+    def measured(self, model: int, n_tokens: int) -> bool:
+        """Whether calls of this model with this many tokens have been timed."""
+        return n_tokens in self.models[model].mean
+
     def __call__(self, model: int, n_tokens: int) -> float:
         if self.models[model].known:
             return self.models[model](n_tokens)

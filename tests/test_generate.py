@@ -75,6 +75,21 @@ def test_completion_fields_and_stats(pair):
     assert all(o.kind == "sample" for o in out.origins)
 
 
+def test_speedup_estimate_prices_tokens_at_single_token_calls(pair):
+    """The estimate compares a run's llama.cpp time with what the standard ensemble would need:
+    one single-token call per model per token, at the single-token call times measured (every
+    prompt ends with one, and the ensemble makes nothing else)."""
+    base = pair.generate(PROMPTS[0], method="ensemble", max_tokens=40, seed=3, ignore_eos=True)
+    # 40 tokens priced at the measured mean of the 39 single-token calls it made: about 40/39
+    assert 0.6 < base.stats.speedup_estimate < 1.6
+    cos = pair.generate(PROMPTS[0], method="cos", gamma=3, max_tokens=40, seed=3, ignore_eos=True)
+    singles = sum(pair._call_costs(i, 1) for i in range(2))
+    assert cos.stats.ensemble_llama_seconds == pytest.approx(40 * singles)
+    assert cos.stats.speedup_estimate == pytest.approx(40 * singles / cos.stats.llama_seconds)
+    assert cos.stats.to_dict()["speedup_estimate"] == cos.stats.speedup_estimate
+    assert "the ensemble (est.)" in cos.stats.summary()
+
+
 def test_same_seed_same_output_and_different_seeds_differ(pair):
     a = pair.generate(PROMPTS[1], max_tokens=30, seed=11, method="ensemble")
     b = pair.generate(PROMPTS[1], max_tokens=30, seed=11, method="ensemble")

@@ -240,11 +240,6 @@ class ChatApp(App):
     def _stats(self, completion, prompt_tokens: int) -> dict:
         s = completion.stats
         n = len(s.models)
-        # the standard ensemble calls every model once per token; speculation's estimate weighs
-        # each model's measured seconds per call by how many calls per token it needed instead
-        per_call = [m.seconds / m.calls if m.calls else 0.0 for m in s.models]
-        needed = sum(per_call)
-        spent = sum(t * (m.calls / s.tokens) for t, m in zip(per_call, s.models)) if s.tokens else 0.0
         return {
             "method": s.method,
             "tokens_per_second": s.tokens_per_second,
@@ -252,7 +247,7 @@ class ChatApp(App):
             "acceptance_rate": s.acceptance_rate,
             "mean_accepted": s.mean_accepted,
             "calls_per_token": s.calls_per_token,
-            "speedup_estimate": needed / spent if spent > 0 and s.method != "ensemble" else (1.0 if s.tokens else None),
+            "speedup_estimate": s.speedup_estimate if s.method != "ensemble" else (1.0 if s.tokens else None),
             "context": self._context_used(prompt_tokens, s.tokens),
             "calls": [(name, m.calls) for name, m in zip(self.ensemble.names, s.models)],
             "models": n,
