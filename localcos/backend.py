@@ -379,6 +379,23 @@ class Model:
         self.tokens.extend(int(t) for t in tokens)
         return out
 
+    def warm_up(self, timed_calls: int = 3) -> list[float]:
+        """Run one throw-away call, as llama.cpp's own tools do after loading (the first call pays
+        for paging in the weights and starting threads), then `timed_calls` single-token calls;
+        returns their seconds. Leaves the cache empty and the counters at zero."""
+        if self.tokens:
+            raise RuntimeError("warm_up() runs on an empty cache, before any evaluation")
+        token = self.bos if self.bos >= 0 else 0
+        self.evaluate([token], 1)
+        seconds = []
+        for _ in range(timed_calls):
+            t0 = time.perf_counter()
+            self.evaluate([token], 1)
+            seconds.append(time.perf_counter() - t0)
+        self.reset()
+        self.stats.reset()
+        return seconds
+
     def truncate(self, n: int) -> None:
         """Remove every token at position >= n from the KV cache."""
         if n >= len(self.tokens):

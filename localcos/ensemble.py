@@ -262,6 +262,7 @@ class Ensemble:
             raise ConfigError(f"got {len(layers)} --n-gpu-layers values for {len(paths)} models")
         extra = {} if split_mode is None else {"split_mode": split_mode}
         models: list[Model] = []
+        single_calls: list[list[float]] = []
         try:
             for i, path in enumerate(paths):
                 if progress:
@@ -278,7 +279,13 @@ class Ensemble:
                         **extra,
                     )
                 )
-            return cls(models, combiner)
+                single_calls.append(models[-1].warm_up())
+            ens = cls(models, combiner)
+            # the single-token call times price the standard ensemble in the speedup estimate
+            for i, times in enumerate(single_calls):
+                for seconds in times:
+                    ens._call_costs.observe(i, 1, seconds)
+            return ens
         except BaseException:
             for m in models:
                 m.close()
@@ -391,13 +398,7 @@ class Ensemble:
                 continue
             keep = min(keep, len(prompt) - 1)  # re-evaluate at least the last token for its row
             m.truncate(keep)
-            if keep < len(prompt) - 1:
-                m.evaluate(prompt[keep:-1], 0)
-            # the last prompt token on its own: a single-token call like every step of the
-            # standard ensemble, timed for the speedup estimate and --gamma auto
-            t0 = time.perf_counter()
-            row = m.evaluate(prompt[-1:], 1)[0]
-            self._call_costs.observe(i, 1, time.perf_counter() - t0)
+            row = m.evaluate(prompt[keep:], 1)[0]
             self._prompt_rows[i] = (key, row)
             rows.append(row)
         return rows
@@ -554,7 +555,8 @@ class Ensemble:
 
     def _ensemble_llama_seconds(self, n_tokens: int) -> float | None:
         """llama.cpp seconds the standard ensemble needs for n_tokens (one single-token call per
-        model per token), from measured single-token calls; None until every model has some."""
+        model per token), from measured single-token calls (`load` times a few, decoding adds
+        every one it makes); None until every model has some."""
         costs = self._call_costs
         if not all(costs.measured(i, 1) for i in range(len(self.models))):
             return None

@@ -98,6 +98,21 @@ def test_counters(base):
     assert base.stats.seconds > 0
 
 
+def test_warm_up_times_single_calls_and_leaves_nothing_behind(models):
+    m = Model(models["base"], n_ctx=64)
+    seconds = m.warm_up()
+    assert len(seconds) == 3 and all(t > 0 for t in seconds)
+    assert m.tokens == [] and (m.stats.calls, m.stats.tokens) == (0, 0)
+    # the cache is really empty: the first evaluation equals a fresh model's
+    fresh = Model(models["base"], n_ctx=64)
+    tokens = m.tokenize(TEXT)
+    np.testing.assert_array_equal(m.evaluate(tokens), fresh.evaluate(tokens))
+    with pytest.raises(RuntimeError):
+        m.warm_up()
+    m.close()
+    fresh.close()
+
+
 def test_context_overflow_is_refused(models):
     m = Model(models["base"], n_ctx=16)
     m.evaluate(list(range(10, 26)), 1)

@@ -77,8 +77,8 @@ def test_completion_fields_and_stats(pair):
 
 def test_speedup_estimate_prices_tokens_at_single_token_calls(pair):
     """The estimate compares a run's llama.cpp time with what the standard ensemble would need:
-    one single-token call per model per token, at the single-token call times measured (every
-    prompt ends with one, and the ensemble makes nothing else)."""
+    one single-token call per model per token, at the single-token call times measured (when the
+    models are loaded, and every one decoding makes: the ensemble makes nothing else)."""
     base = pair.generate(PROMPTS[0], method="ensemble", max_tokens=40, seed=3, ignore_eos=True)
     # 40 tokens priced at the measured mean of the 39 single-token calls it made: about 40/39
     assert 0.6 < base.stats.speedup_estimate < 1.6
