@@ -331,6 +331,7 @@ def plot(path: str, rows: Sequence[Row], title: str) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError as e:
         from .errors import ConfigError
 
@@ -347,6 +348,7 @@ def plot(path: str, rows: Sequence[Row], title: str) -> None:
             if auto and auto[0]:
                 ax.axhline(auto[0], linestyle=":", linewidth=1, color=ax.lines[-1].get_color() if pts else None, label=f"{method} auto")
         ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("gamma (proposal length)")
         ax.set_ylabel("speedup over the standard ensemble")
         ax.set_title(f"{title} T={t:g}")
