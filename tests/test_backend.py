@@ -129,13 +129,15 @@ def test_quantised_models_load_and_run(models, base):
     tokens = base.tokenize(TEXT)
     reference = base.evaluate(tokens)
     base.reset()
-    for name, tolerance in (("f16", 0.01), ("bf16", 0.05), ("q8", 0.05), ("q4", 0.3)):
+    # (type, mean relative logit error, share of positions with the same argmax); measured here:
+    # f16 0.0005, bf16 0.003, q8_0 0.01, q4_0 0.13 error; 100% argmax agreement but 83% for q4_0
+    for name, tolerance, agreement in (("f16", 0.01, 0.9), ("bf16", 0.05, 0.9), ("q8", 0.05, 0.9), ("q4", 0.3, 0.6)):
         m = Model(models[name], n_ctx=64)
         logits = m.evaluate(tokens)
         assert np.isfinite(logits).all()
         error = np.abs(logits - reference).mean() / np.abs(reference).mean()
         assert error < tolerance, (name, error)
-        assert (logits.argmax(axis=1) == reference.argmax(axis=1)).mean() > 0.8, name
+        assert (logits.argmax(axis=1) == reference.argmax(axis=1)).mean() >= agreement, name
         m.close()
 
 
