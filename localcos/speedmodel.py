@@ -147,9 +147,6 @@ class AutoGamma:
         self.accepted = [0.0] * self.n_models
         self.tested = [0.0] * self.n_models
 
-    def observe_call(self, model: int, n_tokens: int, seconds: float) -> None:
-        self.costs.observe(model, n_tokens, seconds)
-
     def observe_verdicts(self, proposer: int, accepted: int, rejected: int) -> None:
         d = self.decay ** (accepted + rejected)
         self.accepted[proposer] = d * self.accepted[proposer] + accepted

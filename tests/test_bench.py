@@ -84,9 +84,9 @@ def test_summary_by_hand():
 def test_auto_gamma_prefers_long_drafts_from_a_cheap_accurate_proposer():
     auto = AutoGamma(CallCosts([1, 10]))
     for _ in range(50):
-        auto.observe_call(0, 1, 0.001)  # cheap amateur
-        auto.observe_call(1, 1, 0.010)  # expensive expert
-        auto.observe_call(1, 6, 0.012)  # batches are cheap for the expert
+        auto.costs.observe(0, 1, 0.001)  # cheap amateur
+        auto.costs.observe(1, 1, 0.010)  # expensive expert
+        auto.costs.observe(1, 6, 0.012)  # batches are cheap for the expert
     auto.observe_verdicts(0, 90, 10)
     auto.observe_verdicts(1, 90, 10)
     for method in ("cos", "naive-cos", "sd"):
@@ -95,9 +95,9 @@ def test_auto_gamma_prefers_long_drafts_from_a_cheap_accurate_proposer():
     # a proposer that is almost always rejected should draft one token at a time
     bad = AutoGamma(CallCosts([1, 10]))
     for _ in range(50):
-        bad.observe_call(0, 1, 0.001)
-        bad.observe_call(1, 1, 0.010)
-        bad.observe_call(1, 2, 0.011)
+        bad.costs.observe(0, 1, 0.001)
+        bad.costs.observe(1, 1, 0.010)
+        bad.costs.observe(1, 2, 0.011)
     bad.observe_verdicts(0, 5, 95)
     bad.observe_verdicts(1, 5, 95)
     assert bad.choose("naive-cos")[1] == 1
