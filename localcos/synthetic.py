@@ -10,9 +10,10 @@
 
 The weights are BF16 by default: on CPUs with native BF16 dot products (AVX512_BF16, Arm BF16)
 llama.cpp's batched BF16 kernels make a short verification pass cost little more than a
-single-token call (measured on a 2-core EPYC: 2 tokens cost 1.25x one token in BF16, 1.66x in
-F16, 2.3x in Q8_0), which is the regime of the GPUs the CoS paper measured on. Any other weight
-type can be asked for (`ensure_set(..., dtype=)`, `localcos bench --synthetic-dtype`).
+single-token call (measured on a 2-core EPYC by benchmarks/batch_cost.py: 2 tokens cost 1.28x
+one token in BF16, 1.68x in F16, 2.34x in Q8_0), the regime of the GPUs the CoS paper measured
+on. Any other weight type can be asked for (`ensure_set(..., dtype=)`, `localcos bench
+--synthetic-dtype`).
 """
 
 from __future__ import annotations

@@ -216,3 +216,20 @@ def test_call_costs_are_kept_per_batch_size():
     for _ in range(100):
         costs.observe(0, 2, 3.3)
     assert costs(0, 2) == pytest.approx(3.3, rel=0.05)
+
+
+def test_batch_cost_script_prints_a_row_per_weight_type():
+    """benchmarks/batch_cost.py (the README's table of batched call costs) runs end to end."""
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "benchmarks" / "batch_cost.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--set", "demo", "--dtypes", "bf16", "--sizes", "1,2", "--reps", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("bf16"))
+    ratios = [float(x.strip("()")) for x in row.split() if x.startswith("(")]
+    assert ratios[0] == 1.0 and len(ratios) == 2 and ratios[1] > 0
