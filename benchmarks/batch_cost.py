@@ -16,8 +16,8 @@ import time
 import numpy as np
 
 from localcos.backend import Model
-from localcos.cli import SYNTHETIC_DTYPES
 from localcos.synthetic import SETS, ensure_set
+from localcos.testmodels import DTYPES
 
 
 def call_times(models: list[Model], n: int, reps: int) -> float:
@@ -37,8 +37,8 @@ def call_times(models: list[Model], n: int, reps: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--set", default="we-pair", choices=[s for s in SETS if s != "demo"] + ["demo"])
-    p.add_argument("--dtypes", default=",".join(SYNTHETIC_DTYPES))
+    p.add_argument("--set", default="we-pair", choices=list(SETS))
+    p.add_argument("--dtypes", default=",".join(DTYPES))
     p.add_argument("--sizes", default="1,2,3,4,6")
     p.add_argument("--reps", type=int, default=40)
     p.add_argument("--threads", type=int, default=None)

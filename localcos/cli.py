@@ -17,7 +17,7 @@ from .errors import ConfigError, LocalcosError
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 METHOD_CHOICES = ("ensemble", "sd", "naive-cos", "cos")
-SYNTHETIC_DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+SYNTHETIC_DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")  # testmodels' weight types (kept here: no gguf import at start-up)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -309,7 +309,7 @@ def _summary_line(stats: dict, seed: int | None) -> str:
         parts.append(f"acceptance {stats['acceptance_rate']:.0%}")
         parts.append(f"mean accepted {stats['mean_accepted']:.2f}")
     parts.append("calls " + "/".join(str(c) for c in stats["calls"]))
-    if stats.get("speedup_estimate"):
+    if stats["method"] != "ensemble" and stats.get("speedup_estimate"):
         parts.append(f"~{stats['speedup_estimate']:.2f}x the ensemble (est.)")
     if seed is not None:
         parts.append(f"seed {seed}")

@@ -57,6 +57,6 @@ def aggregate_stats(stats: Sequence[GenerationStats]) -> dict:
         "gamma": first.gamma,
         "proposer": first.proposer,
         "speedup_estimate": None
-        if first.method == "ensemble" or any(s.ensemble_llama_seconds is None for s in stats)
+        if any(s.ensemble_llama_seconds is None for s in stats)
         else speedup_estimate(sum(s.ensemble_llama_seconds or 0.0 for s in stats), llama_seconds),
     }

@@ -51,6 +51,11 @@ def expected_speedup(method: str, alpha: float, gamma: int, c: float, batch_cost
 PRIOR_EXTRA_TOKEN = 0.1
 
 
+def _prior_calls(n: int) -> float:
+    """A call of n tokens in single-token calls, as guessed before any measurement."""
+    return 1.0 + PRIOR_EXTRA_TOKEN * (n - 1)
+
+
 @dataclass
 class _CallCost:
     """Seconds per llama_decode call of one model, by batch size.
@@ -78,7 +83,7 @@ class _CallCost:
         if n in self.mean:
             return self.mean[n]
         if not self.mean:
-            return 1.0 + PRIOR_EXTRA_TOKEN * (n - 1)
+            return _prior_calls(n)
         sizes = sorted(self.mean)
         below = [m for m in sizes if m < n]
         above = [m for m in sizes if m > n]
@@ -91,10 +96,10 @@ class _CallCost:
                 prev = below[-2]
                 slope = max((self.mean[lo] - self.mean[prev]) / (lo - prev), 0.0)
             else:
-                slope = PRIOR_EXTRA_TOKEN * self.mean[below[0]] / (1 + PRIOR_EXTRA_TOKEN * (below[0] - 1))
+                slope = PRIOR_EXTRA_TOKEN * self.mean[below[0]] / _prior_calls(below[0])
             return self.mean[lo] + slope * (n - lo)
         hi = above[0]
-        return self.mean[hi] * (1 + PRIOR_EXTRA_TOKEN * (n - 1)) / (1 + PRIOR_EXTRA_TOKEN * (hi - 1))
+        return self.mean[hi] * _prior_calls(n) / _prior_calls(hi)
 
 
 class CallCosts:
@@ -120,7 +125,7 @@ class CallCosts:
             return self.models[model](n_tokens)
         known = [k for k, c in enumerate(self.models) if c.known]
         unit = self.models[known[0]](1) / self.n_params[known[0]] if known else 1e-9
-        return unit * self.n_params[model] * (1 + PRIOR_EXTRA_TOKEN * (n_tokens - 1))
+        return unit * self.n_params[model] * _prior_calls(n_tokens)
 
 
 @dataclass

@@ -423,11 +423,12 @@ def build_weights(spec: ModelSpec, vocab: Vocab) -> dict[str, np.ndarray]:
 _QTYPES = {
     "f32": gguf.GGMLQuantizationType.F32,
     "f16": gguf.GGMLQuantizationType.F16,
+    "bf16": gguf.GGMLQuantizationType.BF16,
     "q8_0": gguf.GGMLQuantizationType.Q8_0,
     "q4_0": gguf.GGMLQuantizationType.Q4_0,
-    "bf16": gguf.GGMLQuantizationType.BF16,
 }
 _FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}
+DTYPES = tuple(_QTYPES)  # the weight types write_model offers
 
 
 def write_model(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:

@@ -112,3 +112,10 @@ def test_quantised_files_are_smaller(tmp_path):
     spec = ModelSpec(vocab_size=512, n_embd=64, n_layer=1, n_head=2, n_ff=128)
     sizes = {d: write_model(replace(spec, dtype=d), tmp_path / f"{d}.gguf").stat().st_size for d in ("f32", "f16", "bf16", "q8_0", "q4_0")}
     assert sizes["f32"] > sizes["f16"] == sizes["bf16"] > sizes["q8_0"] > sizes["q4_0"]
+
+
+def test_the_cli_offers_exactly_the_writers_weight_types():
+    from localcos.cli import SYNTHETIC_DTYPES
+    from localcos.testmodels import DTYPES
+
+    assert SYNTHETIC_DTYPES == DTYPES
