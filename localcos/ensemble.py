@@ -554,13 +554,14 @@ class Ensemble:
         )
 
     def _ensemble_llama_seconds(self, n_tokens: int) -> float | None:
-        """llama.cpp seconds the standard ensemble needs for n_tokens (one single-token call per
-        model per token), from measured single-token calls (`load` times a few, decoding adds
-        every one it makes); None until every model has some."""
+        """llama.cpp seconds the standard ensemble needs for n_tokens after the prompt: one
+        single-token call per model for every token but the first (its row comes with the
+        prompt), at measured single-token call times (`load` times a few, decoding adds every one
+        it makes); None until every model has some."""
         costs = self._call_costs
         if not all(costs.measured(i, 1) for i in range(len(self.models))):
             return None
-        return n_tokens * sum(costs(i, 1) for i in range(len(self.models)))
+        return max(n_tokens - 1, 0) * sum(costs(i, 1) for i in range(len(self.models)))
 
 
 class _TokenText:
