@@ -20,9 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+# llama.cpp's libraries load before NumPy's: on a CUDA 13 build (H100, NumPy 2.5, Python 3.12)
+# loading them after NumPy made llama_model_load_from_file segfault in print_info (its C++
+# stream calls bound to copies of libstdc++ symbols exported by libggml-cuda); plain llama-cpp-python
+# crashed the same way when NumPy came first.
+import llama_cpp  # isort: skip
 import numpy as np
-
-import llama_cpp
 
 from .errors import ModelFileError, TokenizerMismatchError
 

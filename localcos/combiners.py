@@ -47,6 +47,9 @@ class Combiner(ABC):
     """Turns per-model logits into the combined distribution r."""
 
     name: str = "combiner"
+    # True when r is a function of the models' softmax(l_k / T) alone, computed by `mix`: the
+    # decoder then reuses the softmax a proposer already computed for its draft token.
+    mixes_probs: bool = False
 
     def bind(self, n_models: int, n_params: Sequence[int]) -> "Combiner":
         """Check the combiner against the ensemble and fill in defaults; returns the bound combiner.
@@ -59,6 +62,11 @@ class Combiner(ABC):
     @abstractmethod
     def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
         """r for every row: [positions, vocab] probabilities (float32, rows sum to 1)."""
+
+    def mix(self, probs: Sequence[np.ndarray]) -> np.ndarray:
+        """r from softmax(l_k / T) per model, for combiners with `mixes_probs`. Must not change
+        `probs` (the decoder keeps them)."""
+        raise NotImplementedError(f"{self.name} combines logits")
 
     def describe(self) -> str:
         return self.name
@@ -82,20 +90,24 @@ class WeightedEnsemble(_Weighted):
     """Probability-level weighted ensemble: r = sum_k w_k softmax(l_k / T)."""
 
     name = "we"
+    mixes_probs = True
 
     def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
         assert self.weights is not None, "bind() the combiner first"
+        return self.mix([softmax(l, temperature) if w else None for w, l in zip(self.weights, logits)])
+
+    def mix(self, probs: Sequence[np.ndarray | None]) -> np.ndarray:
+        """sum_k w_k p_k as a new array; models with weight 0 may pass None."""
+        assert self.weights is not None, "bind() the combiner first"
         r: np.ndarray | None = None
-        for w, l in zip(self.weights, logits):
+        for w, p in zip(self.weights, probs):
             if w == 0.0:
                 continue
-            p = softmax(l, temperature)
-            if w != 1.0:
-                p *= np.float32(w)
+            assert p is not None
             if r is None:
-                r = p
+                r = np.multiply(p, np.float32(w), dtype=np.float32)
             else:
-                r += p
+                r += np.float32(w) * p
         assert r is not None
         return r
 

@@ -115,6 +115,9 @@ class Decoder:
         # would: no model proposes them and r gives them no mass, for every method alike.
         self.banned = list(banned)
         self.rows: list[dict[int, np.ndarray]] = [{len(prompt): self._ban(row.copy())} for row in prompt_rows]
+        # probs[i][p]: softmax of rows[i][p] at the sampling temperature, once computed: a draft
+        # token's proposal and the combination at its position share it (see Combiner.mixes_probs)
+        self.probs: list[dict[int, np.ndarray]] = [{} for _ in self.models]
         self.max_length = max_length
         self.end_tokens = end_tokens
         self.text = text
@@ -148,14 +151,20 @@ class Decoder:
         return token in self.end_tokens
 
     def check_invariants(self) -> None:
-        """Assert that every model's KV cache holds a prefix of committed + pending, and that
-        drafts never reach past the length limit (--max-tokens or the context)."""
+        """Assert that every model's KV cache holds a prefix of committed + pending, that drafts
+        never reach past the length limit (--max-tokens or the context), and that every kept
+        softmax belongs to its model's current row."""
         seq = self.sequence()
         assert len(seq) <= self.max_length, f"{len(seq)} committed+pending tokens exceed the limit {self.max_length}"
         for m in self.models:
             n = len(m.tokens)
             assert n <= len(seq), f"{m.name} holds {n} tokens, more than the {len(seq)} committed+pending"
             assert m.tokens == seq[:n], f"{m.name}'s KV cache holds tokens that are neither committed nor pending"
+        for rows, probs in zip(self.rows, self.probs):
+            for p, kept in probs.items():
+                assert p in rows, f"a softmax is kept for position {p}, which has no row"
+                fresh = softmax(rows[p], self.sampler.softmax_temperature)
+                assert np.array_equal(kept, fresh), f"the softmax kept for position {p} is stale"
 
     # --- model work ----------------------------------------------------------------------------
     def catch_up(self, i: int, upto: int | None = None) -> None:
@@ -176,9 +185,10 @@ class Decoder:
             self.costs.observe(i, upto - have, time.perf_counter() - t0)
         first = upto - n_logits + 1
         self._ban(logits)
-        rows = self.rows[i]
+        rows, probs = self.rows[i], self.probs[i]
         for j in range(n_logits):
             rows[first + j] = logits[j]
+            probs.pop(first + j, None)
 
     def _ban(self, logits: np.ndarray) -> np.ndarray:
         if self.banned:
@@ -188,9 +198,9 @@ class Decoder:
     def rollback_model(self, i: int, length: int) -> None:
         """Drop model i's cache entries and rows beyond `length` tokens."""
         self.models[i].truncate(length)
-        rows = self.rows[i]
-        for p in [p for p in rows if p > length]:
-            del rows[p]
+        for cache in (self.rows[i], self.probs[i]):
+            for p in [p for p in cache if p > length]:
+                del cache[p]
 
     def rollback(self, length: int) -> None:
         """Roll every model back to the first `length` tokens (a rejection at position `length`)."""
@@ -205,14 +215,24 @@ class Decoder:
     # --- distributions -------------------------------------------------------------------------
     def combined(self, positions: Sequence[int]) -> np.ndarray:
         """r at the given positions, [len(positions), vocab], sampler transforms applied."""
-        logits = [np.stack([rows[p] for p in positions]) for rows in self.rows]
-        r = self.combiner.combine(logits, self.sampler.softmax_temperature)
+        if self.combiner.mixes_probs:
+            probs = [np.stack([self.softmax(i, p) for p in positions]) for i in range(len(self.models))]
+            r = self.combiner.mix(probs)
+        else:
+            logits = [np.stack([rows[p] for p in positions]) for rows in self.rows]
+            r = self.combiner.combine(logits, self.sampler.softmax_temperature)
         return self.sampler.finalize(r, copy=False)
+
+    def softmax(self, i: int, position: int) -> np.ndarray:
+        """softmax(model i's row at `position` / T), computed once per row; do not change it."""
+        p = self.probs[i].get(position)
+        if p is None:
+            p = self.probs[i][position] = softmax(self.rows[i][position], self.sampler.softmax_temperature)
+        return p
 
     def own(self, i: int, position: int) -> np.ndarray:
         """Model i's own distribution at `position` (what it proposes from)."""
-        p = softmax(self.rows[i][position], self.sampler.softmax_temperature)
-        return self.sampler.finalize(p, copy=False)
+        return self.sampler.finalize(self.softmax(i, position), copy=True)
 
     # --- proposing, verifying, committing ------------------------------------------------------
     def propose(self, i: int, bonus: bool = False) -> int:
@@ -292,9 +312,9 @@ class Decoder:
             self.pending.clear()
             self.rollback(n)
         # rows before the first uncommitted position are no longer needed
-        for rows in self.rows:
-            for p in [p for p in rows if p < n]:
-                del rows[p]
+        for cache in (*self.rows, *self.probs):
+            for p in [p for p in cache if p < n]:
+                del cache[p]
 
 
 # --- strategies ----------------------------------------------------------------------------------

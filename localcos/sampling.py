@@ -22,8 +22,9 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     sums use NumPy's pairwise summation, so rows still sum to 1 within ~1e-7.
     """
     z = np.asarray(logits, dtype=np.float32)
-    z = z * np.float32(1.0 / temperature) if temperature != 1.0 else z.copy()
-    z -= z.max(axis=-1, keepdims=True)
+    z = z - z.max(axis=-1, keepdims=True)  # the one new array; the rest is in place
+    if temperature != 1.0:
+        z *= np.float32(1.0 / temperature)
     np.exp(z, out=z)
     z /= z.sum(axis=-1, keepdims=True)
     return z

@@ -233,3 +233,21 @@ def test_batch_cost_script_prints_a_row_per_weight_type():
     row = next(line for line in proc.stdout.splitlines() if line.startswith("bf16"))
     ratios = [float(x.strip("()")) for x in row.split() if x.startswith("(")]
     assert ratios[0] == 1.0 and len(ratios) == 2 and ratios[1] > 0
+
+
+def test_host_loop_script_prints_a_row_per_method_and_temperature():
+    """benchmarks/host_loop.py (host cost per token, outside llama.cpp) runs end to end."""
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "benchmarks" / "host_loop.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--vocab", "4096", "--tokens", "16", "--repeat", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()[2:]]
+    assert sorted((r[0], r[1]) for r in rows) == sorted((m, t) for m in ("ensemble", "sd", "naive-cos", "cos") for t in ("0", "1"))
+    assert all(float(r[2]) > 0 for r in rows)
+    assert all(r[3].endswith("%") for r in rows if r[0] != "ensemble")

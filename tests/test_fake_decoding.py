@@ -78,6 +78,24 @@ def test_calls_per_token_match_the_algorithm():
     assert sum(m.calls for m in base.stats.models) == 2 * 39
 
 
+@pytest.mark.parametrize("method", ["cos", "naive-cos"])
+def test_a_draft_tokens_softmax_is_reused_for_r(monkeypatch, method):
+    """With a probability-level combiner, r at a draft position reuses the softmax its proposer
+    computed to sample it: at least one softmax per proposed token is served from the decoder's
+    cache. (The joint-law tests run with check_invariants, which asserts that every kept softmax
+    matches its model's current row.)"""
+    from localcos import decoding
+
+    computed, requested = [], []
+    real, real_cached = decoding.softmax, decoding.Decoder.softmax
+    monkeypatch.setattr(decoding, "softmax", lambda row, t: computed.append(1) or real(row, t))
+    monkeypatch.setattr(decoding.Decoder, "softmax", lambda self, i, p: requested.append(1) or real_cached(self, i, p))
+    ens = Ensemble([FakeModel(seed=70), FakeModel(seed=71)], WeightedEnsemble())
+    out = ens.generate([1, 2], method=method, gamma=2, max_tokens=60, seed=0, ignore_eos=True)
+    assert out.stats.proposed > 20 and out.stats.rollbacks > 0
+    assert len(requested) - len(computed) >= out.stats.proposed
+
+
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_cos_speed_model_predicts_the_decoders_calls(n):
     """--gamma auto ranks choices by a model of the cos turn schedule; with every call costing
