@@ -31,6 +31,7 @@ from .decoding import (
     Strategy,
 )
 from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
+from .hostmem import keep_freed_memory
 from .sampling import Sampler
 from .speedmodel import AutoGamma, CallCosts
 from .text import TextAssembler
@@ -222,6 +223,7 @@ class Ensemble:
     def __init__(self, models: Sequence[Model], combiner: Combiner | None = None) -> None:
         if not models:
             raise ConfigError("an ensemble needs at least one model")
+        keep_freed_memory()  # vocabulary-sized arrays come and go every token (see hostmem)
         self.models = list(models)
         self.n_vocab = shared_vocab_size(self.models)
         for m in self.models:
