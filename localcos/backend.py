@@ -28,6 +28,7 @@ import llama_cpp  # isort: skip
 import numpy as np
 
 from .errors import ModelFileError, TokenizerMismatchError
+from .paths import env_switch
 
 GGUF_MAGIC = b"GGUF"
 
@@ -107,10 +108,8 @@ def default_extra_buffers() -> bool:
     some Sapphire Rapids machines (llama.cpp issue #20824; seen on the machines localcos is
     tested on). LOCALCOS_EXTRA_BUFFERS=1 or =0 overrides.
     """
-    env = os.environ.get("LOCALCOS_EXTRA_BUFFERS")
-    if env is not None:
-        return env.strip().lower() not in ("0", "false", "no", "off", "")
-    return not amx_in_use()
+    switch = env_switch("LOCALCOS_EXTRA_BUFFERS")
+    return not amx_in_use() if switch is None else switch
 
 
 def check_gguf_file(path: str | os.PathLike[str]) -> Path:

@@ -12,8 +12,9 @@ then come from the heap instead of their own mappings.
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
+
+from .paths import env_switch
 
 # glibc's mallopt parameters
 M_TOP_PAD = -2  # bytes of slack kept at the top of the heap when it shrinks
@@ -32,7 +33,7 @@ def keep_freed_memory(pad_bytes: int = TOP_PAD_BYTES) -> bool:
     global _done
     if _done:
         return True
-    if os.environ.get("LOCALCOS_KEEP_MEMORY", "1").strip().lower() in ("0", "false", "no", "off"):
+    if env_switch("LOCALCOS_KEEP_MEMORY") is False:
         return False
     if not sys.platform.startswith("linux"):
         return False

@@ -1,4 +1,4 @@
-"""Where localcos keeps its files."""
+"""Where localcos keeps its files, and its on/off environment switches."""
 
 from __future__ import annotations
 
@@ -26,3 +26,11 @@ def config_dir() -> Path:
     if os.name == "nt":
         return Path(os.environ.get("APPDATA", Path.home())) / "localcos"
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "localcos"
+
+
+def env_switch(name: str) -> bool | None:
+    """The on/off environment variable `name`: None when unset; off for 0, false, no, off or empty."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    return value.strip().lower() not in ("0", "false", "no", "off", "")
