@@ -78,7 +78,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=256, help="tokens per completion")
     p.add_argument("--repeat", type=int, default=6, help="completions per method and temperature")
     p.add_argument("--methods", default="ensemble,sd,naive-cos,cos")
-    p.add_argument("--gamma", type=int, default=3)
+    p.add_argument("--gamma", type=lambda s: s if s == "auto" else int(s), default=3, help="proposal length, or auto")
     args = p.parse_args()
 
     models = [TableModel(args.vocab, 21), TableModel(args.vocab, 21, noise=0.2)]

@@ -7,8 +7,10 @@ proposer call relative to one verifier call; the standard ensemble pays 1 + c pe
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 def expected_tokens(alpha: float, n: int) -> float:
@@ -144,8 +146,12 @@ class AutoGamma:
     prior_alpha: float = 0.7
     prior_weight: float = 8.0
     decay: float = 0.995
+    rechoose_every: float = 16  # draft tokens judged between re-evaluations of a choice
     accepted: list[float] = field(default_factory=list)
     tested: list[float] = field(default_factory=list)
+    judged: float = 0.0  # draft tokens judged so far
+    # (method, proposers) -> (`judged` when chosen, the choice)
+    choices: dict[tuple, tuple[float, tuple[int, int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.n_models = len(self.costs.models)
@@ -156,16 +162,20 @@ class AutoGamma:
         d = self.decay ** (accepted + rejected)
         self.accepted[proposer] = d * self.accepted[proposer] + accepted
         self.tested[proposer] = d * self.tested[proposer] + accepted + rejected
+        self.judged += accepted + rejected
 
     def alpha(self, proposer: int) -> float:
         return (self.accepted[proposer] + self.prior_alpha * self.prior_weight) / (self.tested[proposer] + self.prior_weight)
 
-    def tokens_per_second(self, method: str, proposer: int, gamma: int) -> float:
+    def tokens_per_second(
+        self, method: str, proposer: int, gamma: int, cost: Callable[[int, int], float] | None = None
+    ) -> float:
+        """Expected tokens per second; `cost(model, n_tokens)` defaults to the measured costs."""
         a = self.alpha(proposer)
-        cost = self.costs
+        cost = cost or self.costs
         others = [i for i in range(self.n_models) if i != proposer]
         if method == "cos":
-            return self._cos_tokens_per_second(proposer, gamma)
+            return self._cos_tokens_per_second(proposer, gamma, cost)
         if method == "naive-cos":
             tokens = expected_tokens(a, gamma)
             seconds = gamma * cost(proposer, 1) + sum(cost(i, gamma) for i in others)
@@ -174,7 +184,9 @@ class AutoGamma:
             seconds = gamma * cost(proposer, 1) + cost(proposer, gamma) + sum(cost(i, gamma + 1) for i in others)
         return tokens / seconds if seconds > 0 else math.inf
 
-    def _cos_tokens_per_second(self, proposer: int, gamma: int, horizon: int = 12) -> float:
+    def _cos_tokens_per_second(
+        self, proposer: int, gamma: int, cost: Callable[[int, int], float], horizon: int = 12
+    ) -> float:
         """Expected speed of `cos` with `proposer` drafting gamma tokens and the others one (their
         bonus tokens), as a renewal process from one rejection to the next.
 
@@ -195,7 +207,7 @@ class AutoGamma:
         seconds = tokens = 0.0
         for turn in range(horizon * n):
             m = order[turn % n]
-            seconds += alive * self.costs(m, len(alphas) - have[m])
+            seconds += alive * cost(m, len(alphas) - have[m])
             have[m] = len(alphas)
             # a token is verified once every model has evaluated the token before it
             newest = min(min(have), len(alphas) - 1)
@@ -204,7 +216,7 @@ class AutoGamma:
                 alive *= alphas[i]
             verified = newest
             drafts = gamma if m == proposer else 1
-            seconds += alive * (drafts - 1) * self.costs(m, 1)  # the first reuses the catch-up row
+            seconds += alive * (drafts - 1) * cost(m, 1)  # the first reuses the catch-up row
             have[m] = len(alphas) + drafts - 1
             alphas.extend([self.alpha(m)] * drafts)
             if alive < 1e-3:
@@ -212,9 +224,20 @@ class AutoGamma:
         return tokens / seconds if seconds > 0 else math.inf
 
     def choose(self, method: str, proposers: list[int] | None = None) -> tuple[int, int]:
-        """The (proposer, gamma) with the best expected speed; proposers default to all models."""
+        """The (proposer, gamma) with the best expected speed; proposers default to all models.
+
+        A choice is kept until `rechoose_every` more draft tokens have been judged: the estimates
+        move slowly, and evaluating every candidate costs about as much as a small model's call.
+        """
+        key = (method, None if proposers is None else tuple(proposers))
+        kept = self.choices.get(key)
+        if kept is not None and self.judged - kept[0] < self.rechoose_every:
+            return kept[1]
         candidates = proposers if proposers is not None else list(range(self.n_models))
+        cost = functools.cache(self.costs.__call__)  # the costs stay fixed during one choice
         best = max(
-            ((self.tokens_per_second(method, p, g), -g, p) for p in candidates for g in range(1, self.gamma_max + 1)),
+            (self.tokens_per_second(method, p, g, cost), -g, p) for p in candidates for g in range(1, self.gamma_max + 1)
         )
-        return best[2], -best[1]
+        choice = (best[2], -best[1])
+        self.choices[key] = (self.judged, choice)
+        return choice

@@ -81,12 +81,18 @@ def test_summary_by_hand():
     assert rows[("all", "ensemble")].speedup == pytest.approx(1.0)
 
 
-def test_auto_gamma_prefers_long_drafts_from_a_cheap_accurate_proposer():
+def amateur_and_expert() -> AutoGamma:
+    """A controller that has timed a cheap amateur (model 0) and an expert whose batches are cheap."""
     auto = AutoGamma(CallCosts([1, 10]))
     for _ in range(50):
-        auto.costs.observe(0, 1, 0.001)  # cheap amateur
-        auto.costs.observe(1, 1, 0.010)  # expensive expert
-        auto.costs.observe(1, 6, 0.012)  # batches are cheap for the expert
+        auto.costs.observe(0, 1, 0.001)
+        auto.costs.observe(1, 1, 0.010)
+        auto.costs.observe(1, 6, 0.012)
+    return auto
+
+
+def test_auto_gamma_prefers_long_drafts_from_a_cheap_accurate_proposer():
+    auto = amateur_and_expert()
     auto.observe_verdicts(0, 90, 10)
     auto.observe_verdicts(1, 90, 10)
     for method in ("cos", "naive-cos", "sd"):
@@ -101,6 +107,22 @@ def test_auto_gamma_prefers_long_drafts_from_a_cheap_accurate_proposer():
     bad.observe_verdicts(0, 5, 95)
     bad.observe_verdicts(1, 5, 95)
     assert bad.choose("naive-cos")[1] == 1
+
+
+def test_auto_gamma_keeps_a_choice_until_enough_new_verdicts():
+    """Re-evaluating every candidate costs about a small model's call, so a choice stands until
+    `rechoose_every` more draft tokens have been judged; then new evidence changes it."""
+    auto = amateur_and_expert()
+    auto.observe_verdicts(0, 95, 5)
+    evaluations = []
+    real = auto.tokens_per_second
+    auto.tokens_per_second = lambda *a: evaluations.append(1) or real(*a)  # type: ignore[method-assign]
+    first = auto.choose("naive-cos")
+    assert first[0] == 0 and first[1] >= 4 and len(evaluations) == 2 * auto.gamma_max
+    auto.observe_verdicts(0, 0, int(auto.rechoose_every) - 1)  # not yet enough to re-evaluate
+    assert auto.choose("naive-cos") == first and len(evaluations) == 2 * auto.gamma_max
+    auto.observe_verdicts(0, 0, 200)  # the cheap proposer turns out to be wrong most of the time
+    assert auto.choose("naive-cos") != first and len(evaluations) == 4 * auto.gamma_max
 
 
 def test_call_costs_before_measurements_follow_parameter_counts():
