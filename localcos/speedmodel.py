@@ -136,9 +136,9 @@ class AutoGamma:
 
     It keeps the acceptance rate of each proposer's draft tokens and uses `costs`, a model of
     each model's call time against batch size (measured on every llama_decode call); before each
-    new draft it picks the (proposer, gamma) with the highest expected tokens per second under
-    the method's cost structure. Choices depend only on the past, so the output distribution
-    stays exact.
+    new draft it takes the (proposer, gamma) with the highest expected tokens per second under
+    the method's cost structure, re-evaluated once `rechoose_every` more draft tokens have been
+    judged. Choices depend only on the past, so the output distribution stays exact.
     """
 
     costs: CallCosts
