@@ -16,8 +16,8 @@ import time
 import numpy as np
 
 from localcos.backend import Model
-from localcos.synthetic import SETS, ensure_set
-from localcos.testmodels import DTYPES
+from localcos.tools.synthetic import SETS, ensure_set
+from localcos.tools.testmodels import DTYPES
 
 
 def call_times(models: list[Model], n: int, reps: int) -> float:

@@ -53,6 +53,11 @@ class TableModel:
         self.stats.seconds += time.perf_counter() - t0
         return out
 
+    def prefill(self, prompt: Sequence[int]) -> np.ndarray:
+        """The row after `prompt`, evaluated afresh (cheap here; `Model` reuses its cache)."""
+        self.truncate(0)
+        return self.evaluate(prompt, 1)[0]
+
     def truncate(self, n: int) -> None:
         del self.tokens[n:]
 
@@ -97,7 +102,7 @@ def main() -> None:
                 seconds += stats.host_seconds
                 tokens += stats.tokens
                 accepted += stats.accepted
-                tested += stats.accepted + stats.rollbacks
+                tested += stats.accepted + stats.rejected
             rate = f"{accepted / tested:.0%}" if tested else "-"
             print(f"{method:<10}{temperature:>4g}{seconds / tokens * 1e6:>10.0f}{rate:>8}")
 

@@ -10,9 +10,10 @@ The Python API::
 __version__ = "0.1.0"
 
 from .backend import Model, ModelStats
-from .combiners import Combiner, Contrastive, CustomCombiner, LogitMix, WeightedEnsemble, make_combiner
-from .decoding import METHODS, Origin
-from .ensemble import Chunk, Completion, Ensemble, GenerationConfig, GenerationStats, Stream, TokenEvent
+from .core.combiners import Combiner, Contrastive, CustomCombiner, LogitMix, WeightedEnsemble, make_combiner
+from .core.decoding import METHODS, Origin
+from .core.sampling import Sampler
+from .ensemble import Chunk, Completion, Ensemble, GenerationConfig, Stream, TokenEvent
 from .errors import (
     ConfigError,
     LocalcosError,
@@ -21,7 +22,7 @@ from .errors import (
     PromptTooLongError,
     TokenizerMismatchError,
 )
-from .sampling import Sampler
+from .stats import GenerationStats, ModelRunStats
 
 __all__ = [
     "METHODS",
@@ -39,6 +40,7 @@ __all__ = [
     "Model",
     "ModelFileError",
     "ModelNotAvailableError",
+    "ModelRunStats",
     "ModelStats",
     "Origin",
     "PromptTooLongError",

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Sequence
 
-from .errors import ConfigError, TokenizerMismatchError
+from .backend import tokenize_alike
+from .errors import ConfigError, PromptTooLongError
 
 
 @dataclass(frozen=True)
@@ -84,15 +85,7 @@ class ChatFormatter:
         """
         text = self.text(messages)
         add_bos = None if not (self.bos and text.startswith(self.bos)) else False
-        first = self.ensemble.models[0]
-        tokens = first.tokenize(text, add_bos=add_bos, special=True)
-        for m in self.ensemble.models[1:]:
-            if m.tokenize(text, add_bos=add_bos, special=True) != tokens:
-                raise TokenizerMismatchError(
-                    f"the chat prompt tokenises differently for {first.path} and {m.path}; "
-                    "these models cannot share a chat template"
-                )
-        return tokens
+        return tokenize_alike(self.ensemble.models, text, what="the chat prompt", add_bos=add_bos, special=True)
 
 
 class Conversation:
@@ -116,8 +109,6 @@ class Conversation:
 
         Raises `PromptTooLongError` if even the newest message alone does not fit.
         """
-        from .errors import PromptTooLongError
-
         self.messages.append(Message("user", user_text))
         dropped = 0
         while True:

@@ -13,33 +13,31 @@ from __future__ import annotations
 import codecs
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .backend import Model, ModelStats, shared_vocab_size
-from .combiners import Combiner, WeightedEnsemble
-from .decoding import (
-    METHODS,
-    CoS,
-    Decoder,
-    EnsembleDecoding,
-    NaiveCoS,
-    Origin,
-    SpeculativeDecoding,
-    Strategy,
-)
-from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
-from .hostmem import keep_freed_memory
-from .sampling import Sampler
-from .speedmodel import AutoGamma, CallCosts
-from .text import TextAssembler
+from .backend import Model, shared_vocab_size, tokenize_alike
+from .core.combiners import Combiner, WeightedEnsemble
+from .core.decoding import METHODS, Decoder, Origin, make_strategy
+from .core.hostmem import keep_freed_memory
+from .core.sampling import Sampler
+from .core.speedmodel import AutoGammaControllers, CallCosts
+from .core.text import TextAssembler
+from .errors import ConfigError, PromptTooLongError
+from .stats import GenerationStats, ModelRunStats
+
+Gamma = int | tuple[int, ...] | str | None  # one value, one per model, "auto", or None (default)
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """Settings of one generation call (see `Ensemble.generate`)."""
+    """How to generate: method, proposal lengths, sampling and limits (see `Ensemble.generate`).
+
+    Every field is checked when the config is made (`ConfigError`), so a bad value never reaches
+    llama.cpp or NumPy.
+    """
 
     method: str = "ensemble"
     max_tokens: int = 128
@@ -47,101 +45,40 @@ class GenerationConfig:
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
-    seed: int | None = None
+    seed: int | None = None  # None: a fresh random seed
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    gamma: int | tuple[int, ...] | str | None = None  # None: from the cost ratio; "auto": chosen online
-    proposer: int | None = None
+    gamma: Gamma = None  # None: from the models' size ratio; "auto": chosen online
+    proposer: int | None = None  # None: the model with the fewest parameters
     check_invariants: bool = False  # assert the KV-cache invariant every round (tests)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if self.max_tokens < 1:
-            raise ConfigError(f"max tokens must be >= 1, got {self.max_tokens}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ConfigError(f"max tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
+            raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.proposer is not None and (not _is_int(self.proposer) or self.proposer < 0):
+            raise ConfigError(f"proposer must be a model index >= 0, got {self.proposer!r}")
+        if not all(isinstance(s, str) for s in self.stop):
+            raise ConfigError("stop strings must be strings")
         g = self.gamma
         if isinstance(g, str):
             if g != "auto":
                 raise ConfigError(f"gamma must be a number, one number per model, or 'auto'; got {g!r}")
-            return
-        gammas = () if g is None else (g,) if isinstance(g, int) else tuple(g)
-        if any((not isinstance(x, (int, np.integer))) or x < 1 for x in gammas):
-            raise ConfigError(f"gamma values must be integers >= 1, got {g}")
+        else:
+            gammas = () if g is None else (g,) if _is_int(g) else tuple(g)  # type: ignore[arg-type]
+            if any(not _is_int(x) or x < 1 for x in gammas) or (g is not None and not gammas):
+                raise ConfigError(f"gamma values must be integers >= 1, got {g}")
+        self.sampler()  # checks temperature, top-k, top-p, min-p
+
+    def sampler(self) -> Sampler:
+        return Sampler(self.temperature, self.top_k, self.top_p, self.min_p)
 
 
-@dataclass
-class ModelRunStats:
-    """One model's work during a generation."""
-
-    name: str
-    calls: int
-    tokens: int
-    seconds: float
-    calls_per_token: float | None
-
-
-@dataclass
-class GenerationStats:
-    """What a generation cost and how speculation went."""
-
-    method: str
-    combiner: str
-    tokens: int
-    seconds: float
-    tokens_per_second: float | None
-    prompt_tokens: int
-    prompt_seconds: float
-    models: list[ModelRunStats]
-    llama_seconds: float
-    host_seconds: float
-    proposed: int = 0  # draft tokens submitted to verification
-    accepted: int = 0
-    acceptance_rate: float | None = None  # accepted / (accepted + rollbacks)
-    mean_accepted: float | None = None
-    verifications: int = 0
-    bonus: int = 0
-    rollbacks: int = 0
-    calls_per_token: float | None = None
-    gamma: list[int] | None = None
-    proposer: int | None = None
-    # what the standard ensemble would spend inside llama.cpp on these tokens: one single-token
-    # call per model per token, at the single-token call times measured on this ensemble
-    ensemble_llama_seconds: float | None = None
-
-    @property
-    def speedup_estimate(self) -> float | None:
-        """The standard ensemble's estimated llama.cpp time for these tokens over this run's."""
-        return speedup_estimate(self.ensemble_llama_seconds, self.llama_seconds)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["calls"] = [m.calls for m in self.models]
-        d["speedup_estimate"] = self.speedup_estimate
-        return d
-
-    def summary(self) -> str:
-        """One line for humans."""
-        parts = [
-            f"{self.method}",
-            f"{self.tokens} tokens in {self.seconds:.2f}s",
-            f"{self.tokens_per_second:.1f} tok/s" if self.tokens_per_second else "- tok/s",
-        ]
-        if self.proposed:
-            parts.append(f"acceptance {self.acceptance_rate:.0%} ({self.accepted}/{self.accepted + self.rollbacks})")
-            parts.append(f"mean accepted {self.mean_accepted:.2f}")
-        parts.append("calls " + "/".join(str(m.calls) for m in self.models))
-        if self.seconds > 0:
-            parts.append(f"host {self.host_seconds / self.seconds:.0%}")
-        if self.method != "ensemble" and self.speedup_estimate:
-            parts.append(f"~{self.speedup_estimate:.2f}x the ensemble (est.)")
-        return " | ".join(parts)
-
-
-def speedup_estimate(ensemble_llama_seconds: float | None, llama_seconds: float) -> float | None:
-    """Estimated speedup in llama.cpp time over the standard ensemble (None when unknown)."""
-    if ensemble_llama_seconds is None or llama_seconds <= 0:
-        return None
-    return ensemble_llama_seconds / llama_seconds
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 @dataclass
@@ -150,7 +87,7 @@ class Completion:
 
     text: str
     token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or a stop string), "length" (max tokens or context), "cancelled"
+    finish_reason: str  # "stop" (an end token or a stop string), "length" (max tokens or context), "cancelled"
     origins: list[Origin]
     stats: GenerationStats
 
@@ -204,14 +141,6 @@ class Stream:
                 yield chunk.text
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class Ensemble:
     """Two or more GGUF models sharing one tokenizer, decoded together.
 
@@ -223,7 +152,7 @@ class Ensemble:
     def __init__(self, models: Sequence[Model], combiner: Combiner | None = None) -> None:
         if not models:
             raise ConfigError("an ensemble needs at least one model")
-        keep_freed_memory()  # vocabulary-sized arrays come and go every token (see hostmem)
+        keep_freed_memory()  # vocabulary-sized arrays come and go every token (see core.hostmem)
         self.models = list(models)
         self.n_vocab = shared_vocab_size(self.models)
         for m in self.models:
@@ -231,11 +160,10 @@ class Ensemble:
         self.n_ctx = min(m.n_ctx for m in self.models)
         first = self.models[0]
         self.end_tokens = {t for t in range(self.n_vocab) if first.is_eog(t)}
-        self.combiner = self._bind(combiner or WeightedEnsemble())
-        self._prompt_rows: list[tuple[tuple[int, ...], np.ndarray] | None] = [None] * len(self.models)
-        # --gamma auto: acceptance is learned per setting, call costs once per ensemble
-        self._auto: dict[tuple, AutoGamma] = {}
-        self._call_costs = CallCosts([m.n_params for m in self.models])
+        self._combiner = self.bind(combiner or WeightedEnsemble())
+        # every llama_decode call is timed into this; --gamma auto and the speedup estimate read it
+        self.call_costs = CallCosts(self.n_params)
+        self._auto = AutoGammaControllers(self.call_costs)
 
     @classmethod
     def load(
@@ -248,13 +176,14 @@ class Ensemble:
         n_threads: int | None = None,
         n_batch: int = 512,
         main_gpu: int = 0,
-        split_mode: int | None = None,
-        flash_attn: bool | None = None,
+        split_mode: str = "layer",
+        flash_attn: str = "auto",
         progress: Callable[[int, int, str], None] | None = None,
     ) -> "Ensemble":
         """Load every model (each into its own llama.cpp context) and check their tokenizers.
 
-        `n_gpu_layers` is one value for all models or one per model (-1 = all layers).
+        `n_gpu_layers` is one value for all models or one per model (-1 = all layers);
+        `split_mode` is "none", "layer" or "row"; `flash_attn` "auto", "on" or "off".
         `progress(i, n, name)` is called before model i of n is loaded.
         """
         if not paths:
@@ -262,7 +191,6 @@ class Ensemble:
         layers = [n_gpu_layers] * len(paths) if isinstance(n_gpu_layers, int) else list(n_gpu_layers)
         if len(layers) != len(paths):
             raise ConfigError(f"got {len(layers)} --n-gpu-layers values for {len(paths)} models")
-        extra = {} if split_mode is None else {"split_mode": split_mode}
         models: list[Model] = []
         single_calls: list[list[float]] = []
         try:
@@ -277,8 +205,8 @@ class Ensemble:
                         n_threads=n_threads,
                         n_batch=n_batch,
                         main_gpu=main_gpu,
+                        split_mode=split_mode,
                         flash_attn=flash_attn,
-                        **extra,
                     )
                 )
                 single_calls.append(models[-1].warm_up())
@@ -286,16 +214,36 @@ class Ensemble:
             # the single-token call times price the standard ensemble in the speedup estimate
             for i, times in enumerate(single_calls):
                 for seconds in times:
-                    ens._call_costs.observe(i, 1, seconds)
+                    ens.call_costs.observe(i, 1, seconds)
             return ens
         except BaseException:
             for m in models:
                 m.close()
             raise
 
-    # --- helpers ---------------------------------------------------------------------------------
-    def _bind(self, combiner: Combiner) -> Combiner:
-        return combiner.bind(len(self.models), [m.n_params for m in self.models])
+    # --- the ensemble ------------------------------------------------------------------------------
+    @property
+    def combiner(self) -> Combiner:
+        """The default combination function (bound to this ensemble)."""
+        return self._combiner
+
+    @combiner.setter
+    def combiner(self, combiner: Combiner) -> None:
+        self._combiner = self.bind(combiner)
+
+    def bind(self, combiner: Combiner) -> Combiner:
+        """`combiner` checked against this ensemble, with its defaults filled in (`ConfigError`
+        if it does not fit, e.g. weights for another number of models)."""
+        return combiner.bind(len(self.models), self.n_params)
+
+    @property
+    def n_params(self) -> list[int]:
+        return [m.n_params for m in self.models]
+
+    @property
+    def names(self) -> list[str]:
+        """The models' names for people (GGUF general.name, else the file name)."""
+        return [m.label for m in self.models]
 
     def close(self) -> None:
         for m in self.models:
@@ -307,53 +255,44 @@ class Ensemble:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @property
-    def names(self) -> list[str]:
-        """The models' names for people (GGUF general.name, else the file name)."""
-        return [m.label for m in self.models]
-
-    def cheapest(self) -> int:
-        """Index of the model with the fewest parameters (the first of equals)."""
-        return min(range(len(self.models)), key=lambda i: (self.models[i].n_params, i))
-
     def tokenize(self, text: str) -> list[int]:
         """Tokens of `text` with each model's default BOS handling; all models must agree."""
-        tokens = self.models[0].tokenize(text)
-        for m in self.models[1:]:
-            other = m.tokenize(text)
-            if other != tokens:
-                i = _common_prefix(tokens, other)
-                raise TokenizerMismatchError(
-                    f"tokenizer mismatch: {self.models[0].path} and {m.path} tokenize the prompt "
-                    f"differently (first difference at token {i})"
-                )
-        return tokens
+        return tokenize_alike(self.models, text)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.models[0].detokenize(tokens)
 
     # --- generation ------------------------------------------------------------------------------
-    def generate(self, prompt: str | Sequence[int], *, combiner: Combiner | None = None, **settings: object) -> Completion:
+    def generate(
+        self, prompt: str | Sequence[int], *, config: GenerationConfig | None = None, combiner: Combiner | None = None, **settings: object
+    ) -> Completion:
         """Generate one completion of `prompt` (raw text, or token ids).
 
-        Settings (see `GenerationConfig`): method ("ensemble", "sd", "naive-cos", "cos"),
-        max_tokens, temperature (0 = greedy), top_k, top_p, min_p, seed, stop (strings),
-        ignore_eos, gamma (one value, or one per model), proposer (model index).
+        Settings are a `GenerationConfig` (`config`), or its fields as keywords (over `config`):
+        method ("ensemble", "sd", "naive-cos", "cos"), max_tokens, temperature (0 = greedy),
+        top_k, top_p, min_p, seed, stop (strings), ignore_eos, gamma (one value, one per model,
+        or "auto"), proposer (model index). `combiner` replaces the ensemble's for this call.
         """
-        stream = self.stream(prompt, combiner=combiner, **settings)
+        stream = self.stream(prompt, config=config, combiner=combiner, **settings)
         for _ in stream.chunks():
             pass
         assert stream.completion is not None
         return stream.completion
 
     def generate_many(
-        self, prompt: str | Sequence[int], n: int, *, combiner: Combiner | None = None, **settings: object
+        self,
+        prompt: str | Sequence[int],
+        n: int,
+        *,
+        config: GenerationConfig | None = None,
+        combiner: Combiner | None = None,
+        **settings: object,
     ) -> list[Completion]:
         """`n` independent completions of one prompt; the prompt is evaluated once.
 
         With a seed the whole list is reproducible (one random stream runs through all of them).
         """
-        config = GenerationConfig(**_tupled(settings))
+        config = _config(config, settings)
         rng = np.random.default_rng(config.seed)
         tokens = self._prompt_tokens(prompt)
         out = []
@@ -365,9 +304,11 @@ class Ensemble:
             out.append(stream.completion)
         return out
 
-    def stream(self, prompt: str | Sequence[int], *, combiner: Combiner | None = None, **settings: object) -> Stream:
+    def stream(
+        self, prompt: str | Sequence[int], *, config: GenerationConfig | None = None, combiner: Combiner | None = None, **settings: object
+    ) -> Stream:
         """Like `generate`, but returns a `Stream` that yields text pieces as they become final."""
-        config = GenerationConfig(**_tupled(settings))
+        config = _config(config, settings)
         rng = np.random.default_rng(config.seed)
         tokens = self._prompt_tokens(prompt)
         return Stream(lambda s: self._run(tokens, config, combiner, rng, s))
@@ -386,72 +327,6 @@ class Ensemble:
             raise ConfigError(f"token id {bad[0]} is outside the shared vocabulary of {self.n_vocab}")
         return tokens
 
-    def _prepare(self, prompt: list[int]) -> list[np.ndarray]:
-        """Bring every KV cache to exactly `prompt`, reusing what it already holds; return each
-        model's logits row at the position after the prompt."""
-        key = tuple(prompt)
-        rows = []
-        for i, m in enumerate(self.models):
-            keep = _common_prefix(m.tokens, prompt)
-            cached = self._prompt_rows[i]
-            if keep == len(prompt) and cached is not None and cached[0] == key:
-                m.truncate(keep)
-                rows.append(cached[1])
-                continue
-            keep = min(keep, len(prompt) - 1)  # re-evaluate at least the last token for its row
-            m.truncate(keep)
-            row = m.evaluate(prompt[keep:], 1)[0]
-            self._prompt_rows[i] = (key, row)
-            rows.append(row)
-        return rows
-
-    def _strategy(self, dec: Decoder, config: GenerationConfig) -> tuple[Strategy, list[int] | None, int | None]:
-        n = len(self.models)
-        if config.method == "ensemble":
-            return EnsembleDecoding(dec), None, None
-        if n < 2:
-            raise ConfigError(f"method {config.method} needs at least 2 models; use --method ensemble for one")
-        proposer = self.cheapest() if config.proposer is None else config.proposer
-        if not 0 <= proposer < n:
-            raise ConfigError(f"proposer must be a model index from 0 to {n - 1}, got {proposer}")
-        auto = config.gamma == "auto"
-        gammas = self._gammas(None if auto else config.gamma, proposer)
-        if config.method == "sd":
-            return SpeculativeDecoding(dec, proposer, gammas[proposer], auto), [gammas[proposer]], proposer
-        if config.method == "naive-cos":
-            return NaiveCoS(dec, proposer, gammas[proposer], auto), [gammas[proposer]], proposer
-        order = [proposer] + [i for i in range(n) if i != proposer]
-        return CoS(dec, order, gammas, auto), gammas, proposer
-
-    def _observer(self, config: GenerationConfig, combiner: Combiner) -> AutoGamma | None:
-        """The --gamma auto controller for these settings (kept, so it learns across calls)."""
-        if config.gamma != "auto" or config.method == "ensemble":
-            return None
-        key = (config.method, combiner.describe(), config.temperature, config.top_k, config.top_p, config.min_p)
-        if key not in self._auto:
-            self._auto[key] = AutoGamma(self._call_costs)
-        return self._auto[key]
-
-    def _gammas(self, gamma: int | tuple[int, ...] | None, proposer: int) -> list[int]:
-        """Proposal length per model: one value sets the proposer's (others 1); a list sets all."""
-        n = len(self.models)
-        if gamma is None:
-            gamma = self.default_gamma(proposer)
-        if isinstance(gamma, (int, np.integer)):
-            return [int(gamma) if i == proposer else 1 for i in range(n)]
-        if len(gamma) == 1:
-            return [int(gamma[0]) if i == proposer else 1 for i in range(n)]
-        if len(gamma) != n:
-            raise ConfigError(f"got {len(gamma)} gamma values for {n} models; give one, or one per model")
-        return [int(g) for g in gamma]
-
-    def default_gamma(self, proposer: int) -> int:
-        """Default proposal length: long drafts when the proposer is much cheaper than the rest
-        (cost ratio from parameter counts), short when the models cost about the same."""
-        others = [m.n_params for i, m in enumerate(self.models) if i != proposer]
-        c = self.models[proposer].n_params / max(max(others), 1)
-        return 5 if c < 0.3 else 3 if c < 0.6 else 1
-
     def _run(
         self,
         prompt: list[int],
@@ -460,10 +335,10 @@ class Ensemble:
         rng: np.random.Generator,
         stream: Stream,
     ) -> Iterator[Chunk]:
-        combiner = self.combiner if combiner is None else self._bind(combiner)
-        sampler = Sampler(config.temperature, config.top_k, config.top_p, config.min_p)
+        combiner = self._combiner if combiner is None else self.bind(combiner)
+        sampler = config.sampler()
         t_prompt = time.perf_counter()
-        prompt_rows = self._prepare(prompt)
+        prompt_rows = [m.prefill(prompt) for m in self.models]
         t0 = time.perf_counter()
         before = [m.stats.snapshot() for m in self.models]
 
@@ -475,6 +350,7 @@ class Ensemble:
         def on_commit(token: int, origin: Origin) -> None:
             events.append(TokenEvent(token, token_text(token), origin))
 
+        auto = config.gamma == "auto" and config.method != "ensemble"
         dec = Decoder(
             self.models,
             combiner,
@@ -487,10 +363,10 @@ class Ensemble:
             banned=sorted(self.end_tokens) if config.ignore_eos else (),
             text=text,
             on_commit=on_commit,
-            observer=self._observer(config, combiner),
-            costs=self._call_costs,
+            observer=self._auto.get((config.method, combiner.describe(), sampler)) if auto else None,
+            costs=self.call_costs,
         )
-        strategy, gammas, proposer = self._strategy(dec, config)
+        strategy, gammas, proposer = make_strategy(dec, config.method, config.gamma, config.proposer, self.n_params)
         while not dec.finished:
             if stream.cancelled:
                 dec.finish_reason = "cancelled"
@@ -509,61 +385,29 @@ class Ensemble:
         if tail:
             yield Chunk(tail, ())
         seconds = time.perf_counter() - t0
-        stats = self._stats(config, combiner, dec, before, seconds, t0 - t_prompt, gammas, proposer)
-        return Completion(text.text, dec.generated, dec.finish_reason or "cancelled", dec.origins, stats)
-
-    def _stats(
-        self,
-        config: GenerationConfig,
-        combiner: Combiner,
-        dec: Decoder,
-        before: list[ModelStats],
-        seconds: float,
-        prompt_seconds: float,
-        gammas: list[int] | None,
-        proposer: int | None,
-    ) -> GenerationStats:
-        n_tokens = len(dec.generated)
+        finish_reason = dec.finish_reason or "cancelled"
         work = [m.stats.minus(b) for m, b in zip(self.models, before)]
-        llama_seconds = sum(w.seconds for w in work)
-        per_model = [
-            ModelRunStats(m.name, w.calls, w.tokens, w.seconds, w.calls / n_tokens if n_tokens else None)
-            for m, w in zip(self.models, work)
-        ]
         spec = dec.spec
-        return GenerationStats(
+        stats = GenerationStats(
             method=config.method,
             combiner=combiner.describe(),
-            tokens=n_tokens,
+            models=[ModelRunStats(m.name, w.calls, w.tokens, w.seconds) for m, w in zip(self.models, work)],
+            tokens=len(dec.generated),
             seconds=seconds,
-            tokens_per_second=n_tokens / seconds if seconds > 0 and n_tokens else None,
-            prompt_tokens=dec.n_prompt,
-            prompt_seconds=prompt_seconds,
-            models=per_model,
-            llama_seconds=llama_seconds,
-            host_seconds=max(0.0, seconds - llama_seconds),
+            prompt_tokens=len(prompt),
+            prompt_seconds=t0 - t_prompt,
             proposed=spec.proposed,
             accepted=spec.accepted,
-            acceptance_rate=spec.acceptance_rate,
-            mean_accepted=spec.mean_accepted,
+            rejected=spec.rejected,
             verifications=spec.verifications,
             bonus=spec.bonus,
-            rollbacks=spec.rollbacks,
-            calls_per_token=sum(w.calls for w in work) / n_tokens if n_tokens else None,
             gamma=gammas,
             proposer=proposer,
-            ensemble_llama_seconds=self._ensemble_llama_seconds(n_tokens),
+            seed=config.seed,
+            ensemble_llama_seconds=self.call_costs.ensemble_seconds(len(dec.generated)),
+            finish_reasons={finish_reason: 1},
         )
-
-    def _ensemble_llama_seconds(self, n_tokens: int) -> float | None:
-        """llama.cpp seconds the standard ensemble needs for n_tokens after the prompt: one
-        single-token call per model for every token but the first (its row comes with the
-        prompt), at measured single-token call times (`load` times a few, decoding adds every one
-        it makes); None until every model has some."""
-        costs = self._call_costs
-        if not all(costs.measured(i, 1) for i in range(len(self.models))):
-            return None
-        return max(n_tokens - 1, 0) * sum(costs(i, 1) for i in range(len(self.models)))
+        return Completion(text.text, dec.generated, finish_reason, dec.origins, stats)
 
 
 class _TokenText:
@@ -577,12 +421,15 @@ class _TokenText:
         return self._decoder.decode(self._piece(token))
 
 
-def _tupled(settings: dict[str, object]) -> dict[str, object]:
-    """Lists to tuples (GenerationConfig is frozen and hashable)."""
-    out = dict(settings)
+def _config(config: GenerationConfig | None, settings: dict[str, object]) -> GenerationConfig:
+    """`config` with the keyword settings over it (lists become tuples: the config is frozen)."""
+    values = dict(settings)
     for key in ("stop", "gamma"):
-        if isinstance(out.get(key), list):
-            out[key] = tuple(out[key])  # type: ignore[arg-type]
-    if isinstance(out.get("stop"), str):
-        out["stop"] = (out["stop"],)
-    return out
+        if isinstance(values.get(key), list):
+            values[key] = tuple(values[key])  # type: ignore[arg-type]
+    if isinstance(values.get("stop"), str):
+        values["stop"] = (values["stop"],)
+    try:
+        return replace(config, **values) if config is not None else GenerationConfig(**values)  # type: ignore[arg-type]
+    except TypeError as e:  # an unknown keyword
+        raise ConfigError(f"unknown generation setting: {e}") from None

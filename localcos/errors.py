@@ -20,7 +20,14 @@ class TokenizerMismatchError(LocalcosError):
 
 
 class ConfigError(LocalcosError):
-    """Bad settings: weights, mu, sampling parameters, method options, models.toml."""
+    """Bad settings: weights, mu, sampling parameters, method options, models.toml.
+
+    `param` names the setting at fault when one is (the server reports it as OpenAI's `param`).
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class PromptTooLongError(LocalcosError):

@@ -1,4 +1,4 @@
-"""Shared fixtures: synthetic GGUF models written once per test session by localcos.testmodels.
+"""Shared fixtures: synthetic GGUF models written once per test session by localcos.tools.testmodels.
 
 Set LOCALCOS_TEST_CACHE=DIR to keep the models between sessions (they are keyed by their spec).
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from localcos.testmodels import CHAT_TEMPLATE, ModelSpec, cached_model
+from localcos.tools.testmodels import CHAT_TEMPLATE, ModelSpec, cached_model
 
 # Small and fast: a 1024-token vocabulary, 2 layers of width 64. Peaked distributions with a
 # mean entropy of about 2-3 nats, like a language model.

@@ -49,6 +49,11 @@ class FakeModel:
         self.stats.tokens += len(tokens)
         return np.array(rows, dtype=np.float32).reshape(n_logits, self.n_vocab)[:, : self.logits_vocab]
 
+    def prefill(self, prompt: Sequence[int]) -> np.ndarray:
+        """The row after `prompt`, evaluated afresh (cheap here; `Model` reuses its cache)."""
+        self.truncate(0)
+        return self.evaluate(prompt, 1)[0]
+
     def truncate(self, n: int) -> None:
         del self.tokens[n:]
 

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from localcos import Ensemble
-from localcos.bench import Config, Run, configurations, summarize
-from localcos.speedmodel import AutoGamma, CallCosts, expected_speedup, expected_tokens
+from localcos import Ensemble, GenerationStats, ModelRunStats
+from localcos.tools.bench import Config, Run, configurations, summarize
+from localcos.core.speedmodel import AutoGamma, CallCosts, expected_speedup, expected_tokens
 
 
 def test_expected_tokens():
@@ -40,23 +40,20 @@ def test_configurations_always_include_the_baseline():
 
 
 def _run(prompt, method, gamma, tokens, seconds, accepted=0, rejected=0, calls=(10, 10), model_seconds=(0.1, 1.0)):
-    return Run(
-        task="code" if prompt == 0 else "math",
-        prompt=prompt,
-        temperature=0.0,
-        repeat=0,
+    # llama.cpp's share of the time is 90%, split between the models as model_seconds says
+    llama = [seconds * 0.9 * s / sum(model_seconds) for s in model_seconds]
+    stats = GenerationStats(
         method=method,
-        gamma=gamma,
+        combiner="we(0.5,0.5)",
+        models=[ModelRunStats(f"m{i}", calls[i], tokens, llama[i]) for i in range(2)],
         tokens=tokens,
         seconds=seconds,
-        llama_seconds=seconds * 0.9,
         accepted=accepted,
         rejected=rejected,
+        proposed=accepted + rejected,
         verifications=max(1, rejected),
-        calls=list(calls),
-        model_seconds=list(model_seconds),
-        model_tokens=[tokens, tokens],
     )
+    return Run("code" if prompt == 0 else "math", prompt, 0.0, 0, method, gamma, stats)
 
 
 def test_summary_by_hand():
@@ -138,7 +135,7 @@ def test_auto_gamma_end_to_end(models):
     with Ensemble.load([models["base"], models["larger"]], n_ctx=256) as ens:
         out = ens.generate("The river runs", method="cos", gamma="auto", max_tokens=48, seed=0, ignore_eos=True)
         assert len(out.token_ids) == 48 and out.stats.proposed > 0
-        assert ens._auto, "the controller is kept on the ensemble and learns across calls"
+        assert len(ens._auto) == 1, "the controller is kept on the ensemble and learns across calls"
         greedy = ens.generate("The river runs", method="cos", gamma="auto", max_tokens=48, temperature=0, ignore_eos=True)
         reference = ens.generate("The river runs", method="ensemble", max_tokens=48, temperature=0, ignore_eos=True)
         assert greedy.token_ids == reference.token_ids
@@ -196,7 +193,7 @@ def test_bench_command(models, tmp_path):
 MEMORY_SCRIPT = """
 import sys
 from localcos import Ensemble
-from localcos.bench import RssSampler, current_rss_mb
+from localcos.tools.bench import RssSampler, current_rss_mb
 a, b = sys.argv[1:3]
 with Ensemble.load([a, b], n_ctx=8192) as ens:
     ens.generate("warm up", method="ensemble", max_tokens=4, ignore_eos=True)

@@ -130,3 +130,79 @@ def test_make_test_models(tmp_path):
     names = [line.split("\t")[0] for line in proc.stdout.splitlines()]
     assert names == ["base", "sibling", "larger", "other-tokenizer", "padded"]
     assert all((tmp_path / "m" / f"{n}.gguf").stat().st_size > 0 for n in names)
+
+
+# --- every kind of bad value: one line, exit 2, before any model is loaded ---------------------------
+
+BAD_OPTIONS = [
+    (["--ctx", "1"], "--ctx must be >= 8"),
+    (["--ctx", "big"], "--ctx must be an integer"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--seed", "-2"], "--seed must be >= 0 (or -1 for a random seed)"),
+    (["--seed", "1.5"], "--seed must be an integer"),
+    (["--threads", "0"], "--threads must be >= 1"),
+    (["--n-gpu-layers", "all"], "--n-gpu-layers must be comma-separated integers"),
+    (["--n-gpu-layers", "-2"], "--n-gpu-layers must be >= -1"),
+    (["--n-gpu-layers", "1,2,3"], "got 3 --n-gpu-layers values for 2 models"),
+    (["--main-gpu", "-1"], "--main-gpu must be >= 0"),
+    (["--split-mode", "diagonal"], "--split-mode must be one of none, layer, row"),
+    (["--flash-attn", "maybe"], "--flash-attn must be one of auto, on, off"),
+    (["--temperature", "nan"], "--temperature must be a finite number"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--top-k", "-1"], "--top-k must be >= 0"),
+    (["--top-p", "0"], "--top-p must be > 0"),
+    (["--top-p", "1.5"], "--top-p must be <= 1"),
+    (["--min-p", "2"], "--min-p must be <= 1"),
+    (["--gamma", "0"], "--gamma must be an integer >= 1"),
+    (["--gamma", "fast"], "--gamma must be an integer >= 1"),
+    (["--gamma", "1,2,3"], "got 3 gamma values for 2 models"),
+    (["--proposer", "2"], "--proposer must be a model index from 0 to 1"),
+    (["--method", "bogus"], "--method must be one of ensemble, sd, naive-cos, cos"),
+    (["--combine", "bogus"], "--combine must be we, cd, logit-mix or FILE.py:FUNCTION"),
+    (["--combine", "nowhere.py:f"], "combiner file not found"),
+    (["--combine", "cd", "--weights", "1,1"], "--weights does not apply to cd"),
+    (["--combine", "cd", "--expert", "2"], "--expert must be a model index from 0 to 1"),
+    (["--mu", "-1"], "--mu must be >= 0"),
+    (["--plausibility", "0"], "--plausibility must be > 0"),
+    (["--weights", "1,"], "--weights must be comma-separated numbers"),
+    (["--max-tokens", "0"], "--max-tokens must be >= 1"),
+    (["--n", "0"], "--n must be >= 1"),
+    (["--chat", "--chat-template-model", "2"], "--chat-template-model must be a model index from 0 to 1"),
+    (["--preset", "no-such-preset"], "unknown preset"),
+    (["--preset", "qwen-1.5b-we"], "give one of --models, --preset, not several"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD_OPTIONS, ids=[" ".join(a) for a, _ in BAD_OPTIONS])
+def test_bad_values_are_one_line(models, monkeypatch, capsys, argv, message):
+    from localcos import cli
+    from localcos.backend import model
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a bad value must be refused before any model is loaded")
+
+    monkeypatch.setattr(model.Model, "__init__", no_loading)
+    pair = [] if message == "unknown preset" else ["--models", f"{models['base']},{models['sibling']}"]
+    code = cli.main(["generate", *pair, "--prompt", "x", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("localcos: error: "), err
+    assert message in err[0], err[0]
+
+
+def test_seed_minus_one_is_a_random_seed_printed_in_the_stats(models):
+    proc = run("generate", "--models", str(models["base"]), "--prompt", "The river", "--max-tokens", "3", "--seed", "-1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    seed = json.loads(proc.stdout)["stats"]["seed"]
+    assert isinstance(seed, int) and seed >= 0
+
+
+def test_demo_says_what_it_is_and_runs_on_a_given_pair(models):
+    proc = run("demo", "--max-tokens", "16")
+    assert proc.returncode == 0, proc.stderr
+    assert "random by design" in proc.stderr and "localcos demo --models" in proc.stderr
+    assert "standard ensemble: ensemble | 16 tokens" in proc.stdout and "CoS:               cos | 16 tokens" in proc.stdout
+    assert "CoS ran at" in proc.stdout
+    proc = run("demo", "--models", f"{models['base']},{models['sibling']}", "--max-tokens", "8", "--seed", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert "random by design" not in proc.stderr and "t-base-" in proc.stderr
+    assert "CoS ran at" in proc.stdout and "seed 3" in proc.stdout

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from localcos.combiners import (
+from localcos.core.combiners import (
     Contrastive,
     CustomCombiner,
     LogitMix,

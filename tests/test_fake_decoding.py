@@ -15,8 +15,8 @@ import pytest
 
 from fakes import FakeModel, exact_joint
 from localcos import Contrastive, Ensemble, LogitMix, WeightedEnsemble
-from localcos.sampling import Sampler
-from localcos.speedmodel import AutoGamma, CallCosts
+from localcos.core.sampling import Sampler
+from localcos.core.speedmodel import AutoGamma, CallCosts
 from statcheck import assert_matches
 
 LENGTH = 3
@@ -57,7 +57,7 @@ def test_joint_law_of_continuations(case, method, gamma):
     models = [FakeModel(seed=10 + i, n_params=1000 * (i + 1)) for i in range(n_models)]
     outs = joint_test(models, combiner, method, gamma, settings, seed=zlib.crc32(f"{case}/{method}/{gamma}".encode()))
     if method != "ensemble":
-        assert sum(o.stats.rollbacks for o in outs) > 50  # rejections happen and are handled
+        assert sum(o.stats.rejected for o in outs) > 50  # rejections happen and are handled
 
 
 def test_per_model_gammas_for_three_models():
@@ -84,7 +84,7 @@ def test_a_draft_tokens_softmax_is_reused_for_r(monkeypatch, method):
     computed to sample it: at least one softmax per proposed token is served from the decoder's
     cache. (The joint-law tests run with check_invariants, which asserts that every kept softmax
     matches its model's current row.)"""
-    from localcos import decoding
+    from localcos.core import decoding
 
     computed, requested = [], []
     real, real_cached = decoding.softmax, decoding.Decoder.softmax
@@ -92,7 +92,7 @@ def test_a_draft_tokens_softmax_is_reused_for_r(monkeypatch, method):
     monkeypatch.setattr(decoding.Decoder, "softmax", lambda self, i, p: requested.append(1) or real_cached(self, i, p))
     ens = Ensemble([FakeModel(seed=70), FakeModel(seed=71)], WeightedEnsemble())
     out = ens.generate([1, 2], method=method, gamma=2, max_tokens=60, seed=0, ignore_eos=True)
-    assert out.stats.proposed > 20 and out.stats.rollbacks > 0
+    assert out.stats.proposed > 20 and out.stats.rejected > 0
     assert len(requested) - len(computed) >= out.stats.proposed
 
 
@@ -115,7 +115,7 @@ def test_cos_speed_model_predicts_the_decoders_calls(n):
         tokens = sum(len(o.token_ids) for o in outs)
         calls = sum(m.calls for o in outs for m in o.stats.models)
         accepted = sum(o.stats.accepted for o in outs)
-        tested = accepted + sum(o.stats.rollbacks for o in outs)
+        tested = accepted + sum(o.stats.rejected for o in outs)
         model = AutoGamma(UnitCost([1] * n))
         for m in range(n):
             model.observe_verdicts(m, accepted, tested - accepted)

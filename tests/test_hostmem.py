@@ -1,5 +1,5 @@
 """The decoding loop's vocabulary-sized arrays reuse the process's memory instead of faulting in
-fresh pages every token (localcos.hostmem)."""
+fresh pages every token (localcos.core.hostmem)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import sys
 import pytest
 
 from fakes import FakeModel
-from localcos import Ensemble, hostmem
+from localcos import Ensemble
+from localcos.core import hostmem
 
 # Make and drop arrays shaped like two 152k-vocabulary rows, as the decoder does every token, and
 # count the minor page faults that costs.
 FAULTS = """
 import resource, sys, numpy as np
-from localcos.hostmem import keep_freed_memory
+from localcos.core.hostmem import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 def faults():

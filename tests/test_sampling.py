@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localcos.errors import ConfigError
-from localcos.sampling import Sampler, draw, softmax
+from localcos.core.sampling import Sampler, draw, softmax
 from statcheck import assert_matches
 
 

@@ -1,21 +1,19 @@
-"""The chi-square helper used by every sampling test is itself right."""
+"""The chi-square helper every sampling test rests on: pooling, impossible tokens, power."""
 
-import math
 from collections import Counter
 
 import numpy as np
+from scipy import stats
 
-from statcheck import chi2_sf, chi_square
+from statcheck import chi_square
 
 
-def test_chi2_sf_known_values():
-    # reference values of the chi-square survival function
-    assert abs(chi2_sf(3.841458820694124, 1) - 0.05) < 1e-9
-    assert abs(chi2_sf(18.307038053275146, 10) - 0.05) < 1e-9
-    assert abs(chi2_sf(2.0, 2) - np.exp(-1.0)) < 1e-12
-    # even dof: closed form exp(-x/2) * sum_{i < dof/2} (x/2)^i / i!
-    exact = np.exp(-50.0) * sum(50.0**i / math.factorial(i) for i in range(25))
-    assert abs(chi2_sf(100.0, 50) - exact) < 1e-12
+def test_chi_square_agrees_with_scipy_when_nothing_is_pooled():
+    obs = Counter({0: 480, 1: 310, 2: 160, 3: 50})
+    p = np.array([0.5, 0.3, 0.15, 0.05])
+    stat, dof, pvalue = chi_square(obs, p)
+    ref = stats.chisquare([480, 310, 160, 50], p * 1000)
+    assert dof == 3 and np.isclose(stat, ref.statistic) and np.isclose(pvalue, ref.pvalue)
 
 
 def test_chi_square_accepts_a_fair_sample_and_rejects_a_biased_one():
@@ -25,6 +23,14 @@ def test_chi_square_accepts_a_fair_sample_and_rejects_a_biased_one():
     assert chi_square(fair, p)[2] > 1e-3
     biased = Counter(rng.choice(4, size=5000, p=[0.45, 0.35, 0.15, 0.05]).tolist())
     assert chi_square(biased, p)[2] < 1e-6
+
+
+def test_rare_tokens_are_pooled():
+    # 200 draws: the four rare tokens (expected 0.5 each) form one bucket with the other
+    p = np.array([0.5, 0.49, 0.0025, 0.0025, 0.0025, 0.0025])
+    stat, dof, _ = chi_square(Counter({0: 100, 1: 98, 2: 1, 4: 1}), p)
+    assert dof == 1  # two categories left: token 0, token 1 with the pooled rest
+    assert stat >= 0
 
 
 def test_chi_square_flags_impossible_tokens():

@@ -8,8 +8,8 @@ import numpy as np
 
 from conftest import BASE
 from localcos.backend import Model
-from localcos.sampling import softmax
-from localcos.testmodels import ModelSpec, build_vocab, cached_model, write_model
+from localcos.core.sampling import softmax
+from localcos.tools.testmodels import ModelSpec, build_vocab, cached_model, write_model
 
 TEXT = "The small model writes a draft and the large model checks it, one token at a time."
 
@@ -114,8 +114,8 @@ def test_quantised_files_are_smaller(tmp_path):
     assert sizes["f32"] > sizes["f16"] == sizes["bf16"] > sizes["q8_0"] > sizes["q4_0"]
 
 
-def test_the_cli_offers_exactly_the_writers_weight_types():
-    from localcos.cli import SYNTHETIC_DTYPES
-    from localcos.testmodels import DTYPES
+def test_the_settings_offer_exactly_the_writers_weight_types():
+    from localcos.settings import OPTIONS, WEIGHT_TYPES
+    from localcos.tools.testmodels import DTYPES
 
-    assert SYNTHETIC_DTYPES == DTYPES
+    assert WEIGHT_TYPES == DTYPES == OPTIONS["synthetic_dtype"].choices

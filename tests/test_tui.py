@@ -1,4 +1,5 @@
-"""The chat app, driven by Textual's pilot against synthetic models."""
+"""The chat app, driven by Textual's pilot against synthetic models; and `localcos chat` itself,
+run headless through the CLI with each of its options."""
 
 from __future__ import annotations
 
@@ -7,20 +8,18 @@ import json
 
 import pytest
 
-from localcos import Ensemble
-from localcos.chat import ChatFormatter
+from localcos import cli
+from localcos.backend import model as backend_model
+from localcos.ensemble import Ensemble
 from localcos.errors import ModelFileError
-from tui.app import ChatApp
-from tui.screens import ChatSettings, SettingsScreen
-from tui.widgets import Legend, MessageView, StatsPanel
+from localcos.settings import resolve
+from localcos.tui.app import ChatApp
+from localcos.tui.screens import SettingsScreen
+from localcos.tui.widgets import Legend, MessageView, StatsPanel
 
 
-def loader_for(paths, n_ctx=2048):
-    def loader(progress):
-        ens = Ensemble.load(paths, n_ctx=n_ctx, progress=progress)
-        return ens, ChatFormatter(ens)
-
-    return loader
+def chat_settings(paths, **values):
+    return resolve({"models": [str(p) for p in paths], "ctx": 2048, **values}, json=True)
 
 
 async def until(pilot, condition, timeout=60.0):
@@ -48,7 +47,7 @@ def chat_paths(models):
 
 def test_message_streams_and_completes_with_stats(chat_paths, tmp_path):
     async def scenario():
-        app = ChatApp(loader_for(chat_paths), ChatSettings(max_tokens=40, temperature=1.0), save_dir=tmp_path)
+        app = ChatApp(chat_settings(chat_paths, max_tokens=40, temperature=1.0), save_dir=tmp_path)
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: app.ensemble is not None)
             assert not app.query_one("#prompt").disabled
@@ -58,11 +57,11 @@ def test_message_streams_and_completes_with_stats(chat_paths, tmp_path):
             assert view.finish_reason in ("length", "stop")
             assert view.text and view.text == app.conversation.messages[-1].content
             assert app.conversation.messages[-2].content == "Where does the river go?"
-            stats = app.last_stats
-            assert stats["method"] == "cos" and stats["tokens"] > 0 and stats["tokens_per_second"] > 0
-            assert stats["acceptance_rate"] is not None and stats["calls"][0][1] > 0
+            stats = app.query_one(StatsPanel).stats
+            assert stats.method == "cos" and stats.tokens > 0 and stats.tokens_per_second > 0
+            assert stats.acceptance_rate is not None and stats.models[0].calls > 0
             panel = str(app.query_one(StatsPanel).render())
-            assert "acceptance" in panel and "tokens/s" in panel
+            assert "acceptance" in panel and f"{stats.tokens_per_second:.1f}" in panel
             # the colour of each token follows its origin
             assert any(span.style for span in view.tokens.spans)
             # a second turn reuses the conversation
@@ -75,7 +74,7 @@ def test_message_streams_and_completes_with_stats(chat_paths, tmp_path):
 
 def test_colouring_toggles(chat_paths):
     async def scenario():
-        app = ChatApp(loader_for(chat_paths), ChatSettings(max_tokens=12))
+        app = ChatApp(chat_settings(chat_paths, max_tokens=12))
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: app.ensemble is not None)
             await send(pilot, app, "Hello")
@@ -96,16 +95,8 @@ def test_colouring_toggles(chat_paths):
 def test_escape_stops_a_long_reply_and_keeps_it(chat_paths):
     # The reply must still be running when Escape arrives: the tiny models generate thousands of
     # tokens a second and may sample an end token at any moment, so this reply ignores them.
-    load = loader_for(chat_paths, n_ctx=8192)
-
-    def endless_loader(progress):
-        ens, formatter = load(progress)
-        stream = ens.stream
-        ens.stream = lambda *args, **settings: stream(*args, **{**settings, "ignore_eos": True})
-        return ens, formatter
-
     async def scenario():
-        app = ChatApp(endless_loader, ChatSettings(max_tokens=6000, temperature=1.0))
+        app = ChatApp(chat_settings(chat_paths, ctx=8192, max_tokens=6000, temperature=1.0, ignore_eos=True))
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: app.ensemble is not None)
             await send(pilot, app, "Tell me a long story")
@@ -115,7 +106,7 @@ def test_escape_stops_a_long_reply_and_keeps_it(chat_paths):
             view = replies(app)[0]
             assert view.finish_reason == "cancelled"
             assert view.text and app.conversation.messages[-1].content == view.text
-            assert app.last_stats["tokens"] < 6000
+            assert app.query_one(StatsPanel).stats.tokens < 6000
             assert app.stream is None and not app.query_one("#prompt").disabled
 
     asyncio.run(scenario())
@@ -123,7 +114,7 @@ def test_escape_stops_a_long_reply_and_keeps_it(chat_paths):
 
 def test_settings_apply_to_the_next_reply(chat_paths):
     async def scenario():
-        app = ChatApp(loader_for(chat_paths), ChatSettings(max_tokens=30))
+        app = ChatApp(chat_settings(chat_paths, max_tokens=30))
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: app.ensemble is not None)
             await pilot.press("f2")
@@ -133,13 +124,17 @@ def test_settings_apply_to_the_next_reply(chat_paths):
             screen.query_one("#max_tokens").value = "5"
             screen.query_one("#combine").value = "cd"
             screen.query_one("#mu").value = "0.3"
+            screen.query_one("#top_k").value = "7"
             await pilot.click("#apply")
             await until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
-            assert app.settings.method == "ensemble" and app.settings.max_tokens == 5
+            config = app.settings.generation
+            assert (config.method, config.max_tokens, config.top_k) == ("ensemble", 5, 7)
             await send(pilot, app, "Hi")
             await until(pilot, lambda: replies(app) and replies(app)[0].complete)
-            assert app.last_stats["method"] == "ensemble" and app.last_stats["tokens"] <= 5
+            stats = app.query_one(StatsPanel).stats
+            assert stats.method == "ensemble" and stats.tokens <= 5
             assert app.replies[-1]["stats"]["combiner"].startswith("cd(mu=0.3")
+            assert app.replies[-1]["settings"]["generation"]["top_k"] == 7
             # invalid settings are refused with a notification and nothing changes
             await pilot.press("f2")
             await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
@@ -149,14 +144,14 @@ def test_settings_apply_to_the_next_reply(chat_paths):
             assert isinstance(app.screen, SettingsScreen)
             assert any("temperature" in n.message for n in app._notifications)
             await pilot.press("escape")
-            assert app.settings.temperature == ChatSettings().temperature
+            assert app.settings.generation == config
 
     asyncio.run(scenario())
 
 
 def test_transcript_saves(chat_paths, tmp_path):
     async def scenario():
-        app = ChatApp(loader_for(chat_paths), ChatSettings(max_tokens=10), save_dir=tmp_path, system="Be brief.")
+        app = ChatApp(chat_settings(chat_paths, max_tokens=10, system="Be brief."), save_dir=tmp_path)
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: app.ensemble is not None)
             await send(pilot, app, "Hello river")
@@ -169,14 +164,14 @@ def test_transcript_saves(chat_paths, tmp_path):
         assert "Hello river" in md[0].read_text() and "Be brief." in md[0].read_text()
         data = json.loads(js[0].read_text())
         assert data["messages"][0] == {"role": "user", "content": "Hello river"}
-        assert data["replies"][0]["stats"]["tokens"] > 0 and data["replies"][0]["settings"]["max_tokens"] == 10
+        assert data["replies"][0]["stats"]["tokens"] > 0 and data["replies"][0]["settings"]["generation"]["max_tokens"] == 10
 
     asyncio.run(scenario())
 
 
 def test_new_chat_and_context_overflow(chat_paths):
     async def scenario():
-        app = ChatApp(loader_for(chat_paths, n_ctx=96), ChatSettings(max_tokens=24))
+        app = ChatApp(chat_settings(chat_paths, ctx=96, max_tokens=24))
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: app.ensemble is not None)
             for i in range(4):
@@ -192,17 +187,125 @@ def test_new_chat_and_context_overflow(chat_paths):
     asyncio.run(scenario())
 
 
-def test_load_failure_is_a_notification_not_a_crash(tmp_path):
+def test_load_failure_is_a_notification_not_a_crash(chat_paths, tmp_path):
     def loader(progress):
         raise ModelFileError(f"model file not found: {tmp_path}/nope.gguf")
 
     async def scenario():
-        app = ChatApp(loader, ChatSettings())
+        app = ChatApp(chat_settings(chat_paths), loader=loader)
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: any(v.role == "notice" for v in app.query(MessageView)))
             assert any("model file not found" in n.message for n in app._notifications)
             assert app.query_one("#prompt").disabled
-            await send(pilot, app, "hello?")  # ignored, the app stays up
-            assert app.is_running
+            await send(pilot, app, "hello?")  # the prompt is disabled: nothing is sent
+            await pilot.pause(0.1)
+            assert not [v for v in app.query(MessageView) if v.role == "user"]
+            await pilot.press("f1")  # still answering keys
+            await until(pilot, lambda: type(app.screen).__name__ == "HelpScreen")
 
     asyncio.run(scenario())
+
+
+# --- `localcos chat` through the CLI: every option takes effect --------------------------------------
+
+COMBINER_FILE = """
+import numpy as np
+
+def geometric(probs):
+    return np.sqrt(probs[0] * probs[1])
+"""
+
+
+def _chat_cases(tmp_path):
+    """(command-line options, check(app, generation configs seen)) pairs."""
+    custom = tmp_path / "combiner.py"
+    custom.write_text(COMBINER_FILE)
+
+    def hardware(app, configs):
+        models = app.ensemble.models
+        assert [m.n_ctx for m in models] == [512, 512]
+        assert [m.n_batch for m in models] == [64, 64]
+        assert [m.n_threads for m in models] == [1, 1]
+        assert [m.n_gpu_layers for m in models] == [1, 2]
+        assert {(m.main_gpu, m.split_mode, m.flash_attn) for m in models} == {(1, "none", "off")}
+        assert backend_model._VERBOSE
+
+    def sampling(app, configs):
+        c = configs[-1]
+        assert (c.temperature, c.top_k, c.top_p, c.min_p, c.seed) == (0.5, 5, 0.9, 0.05, 7)
+        assert (c.max_tokens, c.stop, c.ignore_eos) == (9, ("zzz",), True)
+        stats = app.query_one(StatsPanel).stats
+        assert stats.seed == 7 and stats.tokens == 9
+
+    def method(app, configs):
+        stats = app.query_one(StatsPanel).stats
+        assert (stats.method, stats.proposer, stats.gamma) == ("sd", 1, [2])
+
+    def contrastive(app, configs):
+        assert app.ensemble.combiner.describe() == "cd(mu=0.3,expert=0,alpha=0.2)"
+
+    def custom_combiner(app, configs):
+        combiner = app.ensemble.combiner
+        assert (combiner.name, combiner.level) == ("geometric", "probs")
+
+    def chat(app, configs):
+        assert app.conversation.system == "Be terse."
+        assert app.conversation.formatter.model is app.ensemble.models[1]
+
+    return [
+        (["--ctx", "512", "--batch-size", "64", "--threads", "1", "--n-gpu-layers", "1,2", "--main-gpu", "1",
+          "--split-mode", "none", "--flash-attn", "off", "--verbose"], hardware),
+        (["--temperature", "0.5", "--top-k", "5", "--top-p", "0.9", "--min-p", "0.05", "--seed", "7",
+          "--max-tokens", "9", "--stop", "zzz", "--ignore-eos"], sampling),
+        (["--method", "sd", "--gamma", "2", "--proposer", "1"], method),
+        (["--combine", "cd", "--mu", "0.3", "--plausibility", "0.2", "--expert", "0"], contrastive),
+        (["--combine", f"{custom}:geometric", "--combine-level", "probs"], custom_combiner),
+        (["--system", "Be terse.", "--chat-template-model", "1"], chat),
+    ]
+
+
+def test_every_chat_option_reaches_the_ensemble_or_the_generation(chat_paths, tmp_path, monkeypatch):
+    """`localcos chat` runs headless through the real command line (cli.main -> settings ->
+    tui.run_chat -> ChatApp), one reply per case; each option must show in the loaded models or
+    in the generation that ran."""
+    configs = []
+    stream = Ensemble.stream
+
+    def recording_stream(self, prompt, *, config=None, **kw):
+        configs.append(config)
+        return stream(self, prompt, config=config, **kw)
+
+    monkeypatch.setattr(Ensemble, "stream", recording_stream)
+    monkeypatch.setattr(backend_model, "_VERBOSE", False)
+    for argv, check in _chat_cases(tmp_path):
+        configs.clear()
+
+        def run_headless(app, argv=argv, check=check):
+            async def scenario():
+                async with app.run_test(size=(120, 40)) as pilot:
+                    await until(pilot, lambda: app.ensemble is not None or app._notifications)
+                    assert app.ensemble is not None, [n.message for n in app._notifications]
+                    await send(pilot, app, "Where does the river go?")
+                    await until(pilot, lambda: replies(app) and replies(app)[0].complete)
+                    check(app, configs)
+
+            asyncio.run(scenario())
+
+        monkeypatch.setattr(ChatApp, "run", run_headless)
+        models = ",".join(str(p) for p in chat_paths)
+        assert cli.main(["chat", "--models", models, *argv]) == 0, argv
+        backend_model.set_verbose(False)
+
+
+def test_chat_command_refuses_bad_options_in_one_line(chat_paths, capsys):
+    models = ",".join(str(p) for p in chat_paths)
+    for argv, fragment in (
+        (["--demo", "--models", models], "--demo or --models"),
+        (["--models", models, "--top-k", "-1"], "--top-k must be >= 0"),
+        (["--models", models, "--gamma", "0"], "--gamma must be"),
+        (["--models", models, "--weights", "1,2,3"], "got 3 weights for 2 models"),
+        (["--models", models, "--proposer", "2"], "--proposer must be a model index"),
+    ):
+        assert cli.main(["chat", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("localcos: error:") and fragment in err[0], (argv, err)

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from localcos.verify import sample_residual, verify
+from localcos.core.verify import sample_residual, verify
 from statcheck import assert_matches
 
 V = 16
@@ -21,7 +21,7 @@ def emitted(r: np.ndarray, q: np.ndarray, n: int, rng: np.random.Generator) -> C
     r2, q2 = r[None, :], q[None, :]
     for x in xs:
         v = verify([int(x)], q2, r2, rng)
-        counts[int(x) if v.accepted else v.replacement] += 1
+        counts[int(x) if v.accepted else v.resample] += 1
     return counts
 
 
@@ -91,9 +91,9 @@ def test_first_rejection_discards_the_rest():
     q = np.eye(V)[[1, 2, 3]]  # one-hot drafts: tokens 1, 2, 3
     r = np.eye(V)[[1, 7, 3]]  # r agrees at 0 and 2 but not at 1
     v = verify([1, 2, 3], q, r, np.random.default_rng(0))
-    assert (v.accepted, v.replacement) == (1, 7)
+    assert (v.accepted, v.resample) == (1, 7)
     v = verify([1, 2, 3], q, np.eye(V)[[1, 2, 3]], np.random.default_rng(0))
-    assert (v.accepted, v.replacement) == (3, None)
+    assert (v.accepted, v.resample) == (3, None)
     assert verify([], q[:0], r[:0], np.random.default_rng(0)).accepted == 0
 
 
@@ -107,9 +107,9 @@ def test_multi_token_draft_is_exact_at_every_position():
     for _ in range(20000):
         x = [int(rng.choice(V, p=q1)), int(rng.choice(V, p=q2))]
         v = verify(x, q, r, rng)
-        first[x[0] if v.accepted >= 1 else v.replacement] += 1
+        first[x[0] if v.accepted >= 1 else v.resample] += 1
         if v.accepted >= 1:
-            second[x[1] if v.accepted == 2 else v.replacement] += 1
+            second[x[1] if v.accepted == 2 else v.resample] += 1
     assert_matches(first, r1, "position 1")
     assert_matches(second, r2, "position 2")
 

@@ -1,134 +1,84 @@
-"""Modal screens: settings and help."""
+"""Modal screens: the settings form and the help."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 from textual.app import ComposeResult
-from textual.containers import Grid, Horizontal, Vertical
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Markdown, Select
+from textual.widgets import Button, Checkbox, Input, Label, Markdown, Select
 
 from localcos.errors import ConfigError
+from localcos.settings import OPTIONS, Settings
+
+# The options a running chat can change, in the order the form shows them: everything about
+# combining and generating (loading options need the models reloaded, so they stay on the
+# command line). Labels, help and parsing come from the option declarations.
+FORM = (
+    "method",
+    "combine",
+    "weights",
+    "mu",
+    "plausibility",
+    "expert",
+    "combine_level",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "seed",
+    "gamma",
+    "proposer",
+    "max_tokens",
+    "ignore_eos",
+)
 
 
-@dataclass(frozen=True)
-class ChatSettings:
-    """What the next reply is generated with."""
-
-    method: str = "cos"
-    combine: str = "we"
-    weights: tuple[float, ...] | None = None
-    mu: float = 0.1
-    temperature: float = 0.7
-    top_p: float = 1.0
-    gamma: int | tuple[int, ...] | str | None = None
-    max_tokens: int = 512
-
-    def combiner(self):
-        from localcos.combiners import make_combiner
-
-        return make_combiner(self.combine, weights=None if self.combine == "cd" else self.weights, mu=self.mu)
-
-    def generation(self) -> dict:
-        return dict(
-            method=self.method,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            gamma=self.gamma,
-            max_tokens=self.max_tokens,
-        )
+def _label(name: str) -> str:
+    return OPTIONS[name].flag.lstrip("-").replace("-", " ")
 
 
-def _parse_gamma(text: str) -> int | tuple[int, ...] | str | None:
-    text = text.strip()
-    if not text or text == "default":
-        return None
-    if text == "auto":
-        return "auto"
-    values = tuple(int(x) for x in text.split(","))
-    return values[0] if len(values) == 1 else values
-
-
-class SettingsScreen(ModalScreen["ChatSettings | None"]):
+class SettingsScreen(ModalScreen["Settings | None"]):
     """Change how the next reply is generated. Returns the new settings, or None."""
 
     BINDINGS = [("escape", "cancel", "Cancel")]
 
-    def __init__(self, settings: ChatSettings, n_models: int) -> None:
+    def __init__(self, settings: Settings) -> None:
         super().__init__()
         self.settings = settings
-        self.n_models = n_models
 
     def compose(self) -> ComposeResult:
-        s = self.settings
-        methods = [(m, m) for m in ("cos", "naive-cos", "sd", "ensemble")]
-        combiners = [("weighted ensemble (we)", "we"), ("contrastive (cd)", "cd"), ("logit mix", "logit-mix")]
         with Vertical(id="settings"):
             yield Label("Settings (apply to the next reply)", id="settings-title")
-            with Grid(id="settings-grid"):
-                yield Label("method")
-                yield Select(methods, value=s.method, allow_blank=False, compact=True, id="method")
-                yield Label("combiner")
-                yield Select(
-                    combiners,
-                    value=s.combine if s.combine in ("we", "cd", "logit-mix") else "we",
-                    allow_blank=False,
-                    compact=True,
-                    id="combine",
-                )
-                yield Label("weights")
-                yield Input(",".join(f"{w:g}" for w in s.weights) if s.weights else "", placeholder="equal", compact=True, id="weights")
-                yield Label("mu (cd)")
-                yield Input(f"{s.mu:g}", compact=True, id="mu")
-                yield Label("temperature")
-                yield Input(f"{s.temperature:g}", compact=True, id="temperature")
-                yield Label("top-p")
-                yield Input(f"{s.top_p:g}", compact=True, id="top_p")
-                yield Label("gamma")
-                g = s.gamma
-                yield Input("" if g is None else g if isinstance(g, str) else ",".join(str(x) for x in (g if isinstance(g, tuple) else (g,))), placeholder="default, auto, 3 or 5,1", compact=True, id="gamma")
-                yield Label("max tokens")
-                yield Input(str(s.max_tokens), compact=True, id="max_tokens")
+            with VerticalScroll(id="settings-scroll"), Grid(id="settings-grid"):
+                for name in FORM:
+                    opt = OPTIONS[name]
+                    value = self.settings.value(name)
+                    yield Label(_label(name), id=f"label-{name}")
+                    if opt.switch:
+                        yield Checkbox(value=bool(value), compact=True, id=name, tooltip=opt.help)
+                    elif opt.choices:
+                        yield Select([(c, c) for c in opt.choices], value=value, allow_blank=False, compact=True, id=name, tooltip=opt.help)
+                    else:
+                        default = opt.format(opt.default) or "default"
+                        yield Input(opt.format(value), placeholder=default, compact=True, id=name, tooltip=opt.help)
             with Horizontal(id="settings-buttons"):
                 yield Button("Apply", variant="primary", id="apply")
                 yield Button("Cancel", id="cancel")
 
-    def _read(self) -> ChatSettings:
-        def value(name: str) -> str:
-            return self.query_one(f"#{name}", Input).value.strip()
-
-        try:
-            weights_text = value("weights")
-            weights = tuple(float(x) for x in weights_text.split(",")) if weights_text else None
-            new = replace(
-                self.settings,
-                method=str(self.query_one("#method", Select).value),
-                combine=str(self.query_one("#combine", Select).value),
-                weights=weights,
-                mu=float(value("mu")),
-                temperature=float(value("temperature")),
-                top_p=float(value("top_p")),
-                gamma=_parse_gamma(value("gamma")),
-                max_tokens=int(value("max_tokens")),
-            )
-        except ValueError as e:
-            raise ConfigError(f"not a number: {e}") from None
-        # validate exactly as generation will
-        from localcos.ensemble import GenerationConfig
-        from localcos.sampling import Sampler
-
-        new.combiner().bind(self.n_models, [1] * self.n_models)
-        GenerationConfig(**new.generation())
-        Sampler(new.temperature, 0, new.top_p, 0.0)
-        return new
+    def values(self) -> dict[str, object]:
+        """The form as option values (empty fields: the option's default)."""
+        out: dict[str, object] = {}
+        for name in FORM:
+            widget = self.query_one(f"#{name}")
+            out[name] = widget.value  # type: ignore[attr-defined]
+        return out
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "cancel":
             self.dismiss(None)
             return
         try:
-            self.dismiss(self._read())
+            self.dismiss(self.settings.with_values(self.values()))
         except ConfigError as e:
             self.app.notify(str(e), title="Invalid settings", severity="error")
 
@@ -152,7 +102,7 @@ reply follows exactly the ensemble's distribution with fewer model calls.
 | Enter | send the message |
 | Escape, Ctrl-C | stop the running reply (what was generated stays) |
 | Ctrl-T | token colours on/off |
-| F2 | settings (method, combiner, temperature, gamma, ...) |
+| F2 | settings (method, combiner, sampling, gamma, ...) |
 | Ctrl-N | new chat |
 | Ctrl-S | save the transcript (Markdown and JSON with stats) |
 | Ctrl-P | command palette |

@@ -1,13 +1,17 @@
-"""Widgets of the chat: a message, the live stats panel, the colour legend."""
+"""Widgets of the chat: a message, the live statistics panel, the colour legend."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.reactive import reactive
 from textual.widgets import Markdown, Static
 
-from localcos.decoding import Origin
+from localcos.core.decoding import Origin
+from localcos.stats import GenerationStats
 
 # Colours of token origins; drafts take the colour of the model that proposed them.
 MODEL_STYLES = ["green", "cyan", "magenta", "blue"]
@@ -63,7 +67,8 @@ class MessageView(Vertical):
         self.text = text
         self.complete = True
         self.finish_reason = finish_reason
-        self.query_one(Markdown).update(text + ("\n\n*(stopped)*" if finish_reason == "cancelled" else ""))
+        note = {"cancelled": "\n\n*(stopped)*", "error": "\n\n*(failed)*"}.get(finish_reason, "")
+        self.query_one(Markdown).update(text + note)
         self._show()
 
     def set_colouring(self, on: bool) -> None:
@@ -85,31 +90,54 @@ class MessageView(Vertical):
         tokens.display, markdown.display = not show_markdown, show_markdown
 
 
-class StatsPanel(Static):
-    """Live numbers of the running (or last) reply and of the whole chat."""
+@dataclass(frozen=True)
+class LiveReply:
+    """What is known of a reply while it streams."""
 
-    def show(self, stats: dict) -> None:
+    method: str
+    tokens: int
+    seconds: float
+
+
+class StatsPanel(Static):
+    """The last reply's `GenerationStats`, or the running reply's progress, and context use."""
+
+    stats: reactive[GenerationStats | None] = reactive(None)
+    live: reactive[LiveReply | None] = reactive(None)
+    context: reactive[str] = reactive("-")
+
+    def render(self) -> Text:
+        s, live = self.stats, self.live
+        if live is not None:  # a reply is streaming: its own numbers, the rest from the last one
+            method, tokens = live.method, live.tokens
+            tps = tokens / live.seconds if live.seconds > 0 else None
+        else:
+            method = s.method if s else "-"
+            tokens = s.tokens if s else 0
+            tps = s.tokens_per_second if s else None
+        speedup = None
+        if s is not None:
+            speedup = s.speedup_estimate if s.method != "ensemble" else (1.0 if s.tokens else None)
         lines = [
-            ("method", stats.get("method", "-")),
-            ("tokens/s", _fmt(stats.get("tokens_per_second"), ".1f")),
-            ("tokens", str(stats.get("tokens", 0))),
-            ("acceptance", _fmt(stats.get("acceptance_rate"), ".0%")),
-            ("mean accepted", _fmt(stats.get("mean_accepted"), ".2f")),
-            ("calls/token", _fmt(stats.get("calls_per_token"), ".2f")),
-            ("speedup (est.)", _fmt(stats.get("speedup_estimate"), ".2f", "x")),
-            ("context", stats.get("context", "-")),
+            ("method", method),
+            ("tokens/s", _fmt(tps, ".1f")),
+            ("tokens", str(tokens)),
+            ("acceptance", _fmt(s.acceptance_rate if s else None, ".0%")),
+            ("mean accepted", _fmt(s.mean_accepted if s else None, ".2f")),
+            ("calls/token", _fmt(s.calls_per_token if s else None, ".2f")),
+            ("speedup (est.)", _fmt(speedup, ".2f", "x")),
+            ("context", self.context),
         ]
-        calls = stats.get("calls")
         text = Text()
         text.append("Stats\n", style="bold")
         for k, v in lines:
             text.append(f"{k:<15}", style="dim")
             text.append(f"{v}\n")
-        if calls:
+        if s is not None:
             text.append("calls per model\n", style="dim")
-            for name, n in calls:
-                text.append(f"  {name[:18]:<18} {n}\n")
-        self.update(text)
+            for m in s.models:
+                text.append(f"  {m.name[:18]:<18} {m.calls}\n")
+        return text
 
 
 def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
@@ -119,14 +147,16 @@ def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
 class Legend(Static):
     """What the token colours mean."""
 
-    def __init__(self, model_names: list[str]) -> None:
-        super().__init__(classes="legend")
-        self.model_names = model_names
+    model_names: reactive[tuple[str, ...]] = reactive(())
+    colouring: reactive[bool] = reactive(True)
 
-    def render_legend(self, colouring: bool) -> Text:
+    def __init__(self) -> None:
+        super().__init__(classes="legend")
+
+    def render(self) -> Text:
         text = Text()
         text.append("Colours", style="bold")
-        text.append("  on\n" if colouring else "  off (ctrl+t)\n", style="dim")
+        text.append("  on\n" if self.colouring else "  off (ctrl+t)\n", style="dim")
         for i, name in enumerate(self.model_names):
             text.append("■ ", style=MODEL_STYLES[i % len(MODEL_STYLES)])
             text.append(f"draft of {name[:20]}\n")
@@ -137,6 +167,3 @@ class Legend(Static):
         text.append("■ ", style="white")
         text.append("sampled from r (no draft)\n")
         return text
-
-    def set_colouring(self, on: bool) -> None:
-        self.update(self.render_legend(on))

@@ -17,15 +17,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, ModelFileError, ModelNotAvailableError
-from .paths import config_dir
+from ..errors import ConfigError, ModelFileError, ModelNotAvailableError
+from ..paths import config_dir
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-BUILTIN = Path(__file__).with_name("models.toml")
+def _builtin_models_toml() -> Path:
+    """The built-in models.toml: the copy a wheel carries in the package, else (a source checkout,
+    an editable install) the repository's own file, which that copy is made from."""
+    package = Path(__file__).resolve().parents[1]
+    packaged = package / "models.toml"
+    return packaged if packaged.is_file() else package.parent / "models.toml"
+
+
+BUILTIN = _builtin_models_toml()
 
 _MODEL_KEYS = {"repo", "file", "path", "description", "n_gpu_layers"}
 _ENSEMBLE_KEYS = {

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .sampling import softmax
 
 

@@ -17,8 +17,9 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Sequence
 
-from .ensemble import Completion, Ensemble
-from .speedmodel import expected_speedup
+from ..core.speedmodel import expected_speedup
+from ..ensemble import Ensemble
+from ..stats import GenerationStats
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Config:
 
 @dataclass
 class Run:
-    """One generation of the benchmark."""
+    """One generation of the benchmark: where it ran, and its statistics."""
 
     task: str
     prompt: int
@@ -43,15 +44,10 @@ class Run:
     repeat: int
     method: str
     gamma: int | str | None
-    tokens: int
-    seconds: float
-    llama_seconds: float
-    accepted: int
-    rejected: int
-    verifications: int
-    calls: list[int]
-    model_seconds: list[float]
-    model_tokens: list[int]
+    stats: GenerationStats
+
+    def to_dict(self) -> dict:
+        return {**{k: v for k, v in asdict(self).items() if k != "stats"}, "stats": self.stats.to_dict()}
 
 
 @dataclass
@@ -126,32 +122,11 @@ def run_benchmark(
                         seed=run_seed,
                         ignore_eos=True,
                     )
-                    runs.append(_record(out, task, p, temperature, r, config))
+                    runs.append(Run(task, p, temperature, r, config.method, config.gamma, out.stats))
                     done += 1
     if progress:
         progress(done, total, "done")
     return runs
-
-
-def _record(out: Completion, task: str, p: int, temperature: float, r: int, config: Config) -> Run:
-    s = out.stats
-    return Run(
-        task=task,
-        prompt=p,
-        temperature=temperature,
-        repeat=r,
-        method=config.method,
-        gamma=config.gamma,
-        tokens=s.tokens,
-        seconds=s.seconds,
-        llama_seconds=s.llama_seconds,
-        accepted=s.accepted,
-        rejected=s.rollbacks,
-        verifications=s.verifications,
-        calls=[m.calls for m in s.models],
-        model_seconds=[m.seconds for m in s.models],
-        model_tokens=[m.tokens for m in s.models],
-    )
 
 
 def summarize(runs: Sequence[Run], proposer: int, n_models: int) -> list[Row]:
@@ -169,45 +144,44 @@ def summarize(runs: Sequence[Run], proposer: int, n_models: int) -> list[Row]:
     return rows
 
 
-def _tps(runs: Iterable[Run]) -> float:
+def _total(runs: Iterable[Run]) -> GenerationStats | None:
     runs = list(runs)
-    seconds = sum(r.seconds for r in runs)
-    return sum(r.tokens for r in runs) / seconds if seconds > 0 else 0.0
+    return GenerationStats.aggregate([r.stats for r in runs]) if runs else None
 
 
-def _seconds_per_call(runs: Sequence[Run], n_models: int) -> list[float]:
-    return [sum(r.model_seconds[i] for r in runs) / max(1, sum(r.calls[i] for r in runs)) for i in range(n_models)]
+def _tps(stats: GenerationStats | None) -> float:
+    return (stats.tokens_per_second or 0.0) if stats else 0.0
+
+
+def _seconds_per_call(stats: GenerationStats) -> list[float]:
+    return [m.seconds / max(1, m.calls) for m in stats.models]
 
 
 def _row(task, temperature, method, gamma, group, baseline, proposer, n_models) -> Row:
-    tokens = sum(r.tokens for r in group)
-    seconds = sum(r.seconds for r in group)
-    tps = tokens / seconds if seconds > 0 else 0.0
-    base_tps = _tps(baseline)
+    total = _total(group)
+    base = _total(baseline)
+    assert total is not None
+    tps = _tps(total)
+    base_tps = _tps(base)
     speedup = tps / base_tps if base_tps > 0 else None
     # worst prompt: the method against the ensemble on the same prompt (and repeats)
     per_prompt = []
     for p in sorted({r.prompt for r in group}):
-        mine = _tps(r for r in group if r.prompt == p)
-        theirs = _tps(r for r in baseline if r.prompt == p)
+        theirs = _tps(_total(r for r in baseline if r.prompt == p))
         if theirs > 0:
-            per_prompt.append(mine / theirs)
-    accepted = sum(r.accepted for r in group)
-    rejected = sum(r.rejected for r in group)
-    verifications = sum(r.verifications for r in group)
-    acceptance = accepted / (accepted + rejected) if accepted + rejected else None
-    calls = [sum(r.calls[i] for r in group) / tokens if tokens else 0.0 for i in range(n_models)]
+            per_prompt.append(_tps(_total(r for r in group if r.prompt == p)) / theirs)
+    acceptance = total.acceptance_rate
     # cost ratio c: one proposer call / one call of the costliest other model, from the
     # ensemble's single-token calls
     c = b = None
-    if baseline and n_models >= 2:
-        base_call = _seconds_per_call(baseline, n_models)
+    if base is not None and n_models >= 2:
+        base_call = _seconds_per_call(base)
         others = [i for i in range(n_models) if i != proposer]
         verifier = max(others, key=lambda i: base_call[i])
         if base_call[verifier] > 0:
             c = base_call[proposer] / base_call[verifier]
             # b: what the verifier's calls cost here (batched) relative to a single-token call
-            b = _seconds_per_call(group, n_models)[verifier] / base_call[verifier]
+            b = _seconds_per_call(total)[verifier] / base_call[verifier]
     expected = expected_b = None
     if method == "ensemble":
         expected = expected_b = 1.0
@@ -216,26 +190,25 @@ def _row(task, temperature, method, gamma, group, baseline, proposer, n_models) 
         # same with the batch cost b measured here
         expected = expected_speedup(method, acceptance, gamma, c)
         expected_b = expected_speedup(method, acceptance, gamma, c, batch_cost=b)
-    llama = sum(r.llama_seconds for r in group)
     return Row(
         task=task,
         temperature=temperature,
         method=method,
         gamma=gamma,
-        tokens=tokens,
-        seconds=seconds,
+        tokens=total.tokens,
+        seconds=total.seconds,
         tokens_per_second=tps,
         speedup=speedup,
         min_prompt_speedup=min(per_prompt) if per_prompt else None,
         acceptance=acceptance,
-        mean_accepted=accepted / verifications if verifications else None,
-        calls_per_token=calls,
+        mean_accepted=total.mean_accepted,
+        calls_per_token=[x or 0.0 for x in total.model_calls_per_token()],
         cost_ratio=c,
         batch_cost=b,
         expected=expected,
         measured_over_expected=(speedup / expected) if speedup and expected else None,
         expected_with_batch_cost=expected_b,
-        host_fraction=max(0.0, seconds - llama) / seconds if seconds > 0 else 0.0,
+        host_fraction=total.host_fraction or 0.0,
     )
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from .paths import cache_dir
+from ..paths import cache_dir
 from .testmodels import CHAT_TEMPLATE, ModelSpec, cached_model, cached_path
 
 

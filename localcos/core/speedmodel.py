@@ -1,4 +1,4 @@
-"""Expected speed of the speculative methods (ALGORITHM.md section 6, CoS paper Theorems 3.1/3.6),
+"""Expected speed of the speculative methods (docs/algorithm.md section 6; CoS paper Theorems 3.1, 3.6),
 and the online controller behind ``--gamma auto``.
 
 Notation: alpha is the per-token acceptance rate, gamma the proposal length, c the cost of one
@@ -129,6 +129,14 @@ class CallCosts:
         unit = self.models[known[0]](1) / self.n_params[known[0]] if known else 1e-9
         return unit * self.n_params[model] * _prior_calls(n_tokens)
 
+    def ensemble_seconds(self, n_tokens: int) -> float | None:
+        """llama.cpp seconds the standard ensemble needs for n_tokens after the prompt: one
+        single-token call per model for every token but the first (its row comes with the
+        prompt), at the measured single-token call times; None until every model has some."""
+        if not all(self.measured(i, 1) for i in range(len(self.models))):
+            return None
+        return max(n_tokens - 1, 0) * sum(self(i, 1) for i in range(len(self.models)))
+
 
 @dataclass
 class AutoGamma:
@@ -241,3 +249,21 @@ class AutoGamma:
         choice = (best[2], -best[1])
         self.choices[key] = (self.judged, choice)
         return choice
+
+
+class AutoGammaControllers:
+    """The ``--gamma auto`` controllers of one ensemble: one per sampling setting (acceptance
+    depends on it), all sharing the ensemble's call costs. Kept across generations, so the
+    controllers keep learning."""
+
+    def __init__(self, costs: CallCosts) -> None:
+        self.costs = costs
+        self._controllers: dict[tuple, AutoGamma] = {}
+
+    def __len__(self) -> int:
+        return len(self._controllers)
+
+    def get(self, key: tuple) -> AutoGamma:
+        if key not in self._controllers:
+            self._controllers[key] = AutoGamma(self.costs)
+        return self._controllers[key]

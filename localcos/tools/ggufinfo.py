@@ -17,8 +17,8 @@ from typing import Any, BinaryIO
 
 from gguf import GGMLQuantizationType, GGUFValueType, LlamaFileType
 
-from .backend import check_gguf_file
-from .errors import ModelFileError
+from ..backend import check_gguf_file
+from ..errors import ModelFileError
 
 _SCALARS = {
     GGUFValueType.UINT8: "<B",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:

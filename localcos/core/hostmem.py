@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import sys
 
-from .paths import env_switch
+from ..paths import env_switch
 
 # glibc's mallopt parameters
 M_TOP_PAD = -2  # bytes of slack kept at the top of the heap when it shrinks

@@ -2,7 +2,7 @@
 
 Draft token x_j was sampled from q_j (its proposer's distribution); r_j is the combined distribution
 at its position. Token j is accepted with probability min(1, r_j(x_j) / q_j(x_j)); at the first
-rejection the replacement is sampled from the residual max(0, r_j - q_j) / Z and every later draft
+rejection a token is resampled from the residual max(0, r_j - q_j) / Z and every later draft
 token is discarded. The emitted tokens are then distributed exactly as r (Leviathan et al. 2023;
 CoS paper, Appendix A.1), and the acceptance rate is 1 - TV(r, q).
 """
@@ -24,11 +24,12 @@ RESIDUAL_EPS = 1e-6
 
 @dataclass(frozen=True)
 class Verdict:
-    """Outcome of verifying a draft: how many leading tokens were accepted, and the replacement
-    for the first rejected one (None when every token was accepted)."""
+    """Outcome of verifying a draft: how many leading tokens were accepted, and the token
+    resampled from the residual in place of the first rejected one (None when every token was
+    accepted)."""
 
     accepted: int
-    replacement: int | None
+    resample: int | None
 
 
 def verify(draft: Sequence[int], proposal: np.ndarray, target: np.ndarray, rng: np.random.Generator) -> Verdict:

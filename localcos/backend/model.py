@@ -1,4 +1,4 @@
-"""Model backend: one llama.cpp context per GGUF model, driven through the low-level batch API.
+"""One GGUF model in its own llama.cpp context, driven through the low-level batch API.
 
 A `Model` owns a llama.cpp model and context with a single sequence (id 0) in its KV cache, and
 always knows exactly which tokens that cache holds (`Model.tokens`). `evaluate` appends tokens and
@@ -27,10 +27,21 @@ from typing import Sequence
 import llama_cpp  # isort: skip
 import numpy as np
 
-from .errors import ModelFileError, TokenizerMismatchError
-from .paths import env_switch
+from ..errors import ModelFileError
+from ..paths import env_switch
 
 GGUF_MAGIC = b"GGUF"
+MIN_CTX = 8
+SPLIT_MODES = {
+    "none": llama_cpp.LLAMA_SPLIT_MODE_NONE,
+    "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+    "row": llama_cpp.LLAMA_SPLIT_MODE_ROW,
+}
+FLASH_ATTN = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
 
 # --- llama.cpp logging -------------------------------------------------------------------------
 # llama.cpp logs every load step to stderr. We keep the recent lines (an error message from a
@@ -158,7 +169,9 @@ class Model:
         n_gpu_layers: layers to offload to the GPU; -1 offloads all (needs a GPU build).
         n_threads: CPU threads for llama.cpp (default: `default_threads()`).
         n_batch: the largest number of tokens passed to one llama_decode call.
-        main_gpu, split_mode, flash_attn: passed to llama.cpp as they are.
+        main_gpu: the GPU that holds the whole model when `split_mode` is "none".
+        split_mode: how to spread the model over several GPUs: "none", "layer" or "row".
+        flash_attn: "auto" (llama.cpp decides), "on" or "off".
         extra_buffers: let llama.cpp repack weights for faster CPU kernels (default:
             `default_extra_buffers()`).
         max_logit_rows: logits rows one call is expected to return at most; llama.cpp sizes its
@@ -176,16 +189,25 @@ class Model:
         n_threads: int | None = None,
         n_batch: int = 512,
         main_gpu: int = 0,
-        split_mode: int = llama_cpp.LLAMA_SPLIT_MODE_LAYER,
-        flash_attn: bool | None = None,
+        split_mode: str = "layer",
+        flash_attn: str = "auto",
         extra_buffers: bool | None = None,
         max_logit_rows: int = 64,
         vocab_only: bool = False,
     ) -> None:
         self.path = check_gguf_file(path)
         self.name = self.path.name
-        if n_ctx < 8:
-            raise ValueError("n_ctx must be at least 8")
+        if n_ctx < MIN_CTX:
+            raise ValueError(f"n_ctx must be at least {MIN_CTX}")
+        if split_mode not in SPLIT_MODES:
+            raise ValueError(f"split_mode must be one of {', '.join(SPLIT_MODES)}")
+        if flash_attn not in FLASH_ATTN:
+            raise ValueError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}")
+        # what this model was asked for, as given (llama.cpp may clamp some of it)
+        self.n_gpu_layers = n_gpu_layers
+        self.main_gpu = main_gpu
+        self.split_mode = split_mode
+        self.flash_attn = flash_attn
         self._model = None
         self._ctx = None
         self._batch = None
@@ -193,7 +215,7 @@ class Model:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
         mparams.main_gpu = main_gpu
-        mparams.split_mode = split_mode
+        mparams.split_mode = SPLIT_MODES[split_mode]
         mparams.use_extra_bufts = default_extra_buffers() if extra_buffers is None else extra_buffers
         mparams.vocab_only = vocab_only
         _last_llama_error()
@@ -222,6 +244,7 @@ class Model:
         self.logits_vocab: int = self.n_vocab
         self._piece_buf = ctypes.create_string_buffer(256)
         self._pieces: dict[int, bytes] = {}
+        self._prefill_row: tuple[tuple[int, ...], np.ndarray] | None = None  # see prefill()
         self.n_ctx = 0
         if vocab_only:
             return
@@ -237,10 +260,7 @@ class Model:
         cparams.n_threads_batch = self.n_threads
         cparams.n_outputs_max = max(1, min(max_logit_rows, self.n_batch))
         cparams.no_perf = True
-        if flash_attn is not None:
-            cparams.flash_attn_type = (
-                llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            )
+        cparams.flash_attn_type = FLASH_ATTN[flash_attn]
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             detail = _last_llama_error() or "llama.cpp could not create a context"
@@ -381,6 +401,24 @@ class Model:
         self.tokens.extend(int(t) for t in tokens)
         return out
 
+    def prefill(self, prompt: Sequence[int]) -> np.ndarray:
+        """Bring the KV cache to exactly `prompt` and return the logits row after it.
+
+        What the cache already holds of the prompt is kept (a chat's earlier turns, the same
+        prompt again); at least the last token is evaluated again for its row, unless the row of
+        this very prompt is still known from the last call.
+        """
+        key = tuple(prompt)
+        keep = common_prefix(self.tokens, prompt)
+        if keep == len(prompt) and self._prefill_row is not None and self._prefill_row[0] == key:
+            self.truncate(keep)
+            return self._prefill_row[1]
+        keep = min(keep, len(prompt) - 1)
+        self.truncate(keep)
+        row = self.evaluate(prompt[keep:], 1)[0]
+        self._prefill_row = (key, row)
+        return row
+
     def warm_up(self, timed_calls: int = 3) -> list[float]:
         """Run one throw-away call, as llama.cpp's own tools do after loading (the first call pays
         for paging in the weights and starting threads), then `timed_calls` single-token calls;
@@ -436,41 +474,18 @@ class Model:
         return f"Model({self.name!r}, n_vocab={self.n_vocab}, n_params={self.n_params}, n_ctx={self.n_ctx})"
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 def _clean_llama_error(text: str) -> str:
     text = " ".join(text.split())
     for prefix in ("llama_model_load: error loading model: ", "llama_model_load_from_file_impl: "):
         if prefix in text:
             text = text.split(prefix, 1)[1]
     return text.rstrip(".") or "unknown llama.cpp error"
-
-
-# --- tokenizer compatibility ------------------------------------------------------------------------
-
-
-def shared_vocab_size(models: Sequence[Model]) -> int:
-    """The vocabulary the models of an ensemble share, or `TokenizerMismatchError`.
-
-    Models of one family often pad their embedding matrix to different sizes; then the shared ids
-    are those below the smallest vocabulary, and must carry the same token text in every model.
-    BOS and EOS must agree too.
-    """
-    if not models:
-        raise ValueError("no models")
-    first = models[0]
-    shared = min(m.n_vocab for m in models)
-    for other in models[1:]:
-        for what, a, b in (("BOS", first.bos, other.bos), ("EOS", first.eos, other.eos)):
-            if a != b:
-                raise TokenizerMismatchError(
-                    f"tokenizer mismatch: {first.path} and {other.path} have different {what} ids ({a} vs {b})"
-                )
-        if first.vocab_fingerprint(shared) == other.vocab_fingerprint(shared):
-            continue
-        for t in range(shared):
-            if first.token_text(t) != other.token_text(t):
-                raise TokenizerMismatchError(
-                    f"tokenizer mismatch: {first.path} and {other.path} differ at token id {t} "
-                    f"({first.token_text(t)!r} vs {other.token_text(t)!r}); an ensemble needs models "
-                    "with one tokenizer"
-                )
-    return shared

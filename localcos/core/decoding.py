@@ -14,23 +14,26 @@ State invariant (checked by `check_invariants`): every model's cache holds a pre
 `committed + pending` (the committed tokens, then provisional draft tokens it has evaluated);
 rejected tokens never stay in any cache.
 
-Reference: ALGORITHM.md sections 2-5 (CoS paper, Fu et al. 2025).
+The algorithms are stated in docs/algorithm.md (sections 2-5; CoS paper, Fu et al. 2025).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from .backend import Model
+from ..errors import ConfigError
 from .combiners import Combiner
 from .sampling import Sampler, softmax
 from .speedmodel import AutoGamma, CallCosts
 from .text import TextAssembler
 from .verify import verify
+
+if TYPE_CHECKING:  # the core drives models through this interface only
+    from ..backend import Model
 
 METHODS = ("ensemble", "sd", "naive-cos", "cos")
 
@@ -61,27 +64,14 @@ class Draft:
 
 @dataclass
 class SpeculationStats:
-    """Counters of the speculative methods (all zero for `ensemble`)."""
+    """Counters of the speculative methods (all zero for `ensemble`); the rates derived from
+    them live in `localcos.stats.GenerationStats`."""
 
     proposed: int = 0  # draft tokens submitted to verification
-    accepted: int = 0
+    accepted: int = 0  # draft tokens accepted
+    rejected: int = 0  # draft tokens rejected (each rolls the caches back and resamples a token)
     verifications: int = 0
-    rollbacks: int = 0  # rejections (each rolls the caches back)
     bonus: int = 0  # bonus tokens committed
-
-    @property
-    def tested(self) -> int:
-        """Draft tokens that got an accept/reject decision (those after a rejection did not)."""
-        return self.accepted + self.rollbacks
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """Per-token acceptance rate alpha = accepted / tested (estimates 1 - TV(r, q))."""
-        return self.accepted / self.tested if self.tested else None
-
-    @property
-    def mean_accepted(self) -> float | None:
-        return self.accepted / self.verifications if self.verifications else None
 
 
 class Decoder:
@@ -272,19 +262,19 @@ class Decoder:
         if self.observer is not None:
             for d in drafts[: verdict.accepted]:
                 self.observer.observe_verdicts(d.proposer, 1, 0)
-            if verdict.replacement is not None:
+            if verdict.resample is not None:
                 self.observer.observe_verdicts(drafts[verdict.accepted].proposer, 0, 1)
         accepted = drafts[: verdict.accepted]
         tokens = [d.token for d in accepted]
         origins = [Origin("bonus" if d.bonus else "draft", d.proposer) for d in accepted]
-        if verdict.replacement is None:
+        if verdict.resample is None:
             del self.pending[:k]
             self.commit(tokens, origins)
             return False
-        self.spec.rollbacks += 1
+        self.spec.rejected += 1
         self.pending.clear()
         self.rollback(n0 + verdict.accepted)
-        self.commit(tokens + [verdict.replacement], origins + [Origin("resample")])
+        self.commit(tokens + [verdict.resample], origins + [Origin("resample")])
         return True
 
     def commit(self, tokens: Sequence[int], origins: Sequence[Origin]) -> None:
@@ -439,3 +429,59 @@ class CoS(Strategy):
             return
         dec.draft(i, min(self.gammas[i], dec.draft_room()), bonus=scored_others)
         self.turn = (self.turn + 1) % len(self.order)
+
+
+# --- choosing a strategy ---------------------------------------------------------------------------
+
+
+def cheapest(n_params: Sequence[int]) -> int:
+    """Index of the model with the fewest parameters (the first of equals)."""
+    return min(range(len(n_params)), key=lambda i: (n_params[i], i))
+
+
+def default_gamma(proposer: int, n_params: Sequence[int]) -> int:
+    """Default proposal length: long drafts when the proposer is much cheaper than the rest
+    (cost ratio from parameter counts), short when the models cost about the same."""
+    others = [p for i, p in enumerate(n_params) if i != proposer]
+    c = n_params[proposer] / max(max(others), 1)
+    return 5 if c < 0.3 else 3 if c < 0.6 else 1
+
+
+def proposal_lengths(gamma: int | Sequence[int] | None, proposer: int, n_params: Sequence[int]) -> list[int]:
+    """Proposal length per model: one value sets the proposer's (the others propose 1, their bonus
+    token); one per model sets all; None takes `default_gamma`."""
+    n = len(n_params)
+    if gamma is None:
+        gamma = default_gamma(proposer, n_params)
+    if isinstance(gamma, (int, np.integer)):
+        return [int(gamma) if i == proposer else 1 for i in range(n)]
+    if len(gamma) == 1:
+        return [int(gamma[0]) if i == proposer else 1 for i in range(n)]
+    if len(gamma) != n:
+        raise ConfigError(f"got {len(gamma)} gamma values for {n} models; give one, or one per model")
+    return [int(g) for g in gamma]
+
+
+def make_strategy(
+    dec: Decoder, method: str, gamma: int | Sequence[int] | str | None, proposer: int | None, n_params: Sequence[int]
+) -> tuple[Strategy, list[int] | None, int | None]:
+    """The strategy for `method` over `dec`, with its proposal lengths and default proposer
+    (None for the standard ensemble). gamma "auto" lets the decoder's observer choose online."""
+    n = len(n_params)
+    if method == "ensemble":
+        return EnsembleDecoding(dec), None, None
+    if method not in METHODS:
+        raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if n < 2:
+        raise ConfigError(f"method {method} needs at least 2 models; use --method ensemble for one")
+    proposer = cheapest(n_params) if proposer is None else proposer
+    if not 0 <= proposer < n:
+        raise ConfigError(f"proposer must be a model index from 0 to {n - 1}, got {proposer}")
+    auto = gamma == "auto"
+    gammas = proposal_lengths(None if auto else gamma, proposer, n_params)  # type: ignore[arg-type]
+    if method == "sd":
+        return SpeculativeDecoding(dec, proposer, gammas[proposer], auto), [gammas[proposer]], proposer
+    if method == "naive-cos":
+        return NaiveCoS(dec, proposer, gammas[proposer], auto), [gammas[proposer]], proposer
+    order = [proposer] + [i for i in range(n) if i != proposer]
+    return CoS(dec, order, gammas, auto), gammas, proposer

@@ -1,0 +1,138 @@
+"""`localcos bench`: the paper's comparison of ensemble, sd, naive-cos and cos, side by side."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from pathlib import Path
+
+from ..errors import ConfigError
+from .options import add_options, loading_progress, resolve
+
+DEFAULTS = {"ctx": 2048}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="compare ensemble, sd, naive-cos and cos side by side",
+        description="Run the standard ensemble and the speculative methods interleaved on the same prompts and "
+        "seeds, and print tokens/s, speedups, acceptance, calls per token, the measured cost ratio c and the "
+        "speedup the CoS paper's cost model expects.",
+    )
+    add_options(p, ["models", "hardware", "combination"], defaults=DEFAULTS)
+    g = p.add_argument_group("what to compare")
+    g.add_argument("--methods", default="ensemble,sd,naive-cos,cos", help="default: all four")
+    g.add_argument("--gamma", dest="gammas", default="1,3,5", help="proposal lengths to sweep, and/or auto (default 1,3,5)")
+    g.add_argument("--proposer", default=None, help="index of the proposer (default: the cheapest model)")
+    g.add_argument("--temperature", dest="temperatures", default="0,1", help="temperatures, comma-separated (default 0,1)")
+    g.add_argument("--prompts", default="builtin", help="builtin, or a file of prompts separated by lines '---'")
+    g.add_argument("--limit-prompts", default=None, help="use only the first N prompts")
+    g.add_argument("--max-tokens", default="64", help="tokens per generation (default 64)")
+    g.add_argument("--repeat", default="1", help="runs per prompt and setting (default 1)")
+    g.add_argument("--seed", default="0", help="seed of the first run (default 0)")
+    g.add_argument("--per-task", action="store_true", help="also print a table per task")
+    g = p.add_argument_group("output")
+    g.add_argument("--json", help="write every run and the summary as JSON")
+    g.add_argument("--csv", help="write the summary as CSV")
+    g.add_argument("--plot", help="write a PNG of speedup against gamma (needs matplotlib)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from ..core.decoding import METHODS, cheapest
+    from ..settings import parse_choice, parse_float, parse_gamma, parse_int
+    from ..tools import bench
+    from ..tools.prompts import load_prompts
+
+    methods = [parse_choice(m, "--methods", METHODS) for m in args.methods.split(",")]
+    gammas: list[int | str] = []
+    for g in args.gammas.split(","):
+        gamma = parse_gamma(g)
+        if isinstance(gamma, tuple):  # cannot happen for one item; keeps the types honest
+            raise ConfigError(f"--gamma sweeps single values, got {g!r}")
+        gammas.append(gamma)  # type: ignore[arg-type]
+    temperatures = [parse_float(t, "--temperature", minimum=0) for t in args.temperatures.split(",")]
+    max_tokens = parse_int(args.max_tokens, "--max-tokens", minimum=1)
+    repeat = parse_int(args.repeat, "--repeat", minimum=1)
+    seed = parse_int(args.seed, "--seed", minimum=0)
+    limit = parse_int(args.limit_prompts, "--limit-prompts", minimum=1) if args.limit_prompts is not None else None
+    try:
+        prompts = load_prompts(args.prompts)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+    if limit:
+        prompts = prompts[:limit]
+    settings = resolve(args, DEFAULTS)
+    n_models = len(settings.load.paths)
+    proposer = parse_int(args.proposer, "--proposer", minimum=0) if args.proposer is not None else None
+    if proposer is not None and proposer >= n_models:
+        raise ConfigError(f"--proposer must be a model index from 0 to {n_models - 1}, got {proposer}")
+    if n_models < 2 and any(m != "ensemble" for m in methods):
+        raise ConfigError("the speculative methods need at least 2 models")
+    rss_start = bench.current_rss_mb()
+    with settings.load.load(settings.combiner(), loading_progress) as ens:
+        rss_loaded = bench.current_rss_mb()
+        proposer = cheapest(ens.n_params) if proposer is None else proposer
+        configs = bench.configurations(methods, gammas)
+        console = Console(stderr=True)
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
+        with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+            task_id = bar.add_task("bench", total=None)
+
+            def progress(done: int, total: int, what: str) -> None:
+                bar.update(task_id, completed=done, total=total, description=what)
+
+            with bench.RssSampler() as rss:
+                runs = bench.run_benchmark(
+                    ens,
+                    prompts,
+                    configs,
+                    temperatures,
+                    max_tokens=max_tokens,
+                    repeat=repeat,
+                    seed=seed,
+                    proposer=proposer,
+                    progress=progress,
+                )
+        rows = bench.summarize(runs, proposer, n_models)
+        names = [Path(p).name for p in settings.load.paths]
+        tasks = sorted({t for t, _ in prompts})
+        shown = rows if args.per_task else [r for r in rows if r.task == "all"]
+        print(
+            f"localcos bench: {', '.join(names)} | combine {ens.combiner.describe()} | proposer {names[proposer]} | "
+            f"{len(prompts)} prompts ({', '.join(tasks)}) x {repeat} | max {max_tokens} tokens"
+        )
+        print(bench.format_table(shown, names, f"{settings.name} "))
+        sizes = sum(m.size_bytes for m in ens.models) / 2**20
+        print(
+            f"\nmemory: {rss_start:.0f} MiB before loading the models, {rss_loaded:.0f} MiB after, "
+            f"peak while generating {rss.peak:.0f} MiB (+{rss.peak - rss_loaded:.0f} MiB; model weights {sizes:.0f} MiB)"
+        )
+        report = {
+            "models": [str(p) for p in settings.load.paths],
+            "combiner": ens.combiner.describe(),
+            "proposer": proposer,
+            "settings": {
+                "methods": methods,
+                "gammas": gammas,
+                "temperatures": temperatures,
+                "max_tokens": max_tokens,
+                "repeat": repeat,
+                "prompts": len(prompts),
+            },
+            "machine": bench.machine(),
+            "memory_mib": {"before_load": rss_start, "after_load": rss_loaded, "peak": rss.peak, "weights": sizes},
+            "summary": [asdict(r) for r in rows],
+            "runs": [r.to_dict() for r in runs],
+        }
+        if args.json:
+            bench.write_json(args.json, report)
+        if args.csv:
+            bench.write_csv(args.csv, rows)
+        if args.plot:
+            bench.plot(args.plot, rows, settings.name or "bench")
+    return 0

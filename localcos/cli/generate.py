@@ -1,0 +1,79 @@
+"""`localcos generate`: text from an ensemble, streamed or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import replace
+
+from ..errors import ConfigError
+from .options import add_options, loading_progress, note, resolve
+
+DEFAULTS = {"temperature": 1.0, "max_tokens": 128}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text with an ensemble of models", description="Generate text with an ensemble of GGUF models.")
+    p.add_argument("--prompt", "-p", default=None, help="prompt text (default: read stdin); raw text unless --chat")
+    add_options(p, ["models", "hardware", "combination", "method", "sampling", "output"], defaults=DEFAULTS, exclude={"synthetic", "synthetic_dtype"})
+    g = p.add_argument_group("chat")
+    g.add_argument("--chat", action="store_true", help="format the prompt as a user message with the models' chat template")
+    add_options(p, ["chat"], defaults=DEFAULTS)
+    g = p.add_argument_group("completions")
+    g.add_argument("--n", default="1", help="independent completions of the prompt (default 1)")
+    g.add_argument("--json", action="store_true", help="print one JSON object with completions and stats")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..chat import ChatFormatter, Message
+    from ..settings import parse_int
+    from ..stats import GenerationStats
+
+    prompt = args.prompt
+    if prompt is None:
+        if sys.stdin.isatty():
+            raise ConfigError("no prompt: give --prompt TEXT or pipe the prompt on stdin")
+        prompt = sys.stdin.read()
+    n = parse_int(args.n, "--n", minimum=1)
+    if args.system is not None and not args.chat:
+        raise ConfigError("--system needs --chat")
+    settings = resolve(args, DEFAULTS)
+    config = settings.generation
+    if config.seed is None:  # a seed the user can repeat: printed with the stats
+        config = replace(config, seed=int.from_bytes(os.urandom(4), "little"))
+    with settings.load.load(settings.combiner(), loading_progress) as ens:
+        if args.chat:
+            formatter = ChatFormatter(ens, settings.chat_template_model)
+            if formatter.note:
+                note(formatter.note)
+            messages = ([Message("system", settings.system)] if settings.system else []) + [Message("user", prompt)]
+            prompt_input: str | list[int] = formatter.tokens(messages)
+        else:
+            prompt_input = prompt
+        if args.json:
+            completions = ens.generate_many(prompt_input, n, config=config)
+            stats = GenerationStats.aggregate([c.stats for c in completions])
+            print(json.dumps({"completions": [c.to_dict() for c in completions], "stats": stats.to_dict()}))
+            return 0
+        completions = []
+        if n == 1:
+            stream = ens.stream(prompt_input, config=config)
+            for piece in stream:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            assert stream.completion is not None
+            completions.append(stream.completion)
+        else:
+            for i, c in enumerate(ens.generate_many(prompt_input, n, config=config)):
+                if i:
+                    sys.stdout.write("\n---\n")
+                sys.stdout.write(c.text)
+                completions.append(c)
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+        print("[localcos] " + GenerationStats.aggregate([c.stats for c in completions]).summary(), file=sys.stderr)
+    return 0

@@ -1,0 +1,36 @@
+"""`localcos make-test-models`: write the synthetic GGUF test models into a folder."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .options import info
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from ..settings import WEIGHT_TYPES
+
+    p = sub.add_parser(
+        "make-test-models",
+        help="write synthetic GGUF test models into DIR",
+        description="Write the synthetic test models (a base model, a sibling, a larger model, a different tokenizer, a padded vocabulary) into DIR.",
+    )
+    p.add_argument("dir")
+    p.add_argument("--vocab", default="2048", help="vocabulary size (default 2048; 400 to ~152k)")
+    p.add_argument("--dtype", choices=WEIGHT_TYPES, default="f32", help="weight type (default f32)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import ConfigError
+    from ..settings import parse_int
+    from ..tools.testmodels import standard_test_models
+
+    vocab = parse_int(args.vocab, "--vocab", minimum=400)
+    if vocab > 300_000:
+        raise ConfigError(f"--vocab must be at most 300000, got {vocab}")
+    made = standard_test_models(Path(args.dir), vocab_size=vocab, dtype=args.dtype, progress=info)
+    for name, path in made.items():
+        print(f"{name}\t{path}")
+    return 0

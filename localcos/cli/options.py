@@ -1,0 +1,95 @@
+"""The command line's side of the settings layer: argparse options made from the declarations in
+`localcos.settings`, and the helpers every subcommand shares (one-line errors, progress lines)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Iterable, Mapping
+
+from .. import settings as settings_layer
+from ..settings import GROUPS, OPTIONS, Settings
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+GROUP_TITLES = {
+    "models": "models",
+    "hardware": "hardware",
+    "combination": "combination (how the models' distributions are combined)",
+    "method": "decoding method",
+    "sampling": "sampling",
+    "output": "output",
+    "chat": "chat",
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line (status 2), like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise SystemExit(fail(f"{message} (see {self.prog} --help)"))
+
+
+def fail(message: str) -> int:
+    print(f"localcos: error: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def info(message: str) -> None:
+    """Progress for people: on stderr, only when it is a terminal."""
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr, flush=True)
+
+
+def say(message: str) -> None:
+    """A line on stderr for long work (building models), terminal or not."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def note(message: str) -> None:
+    print(f"localcos: {message}", file=sys.stderr, flush=True)
+
+
+def add_options(
+    parser: argparse.ArgumentParser,
+    groups: Iterable[str],
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    exclude: Iterable[str] = (),
+) -> None:
+    """Add the declared options of `groups` to `parser` (every value arrives as typed, and is
+    checked by the settings layer). `defaults` are this command's own defaults, shown in help."""
+    defaults = defaults or {}
+    skip = set(exclude)
+    for group in groups:
+        g = parser.add_argument_group(GROUP_TITLES.get(group, group))
+        for opt in GROUPS[group]:
+            if opt.name in skip:
+                continue
+            default = defaults.get(opt.name, opt.default)
+            text = opt.help
+            if opt.format(default) and not opt.switch:
+                text += f" (default {opt.format(default)})"
+            kwargs: dict[str, Any] = {"dest": opt.name, "default": None, "help": text}
+            if opt.switch:
+                kwargs["action"] = "store_true"
+            else:
+                kwargs["metavar"] = "{" + ",".join(opt.choices) + "}" if opt.choices else (opt.metavar or opt.name.upper())
+                if opt.repeat:
+                    kwargs["action"] = "append"
+            g.add_argument(*opt.flags, **kwargs)
+
+
+def option_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The declared options found in `args` (None where not given)."""
+    return {name: getattr(args, name) for name in OPTIONS if hasattr(args, name)}
+
+
+def resolve(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> Settings:
+    """The command's settings: its options through the settings layer."""
+    return settings_layer.resolve(option_values(args), defaults=defaults, progress=info, building=say)
+
+
+def loading_progress(i: int, n: int, name: str) -> None:
+    info(f"loading {name} ({i + 1}/{n})")
