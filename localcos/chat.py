@@ -1,7 +1,9 @@
 """Chat prompts: messages formatted with the chat template stored in a model's GGUF metadata.
 
-Templates are Jinja2, rendered the way llama-cpp-python and Hugging Face render them (a sandboxed
-environment, `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception`).
+Templates are Jinja2, rendered by llama-cpp-python's own formatter (`Jinja2ChatFormatter`, which
+follows Hugging Face's: a sandboxed environment, `messages`, `add_generation_prompt`, `bos_token`,
+`eos_token`, `raise_exception`, `tojson`, loop controls), so a prompt is exactly what
+llama-cpp-python makes of the same metadata.
 Models of one ensemble may carry different templates; one designated model's template is used
 (default: the first) and the rendered prompt must tokenise identically for every model.
 """
@@ -9,7 +11,6 @@ Models of one ensemble may carry different templates; one designated model's tem
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Sequence
 
 from .backend import tokenize_alike
@@ -23,26 +24,17 @@ class Message:
 
 
 def render(template: str, messages: Sequence[Message], *, bos_token: str, eos_token: str, add_generation_prompt: bool = True) -> str:
-    """Render a chat template (Jinja2) for `messages`."""
+    """Render a chat template (Jinja2) for `messages`, as llama-cpp-python does."""
     import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    def raise_exception(message: str) -> None:
-        raise ConfigError(f"the chat template refused the conversation: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
     try:
-        compiled = env.from_string(template)
-        return compiled.render(
-            messages=[{"role": m.role, "content": m.content} for m in messages],
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token,
-            eos_token=eos_token,
-            raise_exception=raise_exception,
-            strftime_now=lambda fmt: datetime.now().strftime(fmt),
-        )
+        formatter = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=add_generation_prompt)
+        return formatter(messages=[{"role": m.role, "content": m.content} for m in messages]).prompt
     except jinja2.TemplateError as e:
         raise ConfigError(f"cannot render the chat template: {e}") from None
+    except ValueError as e:  # the template's raise_exception(...)
+        raise ConfigError(f"the chat template refused the conversation: {e}") from None
 
 
 class ChatFormatter:

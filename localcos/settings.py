@@ -31,7 +31,7 @@ SPLIT_MODES = ("none", "layer", "row")
 FLASH_ATTN = ("auto", "on", "off")
 COMBINERS = ("we", "cd", "logit-mix")  # or FILE.py:FUNCTION / MODULE:FUNCTION
 COMBINE_LEVELS = ("logits", "probs")
-WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")  # what the synthetic-model writer offers (tools.testmodels)
+WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m")  # what the synthetic-model writer offers (tools.testmodels)
 
 # --- one parser per kind of value ---------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from localcos.tools import llamacpp_sdist
 from localcos.tools.testmodels import CHAT_TEMPLATE, ModelSpec, cached_model
 
 # Small and fast: a 1024-token vocabulary, 2 layers of width 64. Peaked distributions with a
@@ -62,5 +63,48 @@ def models(model_dir: Path):
     class _Models:
         def __getitem__(self, name: str) -> Path:
             return cached_model(SPECS[name], model_dir)
+
+    return _Models()
+
+
+# --- real tokenizers: llama.cpp's vocabulary test files, with the project's weights around them ---
+
+# (vocabulary, spec): Qwen2's 151,936-token byte-level BPE with its ChatML template, in F16 and in
+# llama.cpp's Q4_K_M (K-quants need widths that are multiples of 256); Llama 3's for the mismatch.
+_QWEN2 = ModelSpec(arch="qwen2", n_embd=64, n_layer=2, n_head=4, n_ff=128, dtype="f16", seed=51, name="r-qwen2")
+_QWEN2_Q4KM = ModelSpec(arch="qwen2", n_embd=256, n_layer=1, n_head=4, n_ff=512, dtype="q4_k_m", seed=52, name="r-qwen2-q4km")
+REAL_SPECS: dict[str, tuple[str, ModelSpec]] = {
+    "qwen2": ("qwen2", _QWEN2),
+    "qwen2_sibling": ("qwen2", replace(_QWEN2, noise=0.3, name="r-qwen2-sibling")),
+    "qwen2_q4km": ("qwen2", _QWEN2_Q4KM),
+    "qwen2_q4km_sibling": ("qwen2", replace(_QWEN2_Q4KM, noise=0.3, name="r-qwen2-q4km-sibling")),
+    "llama3": ("llama-bpe", ModelSpec(n_embd=32, n_layer=1, n_head=2, n_ff=64, dtype="f16", seed=53, name="r-llama3")),
+}
+
+
+@pytest.fixture(scope="session")
+def llama_vocab():
+    """name -> llama.cpp's ggml-vocab-NAME.gguf from the pinned llama-cpp-python sdist (fetched
+    once into the cache). Without the package index: a failure in CI, a skip elsewhere."""
+
+    def get(name: str) -> Path:
+        try:
+            return llamacpp_sdist.vocab_file(name)
+        except llamacpp_sdist.SdistUnavailable as e:
+            if os.environ.get("CI"):
+                pytest.fail(str(e))
+            pytest.skip(str(e))
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def real_models(model_dir: Path, llama_vocab):
+    """name -> path of a model with a real tokenizer (REAL_SPECS), written on first use."""
+
+    class _Models:
+        def __getitem__(self, name: str) -> Path:
+            vocab, spec = REAL_SPECS[name]
+            return cached_model(replace(spec, tokenizer=str(llama_vocab(vocab))), model_dir)
 
     return _Models()

@@ -14,15 +14,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "make-test-models",
         help="write synthetic GGUF test models into DIR",
-        description="Write the synthetic test models (a base model, a sibling, a larger model, a different tokenizer, a padded vocabulary) into DIR.",
+        description="Write the synthetic test models (a base model, a sibling, a larger model, a different tokenizer, "
+        "a padded vocabulary) into DIR: untrained weights that behave like language models, around a synthetic "
+        "tokenizer or the real one of any GGUF file (--tokenizer).",
     )
     p.add_argument("dir")
-    p.add_argument("--vocab", default="2048", help="vocabulary size (default 2048; 400 to ~152k)")
-    p.add_argument("--dtype", choices=WEIGHT_TYPES, default="f32", help="weight type (default f32)")
+    p.add_argument("--vocab", default="2048", help="vocabulary size of the synthetic tokenizer (default 2048; 400 to ~152k)")
+    p.add_argument("--tokenizer", default=None, metavar="FILE.gguf", help="copy the tokenizer (and chat template) of this GGUF file instead")
+    p.add_argument("--arch", choices=("llama", "qwen2"), default="llama", help="architecture (default llama; qwen2 adds attention biases)")
+    p.add_argument("--dtype", choices=WEIGHT_TYPES, default="f32", help="weight type (default f32; q8_0, q4_0 and q4_k_m by llama.cpp's quantiser)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..backend import check_gguf_file
     from ..errors import ConfigError
     from ..settings import parse_int
     from ..tools.testmodels import standard_test_models
@@ -30,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     vocab = parse_int(args.vocab, "--vocab", minimum=400)
     if vocab > 300_000:
         raise ConfigError(f"--vocab must be at most 300000, got {vocab}")
-    made = standard_test_models(Path(args.dir), vocab_size=vocab, dtype=args.dtype, progress=info)
+    tokenizer = str(check_gguf_file(args.tokenizer)) if args.tokenizer else None
+    made = standard_test_models(Path(args.dir), vocab_size=vocab, dtype=args.dtype, tokenizer=tokenizer, arch=args.arch, progress=info)
     for name, path in made.items():
         print(f"{name}\t{path}")
     return 0

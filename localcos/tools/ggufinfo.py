@@ -13,7 +13,9 @@ import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
+
+import numpy as np
 
 from gguf import GGMLQuantizationType, GGUFValueType, LlamaFileType
 
@@ -36,9 +38,20 @@ _SCALARS = {
 _TOKENS = "tokenizer.ggml.tokens"
 
 
+@dataclass(frozen=True)
+class Field:
+    """One metadata value exactly as stored: its GGUF type, its value (strings as raw bytes,
+    arrays as lists) and, for arrays, the type of their items."""
+
+    type: GGUFValueType
+    value: Any
+    item_type: GGUFValueType | None = None
+
+
 @dataclass
 class GGUFInfo:
-    """A GGUF file's metadata (long arrays as lengths) and its tensors' shapes and types."""
+    """A GGUF file's metadata (long arrays as lengths) and its tensors' shapes and types;
+    `fields` holds the values of the keys asked for exactly as stored (see `read_info`)."""
 
     path: Path
     version: int
@@ -48,6 +61,7 @@ class GGUFInfo:
     tensor_types: Counter = field(default_factory=Counter)
     n_params: int = 0
     size_bytes: int = 0
+    fields: dict[str, Field] = field(default_factory=dict)
 
     @property
     def architecture(self) -> str:
@@ -90,17 +104,21 @@ class GGUFInfo:
         return h.hexdigest()[:16]
 
 
-def read_info(path: str | Path) -> GGUFInfo:
-    """Read the header of a GGUF file (`ModelFileError` if it is not one or is cut short)."""
+def read_info(path: str | Path, keep: Callable[[str], bool] | None = None) -> GGUFInfo:
+    """Read the header of a GGUF file (`ModelFileError` if it is not one or is cut short).
+
+    The values of the keys `keep` selects are kept exactly as stored in `GGUFInfo.fields` (long
+    arrays included), e.g. to copy a tokenizer into another file.
+    """
     p = check_gguf_file(path)
     try:
         with open(p, "rb") as f:
-            return _read(f, p)
+            return _read(f, p, keep or (lambda key: False))
     except (struct.error, UnicodeDecodeError, ValueError) as e:
         raise ModelFileError(f"{p}: cannot read the GGUF header ({e}); the file may be truncated or corrupt") from None
 
 
-def _read(f: BinaryIO, path: Path) -> GGUFInfo:
+def _read(f: BinaryIO, path: Path, keep: Callable[[str], bool]) -> GGUFInfo:
     def unpack(fmt: str) -> Any:
         size = struct.calcsize(fmt)
         data = f.read(size)
@@ -122,25 +140,42 @@ def _read(f: BinaryIO, path: Path) -> GGUFInfo:
     metadata: dict[str, Any] = {}
     lengths: dict[str, int] = {}
     tokens: list[bytes] = []
+    fields: dict[str, Field] = {}
     for _ in range(n_kv):
         key = string().decode("utf-8")
         vtype = GGUFValueType(unpack("<I"))
         if vtype == GGUFValueType.STRING:
-            metadata[key] = string().decode("utf-8", errors="replace")
+            raw = string()
+            metadata[key] = raw.decode("utf-8", errors="replace")
+            value: Any = raw
         elif vtype == GGUFValueType.ARRAY:
             etype = GGUFValueType(unpack("<I"))
             n = unpack("<Q")
             lengths[key] = n
+            value = None
             if etype == GGUFValueType.STRING:
                 items = [string() for _ in range(n)]
                 if key == _TOKENS:
                     tokens = items
+                value = items
             elif etype in _SCALARS:
-                f.seek(struct.calcsize(_SCALARS[etype]) * n, 1)
+                size = struct.calcsize(_SCALARS[etype]) * n
+                if keep(key):
+                    data = f.read(size)
+                    if len(data) != size:
+                        raise ValueError("unexpected end of file")
+                    value = np.frombuffer(data, dtype=np.dtype(_SCALARS[etype])).tolist()
+                else:
+                    f.seek(size, 1)
             else:
                 raise ValueError(f"nested array in {key}")
+            if keep(key):
+                fields[key] = Field(vtype, value, etype)
+            continue
         else:
-            metadata[key] = unpack(_SCALARS[vtype])
+            value = metadata[key] = unpack(_SCALARS[vtype])
+        if keep(key):
+            fields[key] = Field(vtype, value)
     types: Counter = Counter()
     n_params = 0
     for _ in range(n_tensors):
@@ -153,4 +188,4 @@ def _read(f: BinaryIO, path: Path) -> GGUFInfo:
         unpack("<Q")  # offset
         types[ttype.name] += count
         n_params += count
-    return GGUFInfo(path, version, metadata, lengths, tokens, types, n_params, path.stat().st_size)
+    return GGUFInfo(path, version, metadata, lengths, tokens, types, n_params, path.stat().st_size, fields)

@@ -18,10 +18,18 @@ where it matters for collaborative decoding:
   any vocabulary size (about 152k is fine). A tokenizer *variant* permutes the ids, for the
   tokenizer-mismatch error; `pad_vocab_to` appends [PAD] tokens the way padded embedding matrices
   appear in real model families.
+* Or any real tokenizer: `ModelSpec(tokenizer=PATH)` copies every ``tokenizer.*`` field of a
+  GGUF file verbatim (llama.cpp's vocabulary test files, see `llamacpp_sdist`, or any model), and
+  builds the same kind of weights over that vocabulary: Qwen2's byte-level BPE, Llama 3's,
+  SentencePiece, with their special tokens, end-of-generation tokens and chat templates.
+* The architectures users run: ``llama``, and ``qwen2`` (attention biases). Quantised types
+  (Q8_0, Q4_0, Q4_K_M) go through llama.cpp's own quantiser (`llama_model_quantize`), as users'
+  files do; F32, F16 and BF16 are written directly.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import json
@@ -37,7 +45,7 @@ import gguf
 
 from .prompts import BUILTIN_PROMPTS
 
-WRITER_VERSION = 4  # bump when the output of the writer changes (invalidates caches)
+WRITER_VERSION = 5  # bump when the output of the writer changes (invalidates caches)
 
 # GGUF token types (llama.cpp's llama_token_type)
 TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 2, 3, 4, 5, 6
@@ -82,14 +90,43 @@ def _corpus_text() -> str:
 
 @dataclass(frozen=True)
 class Vocab:
+    """A vocabulary and what the weights need to know of it."""
+
     tokens: list[str]
     scores: list[float]
     types: list[int]
     n_real: int  # tokens below this id are real; above are [PAD] tokens
+    word_start: str = SPACE  # how a token that starts a word begins: SentencePiece's ▁, byte-level BPE's Ġ
+    end_ids: tuple[int, ...] = (2,)  # tokens that end a text (EOS first): each gets its own context
+    fields: dict | None = None  # tokenizer.* metadata copied verbatim (None: the synthetic tokenizer)
 
     @property
     def size(self) -> int:
         return len(self.tokens)
+
+
+# End-of-text tokens of common families (llama.cpp treats them as end of generation); a real
+# vocabulary's weights give each one it has a context that predicts it.
+END_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "</s>")
+
+
+@functools.lru_cache(maxsize=8)
+def load_vocab(path: str) -> Vocab:
+    """The tokenizer of a GGUF file, with every tokenizer.* field kept for a verbatim copy."""
+    from .ggufinfo import read_info
+
+    info = read_info(path, keep=lambda key: key.startswith("tokenizer."))
+    fields = info.fields
+    if "tokenizer.ggml.tokens" not in fields:
+        raise ValueError(f"{path} has no tokenizer")
+    tokens = [t.decode("utf-8", errors="replace") for t in fields["tokenizer.ggml.tokens"].value]
+    types = list(fields["tokenizer.ggml.token_type"].value) if "tokenizer.ggml.token_type" in fields else [TT_NORMAL] * len(tokens)
+    scores = list(fields["tokenizer.ggml.scores"].value) if "tokenizer.ggml.scores" in fields else [0.0] * len(tokens)
+    model = fields["tokenizer.ggml.model"].value.decode()
+    eos = fields["tokenizer.ggml.eos_token_id"].value if "tokenizer.ggml.eos_token_id" in fields else None
+    index = {t: i for i, t in enumerate(tokens)}
+    ends = ([eos] if eos is not None else []) + [index[t] for t in END_TEXTS if t in index and index[t] != eos]
+    return Vocab(tokens, scores, types, len(tokens), "\u0120" if model == "gpt2" else SPACE, tuple(ends), fields)
 
 
 def _learn_merges(words: Counter[str], n_merges: int) -> list[str]:
@@ -199,7 +236,7 @@ def build_vocab(size: int, *, variant: int = 0, pad_to: int | None = None) -> Vo
 class ModelSpec:
     """Everything that determines a synthetic model; equal specs give byte-identical files."""
 
-    vocab_size: int = 2048
+    vocab_size: int = 2048  # of the synthetic tokenizer (a real `tokenizer` brings its own)
     n_embd: int = 128
     n_layer: int = 2
     n_head: int = 4
@@ -207,7 +244,7 @@ class ModelSpec:
     n_ff: int = 256
     context_length: int = 4096
     seed: int = 0  # the family: embeddings, successors and base layers
-    dtype: str = "f32"  # f32 | f16 | bf16 | q8_0 | q4_0
+    dtype: str = "f32"  # f32 | f16 | bf16, or through llama.cpp's quantiser: q8_0 | q4_0 | q4_k_m
     entropy: float = 2.0  # target mean next-token entropy in nats
     successors: int = 8
     attn_mix: float = 0.5  # how much attention mixes in earlier tokens
@@ -222,12 +259,31 @@ class ModelSpec:
     widen_scale: float = 0.1  # relative size of what the new width contributes
     tokenizer_variant: int = 0
     pad_vocab_to: int | None = None
-    chat_template: str | None = None
+    tokenizer: str | None = None  # a GGUF file whose tokenizer (every tokenizer.* field) is copied
+    arch: str = "llama"  # llama | qwen2 (attention biases)
+    chat_template: str | None = None  # overrides the tokenizer's
     name: str = "localcos-synthetic"
 
     def key(self) -> str:
-        data = json.dumps({"v": WRITER_VERSION, **asdict(self)}, sort_keys=True)
+        fields = asdict(self)
+        if self.tokenizer is not None:  # the file's content, not where it lies
+            fields["tokenizer"] = _file_digest(self.tokenizer)
+        data = json.dumps({"v": WRITER_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+    def vocab(self) -> Vocab:
+        if self.tokenizer is not None:
+            return load_vocab(str(self.tokenizer))
+        return build_vocab(self.vocab_size, variant=self.tokenizer_variant, pad_to=self.pad_vocab_to)
+
+
+@functools.lru_cache(maxsize=32)
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _rmsnorm_rows(x: np.ndarray) -> np.ndarray:
@@ -238,16 +294,18 @@ def _successor_matrix(E: np.ndarray, succ: np.ndarray, strength: np.ndarray, n_r
     """W with W[v] = sum over (t, k) with succ[t, k] == v of strength[k] * E[t] / d."""
     n_tok, k = succ.shape
     d = E.shape[1]
-    flat_v = succ.ravel()
-    flat_t = np.repeat(np.arange(n_tok), k)
-    flat_c = np.tile(strength, n_tok)
-    order = np.argsort(flat_v, kind="stable")
-    flat_v, flat_t, flat_c = flat_v[order], flat_t[order], flat_c[order]
-    contrib = E[flat_t] * flat_c[:, None]
     W = np.zeros((n_rows, d), dtype=np.float32)
-    starts = np.flatnonzero(np.r_[True, flat_v[1:] != flat_v[:-1]])
-    sums = np.add.reduceat(contrib, starts, axis=0)
-    W[flat_v[starts]] = sums
+    chunk = max(1, (1 << 24) // (k * d))  # ~64 MiB of contributions at a time
+    for lo in range(0, n_tok, chunk):
+        hi = min(n_tok, lo + chunk)
+        flat_v = succ[lo:hi].ravel()
+        flat_t = np.repeat(np.arange(lo, hi), k)
+        flat_c = np.tile(strength, hi - lo)
+        order = np.argsort(flat_v, kind="stable")
+        flat_v, flat_t, flat_c = flat_v[order], flat_t[order], flat_c[order]
+        contrib = E[flat_t] * flat_c[:, None]
+        starts = np.flatnonzero(np.r_[True, flat_v[1:] != flat_v[:-1]])
+        W[flat_v[starts]] += np.add.reduceat(contrib, starts, axis=0)
     return W / d
 
 
@@ -356,17 +414,20 @@ def _widen(tensors: dict[str, np.ndarray], spec: ModelSpec) -> dict[str, np.ndar
 
 
 def build_weights(spec: ModelSpec, vocab: Vocab) -> dict[str, np.ndarray]:
-    """All tensors of the model, float32, named as llama.cpp's llama architecture expects."""
+    """All tensors of the model, float32, named as llama.cpp's architecture `spec.arch` expects."""
     if spec.n_embd % spec.n_head:
         raise ValueError("n_embd must be a multiple of n_head")
+    if spec.arch not in ARCHITECTURES:
+        raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}")
     d = spec.n_embd
     n_real = vocab.n_real
     rng = np.random.default_rng(spec.seed)
     E = rng.standard_normal((n_real, d)).astype(np.float32)
-    # Successors are ordinary tokens (not bytes or control tokens). Three in four successors
-    # start a word, so generated text reads as a string of words.
-    ordinary = np.arange(259, n_real)
-    is_word = np.array([vocab.tokens[t].startswith(SPACE) and len(vocab.tokens[t]) > 1 for t in ordinary])
+    # Successors are ordinary tokens (not bytes, control or unused tokens). Three in four
+    # successors start a word, so generated text reads as a string of words.
+    ordinary = np.flatnonzero(np.asarray(vocab.types[:n_real]) == TT_NORMAL)
+    mark = vocab.word_start
+    is_word = np.array([vocab.tokens[t].startswith(mark) and len(vocab.tokens[t]) > 1 for t in ordinary])
     words, rest = ordinary[is_word], ordinary[~is_word]
     pick_word = rng.random((n_real, spec.successors)) < 0.75
     succ = np.where(
@@ -381,14 +442,16 @@ def build_weights(spec: ModelSpec, vocab: Vocab) -> dict[str, np.ndarray]:
     predecessors = np.bincount(succ.ravel(), minlength=n_real)
     W /= np.sqrt(np.maximum(predecessors / spec.successors, 1.0)).astype(np.float32)[:, None]
     if spec.eos_rate > 0:
-        # EOS follows the tokens whose embeddings point furthest along one direction u (a share
-        # eos_rate of them), about as strongly as a middle successor; a direction, unlike a
-        # successor list, gives EOS no hub row in large vocabularies.
-        u = rng.standard_normal(d).astype(np.float32)
-        u /= np.linalg.norm(u)
-        projection = _rmsnorm_rows(E) @ u
-        threshold = max(float(np.quantile(projection, 1.0 - spec.eos_rate)), 0.5)
-        W[2] = u * (float(strength[spec.successors // 2]) / threshold)
+        # Each end token follows the tokens whose embeddings point furthest along a direction u of
+        # its own (a share eos_rate of them), about as strongly as a middle successor; a
+        # direction, unlike a successor list, gives it no hub row in large vocabularies.
+        normed = _rmsnorm_rows(E)
+        for end in vocab.end_ids:
+            u = rng.standard_normal(d).astype(np.float32)
+            u /= np.linalg.norm(u)
+            projection = normed @ u
+            threshold = max(float(np.quantile(projection, 1.0 - spec.eos_rate)), 0.5)
+            W[end] = u * (float(strength[spec.successors // 2]) / threshold)
     g = _calibrate_scale(E, W, spec.entropy, np.random.default_rng(spec.seed + 7))
     if vocab.size > n_real:
         # padding rows, as in families whose embedding matrices are padded: never predicted
@@ -417,31 +480,58 @@ def build_weights(spec: ModelSpec, vocab: Vocab) -> dict[str, np.ndarray]:
             if t.ndim == 2:
                 scale = float(np.sqrt((t.astype(np.float64) ** 2).mean()))
                 tensors[name] = t + (noise_rng.standard_normal(t.shape) * (spec.noise * scale)).astype(np.float32)
+    if spec.arch == "qwen2":
+        # Qwen2 adds biases to the query, key and value projections; small ones keep the model's
+        # behaviour while llama.cpp runs the biased attention path
+        bias_rng = np.random.default_rng([spec.seed, 6, spec.noise_seed if spec.noise else 0])
+        for i in range(spec.n_layer + spec.extra_layers):
+            for proj in ("q", "k", "v"):
+                rows = tensors[f"blk.{i}.attn_{proj}.weight"].shape[0]
+                tensors[f"blk.{i}.attn_{proj}.bias"] = (0.02 * bias_rng.standard_normal(rows)).astype(np.float32)
     return tensors
 
 
-_QTYPES = {
+ARCHITECTURES = ("llama", "qwen2")
+_WRITTEN = {  # weight types the writer stores itself
     "f32": gguf.GGMLQuantizationType.F32,
     "f16": gguf.GGMLQuantizationType.F16,
     "bf16": gguf.GGMLQuantizationType.BF16,
-    "q8_0": gguf.GGMLQuantizationType.Q8_0,
-    "q4_0": gguf.GGMLQuantizationType.Q4_0,
 }
-_FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}
-DTYPES = tuple(_QTYPES)  # the weight types write_model offers
+_FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32}
+# weight types made by llama.cpp's quantiser from an F16 file (llama_ftype)
+_QUANTISED = {"q8_0": 7, "q4_0": 2, "q4_k_m": 15}
+DTYPES = (*_WRITTEN, *_QUANTISED)  # the weight types write_model offers
 
 
 def write_model(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
     """Write the model described by `spec` to `path` (atomically) and return the path."""
-    if spec.dtype not in _QTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(_QTYPES)}")
+    if spec.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    vocab = build_vocab(spec.vocab_size, variant=spec.tokenizer_variant, pad_to=spec.pad_vocab_to)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    try:
+        if spec.dtype in _QUANTISED:
+            f16 = path.with_name(path.name + f".f16.tmp{os.getpid()}")
+            try:
+                _write(replace(spec, dtype="f16"), f16, file_spec=spec)
+                quantize(f16, tmp, spec.dtype)
+            finally:
+                f16.unlink(missing_ok=True)
+        else:
+            _write(spec, tmp, file_spec=spec)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _write(spec: ModelSpec, path: Path, file_spec: ModelSpec) -> None:
+    """Write `spec` in a type the writer stores itself; `file_spec` is recorded in the metadata."""
+    vocab = spec.vocab()
     tensors = build_weights(spec, vocab)
     n_layer = spec.n_layer + spec.extra_layers
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    w = gguf.GGUFWriter(str(tmp), "llama")
+    w = gguf.GGUFWriter(str(path), spec.arch)
     w.add_name(spec.name)
     w.add_context_length(spec.context_length)
     w.add_embedding_length(spec.n_embd * spec.widen)
@@ -453,19 +543,24 @@ def write_model(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(vocab.size)
     w.add_file_type(_FILE_TYPES[spec.dtype])
-    w.add_tokenizer_model("llama")
-    w.add_token_list(vocab.tokens)
-    w.add_token_scores(vocab.scores)
-    w.add_token_types(vocab.types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    if vocab.fields is None:
+        w.add_tokenizer_model("llama")
+        w.add_token_list(vocab.tokens)
+        w.add_token_scores(vocab.scores)
+        w.add_token_types(vocab.types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+    else:  # a real tokenizer, every field as it was
+        for key, field in vocab.fields.items():
+            if not (key == "tokenizer.chat_template" and spec.chat_template):
+                w.add_key_value(key, field.value, field.type, field.item_type)
     if spec.chat_template:
         w.add_chat_template(spec.chat_template)
-    w.add_string("localcos.synthetic.spec", json.dumps(asdict(spec), sort_keys=True))
-    qtype = _QTYPES[spec.dtype]
+    w.add_string("localcos.synthetic.spec", json.dumps(asdict(file_spec), sort_keys=True))
+    qtype = _WRITTEN[spec.dtype]
     for name, t in tensors.items():
         if t.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
             w.add_tensor(name, t.astype(np.float32))
@@ -477,8 +572,24 @@ def write_model(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    os.replace(tmp, path)
-    return path
+
+
+def quantize(source: str | os.PathLike[str], target: str | os.PathLike[str], dtype: str) -> Path:
+    """Quantise a GGUF file with llama.cpp's own quantiser (`llama_model_quantize`), as users'
+    quantised files are made: q8_0, q4_0 or q4_k_m (llama.cpp picks each tensor's type)."""
+    from ..backend.model import _last_llama_error, default_threads  # loads llama.cpp's libraries
+    import llama_cpp
+
+    if dtype not in _QUANTISED:
+        raise ValueError(f"dtype must be one of {', '.join(_QUANTISED)}")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = _QUANTISED[dtype]
+    params.nthread = default_threads()
+    _last_llama_error()
+    rc = llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama.cpp could not quantise {source} to {dtype}: {_last_llama_error() or f'status {rc}'}")
+    return Path(target)
 
 
 def cached_path(spec: ModelSpec, cache_dir: str | os.PathLike[str]) -> Path:
@@ -509,22 +620,27 @@ def standard_test_models(
     *,
     vocab_size: int = 2048,
     dtype: str = "f32",
+    tokenizer: str | None = None,
+    arch: str = "llama",
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
     """Write the standard set of test models into `directory`; returns name -> path.
 
     base: the family's base model; sibling: base + noise; larger: base + 6 extra layers;
-    other-tokenizer: same text pieces with other ids; padded: base with a padded vocabulary.
+    other-tokenizer: same text pieces with other ids (with `tokenizer`: the synthetic one);
+    padded: base with a padded vocabulary (synthetic tokenizer only). `tokenizer` is a GGUF file
+    whose tokenizer the family takes (`vocab_size` is then the file's).
     """
     directory = Path(directory)
-    base = ModelSpec(vocab_size=vocab_size, dtype=dtype, name="base")
+    base = ModelSpec(vocab_size=vocab_size, dtype=dtype, tokenizer=tokenizer, arch=arch, name="base")
     specs = {
         "base": base,
         "sibling": replace(base, noise=0.3, name="sibling"),
         "larger": replace(base, extra_layers=6, name="larger"),
-        "other-tokenizer": replace(base, tokenizer_variant=1, name="other-tokenizer"),
-        "padded": replace(base, pad_vocab_to=vocab_size + 128, name="padded"),
+        "other-tokenizer": replace(base, tokenizer=None, tokenizer_variant=1, name="other-tokenizer"),
     }
+    if tokenizer is None:
+        specs["padded"] = replace(base, pad_vocab_to=vocab_size + 128, name="padded")
     out = {}
     for name, spec in specs.items():
         if progress:

@@ -1,0 +1,245 @@
+"""Real tokenizers and real quantisation: models built around llama.cpp's own vocabulary test files
+(Qwen2's byte-level BPE, Llama 3's, SentencePiece, Gemma 4's) from the llama-cpp-python sdist the
+project pins, quantised by llama.cpp's own quantiser. They never skip in CI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import llama_cpp  # isort: skip
+import numpy as np
+import pytest
+
+from conftest import NEAR_TIE
+from localcos import Contrastive, CustomCombiner, Ensemble, WeightedEnsemble
+from localcos.backend import Model
+from localcos.chat import ChatFormatter, Message
+from localcos.core.sampling import Sampler
+from localcos.core.text import TextAssembler
+from localcos.tools import llamacpp_sdist
+from localcos.tools.testmodels import ModelSpec, cached_model
+from statcheck import assert_matches
+
+PROMPTS = ["The river runs past the old mill", "日本語のテキストと絵文字 🦙 を書く。Naïve café"]
+
+
+# --- the tokenizer is copied verbatim ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vocab", ["qwen2", "llama-bpe", "llama-spm", "phi-3", "gemma-4"])
+def test_written_models_tokenize_exactly_like_llama_cpps_own_test_cases(vocab, llama_vocab, model_dir):
+    spec = ModelSpec(tokenizer=str(llama_vocab(vocab)), n_embd=16, n_layer=1, n_head=2, n_ff=32, dtype="f16", name=f"r-tok-{vocab}")
+    model = Model(cached_model(spec, model_dir), vocab_only=True)
+    cases = llamacpp_sdist.vocab_cases(vocab)
+    assert len(cases) > 40
+    for text, expected in cases:
+        assert model.tokenize(text, add_bos=False) == expected, text
+
+
+# --- greedy: every method equals the ensemble, and the ensemble equals llama-cpp-python -------------
+
+
+def reference_greedy(paths, combine, prompt: list[int], n: int) -> list[int]:
+    """Greedy collaborative decoding written straight on llama-cpp-python's Llama: every model
+    evaluates every token, the next token is argmax of the combined scores."""
+    llms = [llama_cpp.Llama(str(p), n_ctx=128, n_batch=128, logits_all=True, verbose=False) for p in paths]
+    try:
+        for llm in llms:
+            llm.eval(prompt)
+        out: list[int] = []
+        for _ in range(n):
+            rows = [np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64) for llm in llms]
+            token = int(np.argmax(combine(rows)))
+            out.append(token)
+            for llm in llms:
+                llm.eval([token])
+        return out
+    finally:
+        for llm in llms:
+            llm.close()
+
+
+def _softmax(x):
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+COMBINATIONS = {
+    "we": (WeightedEnsemble([0.5, 0.5]), lambda rows: 0.5 * _softmax(rows[0]) + 0.5 * _softmax(rows[1])),
+    "cd": (Contrastive(mu=0.5, expert=1), lambda rows: rows[1] - 0.5 * rows[0]),
+}
+
+
+def fresh_scores(paths, combiner, tokens):
+    """log r after `tokens`, from fresh contexts (to judge a divergence)."""
+    rows = []
+    for p in paths:
+        m = Model(p, n_ctx=128)
+        rows.append(m.evaluate(tokens, 1))
+        m.close()
+    with np.errstate(divide="ignore"):
+        return np.log(combiner.combine(rows, 1.0)[0])
+
+
+def assert_same_or_near_tie(got, want, paths, combiner, prompt, what):
+    if got == want:
+        return 0
+    i = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    scores = fresh_scores(paths, combiner, prompt + want[:i])
+    top2 = np.sort(scores)[-2:]
+    assert top2[1] - top2[0] < NEAR_TIE, f"{what} diverged at token {i} where the top two scores differ by {top2[1] - top2[0]:.4f}"
+    return 1
+
+
+@pytest.mark.parametrize("pair", [("qwen2", "qwen2_sibling"), ("qwen2_q4km", "qwen2_q4km_sibling")], ids=["qwen2-f16", "qwen2-q4_k_m"])
+@pytest.mark.parametrize("combine", list(COMBINATIONS))
+def test_greedy_methods_equal_the_ensemble_and_a_llama_cpp_python_reference(real_models, pair, combine):
+    paths = [real_models[name] for name in pair]
+    combiner, reference_combine = COMBINATIONS[combine]
+    divergences = 0
+    with Ensemble.load(paths, combiner, n_ctx=128) as ens:
+        for text in PROMPTS:
+            prompt = ens.tokenize(text)
+            ensemble = ens.generate(prompt, method="ensemble", temperature=0, max_tokens=32, ignore_eos=True)
+            reference = reference_greedy(paths, reference_combine, prompt, 32)
+            divergences += assert_same_or_near_tie(ensemble.token_ids, reference, paths, ens.combiner, prompt, "ensemble vs llama-cpp-python")
+            for method in ("sd", "naive-cos", "cos"):
+                out = ens.generate(prompt, method=method, gamma=3, temperature=0, max_tokens=32, ignore_eos=True, check_invariants=True)
+                divergences += assert_same_or_near_tie(out.token_ids, ensemble.token_ids, paths, ens.combiner, prompt, method)
+                assert out.stats.proposed > 0
+    assert divergences <= 1  # near-ties are rare
+
+
+# --- sampling: cos draws from r on a 152k vocabulary ----------------------------------------------------
+
+
+def test_cos_samples_follow_r_on_the_qwen2_vocabulary(real_models):
+    paths = [real_models["qwen2"], real_models["qwen2_sibling"]]
+    with Ensemble.load(paths, WeightedEnsemble([0.5, 0.5]), n_ctx=128) as ens:
+        prompt = ens.tokenize(PROMPTS[0])
+
+        def exact(prefix):
+            rows = []
+            for p in paths:
+                m = Model(p, n_ctx=128)
+                rows.append(m.evaluate(prompt + list(prefix), 1))
+                m.close()
+            return Sampler().finalize(ens.combiner.combine(rows, 1.0))[0]
+
+        outs = ens.generate_many(prompt, 1500, method="cos", gamma=1, max_tokens=2, seed=7, ignore_eos=True)
+        stats = [o.stats for o in outs]
+        assert sum(s.rejected for s in stats) > 0.03 * sum(s.proposed for s in stats), "the test must exercise rejections"
+        seqs = [tuple(o.token_ids) for o in outs]
+        assert_matches(Counter(s[0] for s in seqs), exact(()), "cos token 1")
+        (prefix, count), = Counter(s[:1] for s in seqs).most_common(1)
+        assert count >= 150
+        assert_matches(Counter(s[1] for s in seqs if s[:1] == prefix), exact(prefix), f"cos token 2 after {prefix}")
+
+
+# --- text: chat template, multi-byte characters, end tokens ---------------------------------------------
+
+
+def test_chat_prompt_is_the_models_template_rendered_as_llama_cpp_python_renders_it(real_models):
+    path = real_models["qwen2"]
+    messages = [Message("system", "Be terse."), Message("user", "Where does the river go? 川はどこへ")]
+    with Ensemble.load([path, real_models["qwen2_sibling"]], n_ctx=256) as ens:
+        formatter = ChatFormatter(ens)
+        llm = llama_cpp.Llama(str(path), n_ctx=64, verbose=False)
+        try:
+            handler = llama_cpp.llama_chat_format.Jinja2ChatFormatter(
+                template=llm.metadata["tokenizer.chat_template"],
+                eos_token=llm._model.token_get_text(llm.token_eos()),
+                bos_token=llm._model.token_get_text(llm.token_bos()),
+            )
+            theirs = handler(messages=[{"role": m.role, "content": m.content} for m in messages]).prompt
+            assert formatter.text(messages) == theirs
+            assert theirs.startswith("<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\n")
+            tokens = formatter.tokens(messages)
+            assert tokens == llm.tokenize(theirs.encode(), add_bos=False, special=True)
+        finally:
+            llm.close()
+        im_start, im_end = (ens.models[0].tokenize(t, add_bos=False, special=True) for t in ("<|im_start|>", "<|im_end|>"))
+        assert len(im_start) == len(im_end) == 1 and tokens.count(im_start[0]) == 3 and tokens.count(im_end[0]) == 2
+
+
+def _splits_a_character(piece: bytes) -> bool:
+    try:
+        piece.decode("utf-8")
+        return False
+    except UnicodeDecodeError:
+        return True
+
+
+def test_streamed_text_equals_the_final_text_when_tokens_split_characters(real_models):
+    with Ensemble.load([real_models["qwen2"], real_models["qwen2_sibling"]], n_ctx=512) as ens:
+        model = ens.models[0]
+        # a known text whose tokens split CJK characters, emoji and accents
+        text = "日本語のテキスト、絵文字 🦙🚀 と naïve café"
+        tokens = model.tokenize(text, add_bos=False)
+        assert any(_splits_a_character(model.piece(t)) for t in tokens)
+        assembler, streamed = TextAssembler(model.piece), []
+        for t in tokens:
+            assembler.push(t)
+            streamed.append(assembler.take_final())
+        assembler.finish()
+        streamed.append(assembler.take_final())
+        assert "".join(streamed) == assembler.text == text
+        assert "\ufffd" not in "".join(streamed)
+        # a generation on this vocabulary (a third of it is CJK) streams the same text it returns
+        for method in ("ensemble", "cos"):
+            stream = ens.stream(PROMPTS[1], method=method, max_tokens=200, seed=3, ignore_eos=True)
+            pieces = list(stream)
+            completion = stream.completion
+            assert any(_splits_a_character(model.piece(t)) for t in completion.token_ids)
+            whole = b"".join(model.piece(t) for t in completion.token_ids).decode("utf-8", errors="replace")
+            assert "".join(pieces) == completion.text == whole
+
+
+def test_every_end_of_generation_token_ends_a_completion(real_models):
+    with Ensemble.load([real_models["qwen2"], real_models["qwen2_sibling"]], n_ctx=128) as ens:
+        model = ens.models[0]
+        eog = {t for t in range(ens.n_vocab) if llama_cpp.llama_vocab_is_eog(model._vocab, t)}
+        by_text = {t: model.token_text(t).decode() for t in eog}
+        assert {"<|endoftext|>", "<|im_end|>"} <= set(by_text.values()), by_text
+        assert ens.end_tokens == eog
+        for end in sorted(eog):
+            # a combination that puts all its mass on this end token
+            only = CustomCombiner(
+                lambda logits, end=end: np.where(np.arange(logits[0].shape[-1]) == end, 0.0, -np.inf) + 0 * logits[0], name="only"
+            )
+            for method in ("ensemble", "cos"):
+                out = ens.generate(PROMPTS[0], combiner=only, method=method, max_tokens=20, seed=1)
+                assert (out.token_ids, out.finish_reason) == ([], "stop"), (by_text[end], method)
+
+
+# --- errors and inspection ------------------------------------------------------------------------------
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localcos", *args], capture_output=True, text=True, timeout=300, env=os.environ.copy())
+
+
+def test_qwen2_with_llama3_is_a_tokenizer_mismatch_in_one_line(real_models):
+    proc = run("generate", "--models", f"{real_models['qwen2']},{real_models['llama3']}", "--prompt", "Hello")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and proc.stdout == ""
+    assert lines[0].startswith("localcos: error: tokenizer mismatch:") and "r-qwen2" in lines[0] and "r-llama3" in lines[0]
+
+
+def test_models_info_on_real_tokenizers_and_quantisation(real_models):
+    info = run("models", "info", str(real_models["qwen2_q4km"]))
+    assert info.returncode == 0, info.stderr
+    lines = dict(line.split(None, 1) if " " in line else (line, "") for line in info.stdout.replace("chat template", "chat_template").replace("context length", "context_length").splitlines())
+    assert lines["architecture"].strip() == "qwen2"
+    assert lines["quantization"].startswith("Q4_K_M (") and "Q4_K" in lines["quantization"] and "Q6_K" in lines["quantization"]
+    assert lines["vocabulary"].strip() == "151936 tokens (gpt2)"
+    assert lines["chat_template"].strip() == "yes"
+    check = run("models", "check", f"{real_models['qwen2']},{real_models['qwen2_q4km']}")
+    assert check.returncode == 0 and "shared vocabulary 151936 tokens" in check.stdout
+    as_json = run("generate", "--models", str(real_models["qwen2_q4km"]), "--chat", "--prompt", "Hi", "--max-tokens", "4", "--seed", "1", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout)["stats"]["prompt_tokens"] > 10  # the ChatML template's system turn and markers
