@@ -363,7 +363,7 @@ class Ensemble:
             banned=sorted(self.end_tokens) if config.ignore_eos else (),
             text=text,
             on_commit=on_commit,
-            observer=self._auto.get((config.method, combiner.describe(), sampler)) if auto else None,
+            observer=self._auto.get((config.method, combiner.describe(), sampler), combiner.uses(len(self.models))) if auto else None,
             costs=self.call_costs,
         )
         strategy, gammas, proposer = make_strategy(dec, config.method, config.gamma, config.proposer, self.n_params)

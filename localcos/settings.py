@@ -269,7 +269,7 @@ _OPTIONS = [
             "comma-separated models in ensemble order: GGUF paths, names from models.toml, or hf:OWNER/REPO/FILE", metavar="A,B"),
     _option("preset", "--preset", "models", "source", _str, "a named ensemble from models.toml: its models, combiner, method and gamma", metavar="NAME"),
     _option("synthetic", "--synthetic", "models", "source", _str,
-            "a built-in synthetic set: we-pair, cd-pair, we-triple, we-pair-152k (built once, cached)", metavar="SET"),
+            "a built-in synthetic set: we-pair, cd-pair, we-triple, we-unrelated, we-pair-152k (built once, cached)", metavar="SET"),
     _option("synthetic_dtype", "--synthetic-dtype", "models", "source", _choice(WEIGHT_TYPES),
             "weight type of a synthetic set (default bf16: the cheapest batched verification on CPUs with BF16 instructions)",
             choices=WEIGHT_TYPES),

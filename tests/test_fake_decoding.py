@@ -46,18 +46,36 @@ CASES = {
     "mix-3": (3, LogitMix([1, 1, 2]), dict(temperature=1.2, top_k=5)),
     "we-3-top-p": (3, WeightedEnsemble(), dict(temperature=1.0, top_p=0.8)),
     "we-4-min-p": (4, WeightedEnsemble([1, 2, 3, 4]), dict(temperature=1.0, min_p=0.05)),
+    # the drafter (model 0, the cheapest) has no share in r: plain speculative decoding
+    "target-only": (2, WeightedEnsemble([0, 1]), dict(temperature=1.0)),
+    "cd-mu0": (2, Contrastive(mu=0.0, expert=1), dict(temperature=0.8)),
 }
 METHODS = [("ensemble", None), ("sd", 3), ("naive-cos", 2), ("cos", 1), ("cos", 2), ("cos", 4)]
+# --gamma auto, which may also choose the ensemble's own step (gamma 0) between drafts
+AUTO = [(case, method, "auto") for case in ("we-2", "cd-2", "target-only") for method in ("cos", "sd")]
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("method, gamma", METHODS)
+@pytest.mark.parametrize("case, method, gamma", [(c, m, g) for c in CASES for m, g in METHODS] + AUTO)
 def test_joint_law_of_continuations(case, method, gamma):
     n_models, combiner, settings = CASES[case]
     models = [FakeModel(seed=10 + i, n_params=1000 * (i + 1)) for i in range(n_models)]
     outs = joint_test(models, combiner, method, gamma, settings, seed=zlib.crc32(f"{case}/{method}/{gamma}".encode()))
-    if method != "ensemble":
+    if method != "ensemble" and gamma != "auto":  # (auto may choose the ensemble's own step)
         assert sum(o.stats.rejected for o in outs) > 50  # rejections happen and are handled
+
+
+def test_a_model_r_does_not_use_is_never_evaluated_for_r():
+    """Weight 0: the ensemble never runs that model, and sd's drafter does not score its own
+    draft again in the target pass; with weight > 0 it does."""
+    for weights, unused in (([0, 1], True), ([0.5, 0.5], False)):
+        ens = Ensemble([FakeModel(seed=61, n_params=100), FakeModel(seed=62, n_params=1000)], WeightedEnsemble(weights))
+        base = ens.generate([1, 2], method="ensemble", max_tokens=30, seed=0).stats
+        assert (base.models[0].calls == 0) == unused and base.models[1].calls > 0
+        sd = ens.generate([1, 2], method="sd", gamma=3, max_tokens=30, seed=0).stats
+        # the drafter's calls: one per draft token (3 a pass), plus, only when r uses it, one
+        # batched re-run of its draft per pass
+        passes = sd.verifications
+        assert (sd.models[0].calls <= 3 * passes) == unused, (weights, sd.models[0].calls, passes)
 
 
 def test_per_model_gammas_for_three_models():

@@ -107,6 +107,12 @@ def run(args: argparse.Namespace) -> int:
             f"{len(prompts)} prompts ({', '.join(tasks)}) x {repeat} | max {max_tokens} tokens"
         )
         print(bench.format_table(shown, names, f"{settings.name} "))
+        noise = sorted(bench.timing_noise(runs))
+        if noise:
+            print(
+                f"\ntiming noise: the ensemble ran each prompt twice (before and after the others); the two runs "
+                f"differ by {noise[len(noise) // 2]:.1%} in the median, {noise[-1]:.1%} at most. Speedups use both."
+            )
         sizes = sum(m.size_bytes for m in ens.models) / 2**20
         print(
             f"\nmemory: {rss_start:.0f} MiB before loading the models, {rss_loaded:.0f} MiB after, "
@@ -126,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
             },
             "machine": bench.machine(),
             "memory_mib": {"before_load": rss_start, "after_load": rss_loaded, "peak": rss.peak, "weights": sizes},
+            "timing_noise": noise,
             "summary": [asdict(r) for r in rows],
             "runs": [r.to_dict() for r in runs],
         }

@@ -71,6 +71,16 @@ class Combiner(ABC):
     def describe(self) -> str:
         return self.name
 
+    def uses(self, n_models: int) -> tuple[bool, ...]:
+        """Which models r depends on (bound combiners). The decoder never evaluates a model for r
+        that r does not use, and passes None in its place to `combine` and `mix`."""
+        return (True,) * n_models
+
+    def single_model(self) -> int | None:
+        """The model i when r is exactly softmax(l_i / T), its own distribution (single-target
+        speculative decoding: weights 0 and 1); the decoder then skips the combination."""
+        return None
+
 
 class _Weighted(Combiner):
     """A combiner with one weight per model (default: equal weights)."""
@@ -84,6 +94,16 @@ class _Weighted(Combiner):
 
     def describe(self) -> str:
         return f"{self.name}(" + ",".join(f"{w:g}" for w in self.weights or ()) + ")"
+
+    def uses(self, n_models: int) -> tuple[bool, ...]:
+        assert self.weights is not None, "bind() the combiner first"
+        return tuple(w > 0 for w in self.weights)  # a model of weight 0 adds nothing to r
+
+    def single_model(self) -> int | None:
+        # weights sum to 1: one positive weight is 1, and r = softmax(l_i / T) (both levels)
+        assert self.weights is not None, "bind() the combiner first"
+        used = [i for i, w in enumerate(self.weights) if w > 0]
+        return used[0] if len(used) == 1 else None
 
 
 class WeightedEnsemble(_Weighted):
@@ -149,11 +169,21 @@ class Contrastive(Combiner):
         assert self.expert is not None
         return 1 - self.expert
 
+    def uses(self, n_models: int) -> tuple[bool, ...]:
+        assert self.expert is not None, "bind() the combiner first"
+        return tuple(i == self.expert or self.mu > 0 for i in range(2))  # mu = 0: the expert alone
+
+    def single_model(self) -> int | None:
+        return self.expert if self.mu == 0 and self.plausibility is None else None
+
     def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
         assert self.expert is not None, "bind() the combiner first"
         expert = np.asarray(logits[self.expert], dtype=np.float32)
-        with np.errstate(invalid="ignore"):
-            z = expert - np.float32(self.mu) * np.asarray(logits[self.amateur], dtype=np.float32)
+        if self.mu == 0:
+            z = expert.copy()  # the amateur is not evaluated (see uses())
+        else:
+            with np.errstate(invalid="ignore"):
+                z = expert - np.float32(self.mu) * np.asarray(logits[self.amateur], dtype=np.float32)
         z[np.isneginf(expert)] = -np.inf  # banned tokens: -inf - mu * -inf is nan
         if self.plausibility is not None:
             # p_expert(x) >= alpha * max p_expert  <=>  l(x) >= max l + log(alpha)

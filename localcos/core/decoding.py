@@ -117,6 +117,8 @@ class Decoder:
         self.origins: list[Origin] = []
         self.finish_reason: str | None = None
         self.spec = SpeculationStats()
+        # models r depends on; the others are evaluated only to draft (see Combiner.uses)
+        self.used = combiner.uses(len(self.models))
         if len(self.committed) >= max_length:
             self.finish_reason = "length"
 
@@ -198,18 +200,24 @@ class Decoder:
             self.rollback_model(i, length)
 
     def scored_by_all(self) -> int:
-        """How many of the oldest pending tokens every model has a row for."""
-        last = min(len(m.tokens) for m in self.models)  # every model has rows up to here
+        """How many of the oldest pending tokens every model r uses has a row for."""
+        last = min(len(m.tokens) for m, used in zip(self.models, self.used) if used)  # rows up to here
         return max(0, min(last - len(self.committed) + 1, len(self.pending)))
 
     # --- distributions -------------------------------------------------------------------------
     def combined(self, positions: Sequence[int]) -> np.ndarray:
         """r at the given positions, [len(positions), vocab], sampler transforms applied."""
+        single = self.combiner.single_model()
+        if single is not None:  # r is one model's own softmax(l / T): no combining, nothing new
+            rows = [self.rows[single][p] for p in positions]
+            if self.sampler.greedy:
+                return self.sampler.finalize(np.stack(rows), copy=False)
+            return self.sampler.finalize(np.stack([self.softmax(single, p) for p in positions]), copy=False)
         if self.combiner.mixes_probs:
-            probs = [np.stack([self.softmax(i, p) for p in positions]) for i in range(len(self.models))]
+            probs = [np.stack([self.softmax(i, p) for p in positions]) if used else None for i, used in enumerate(self.used)]
             r = self.combiner.mix(probs)
         else:
-            logits = [np.stack([rows[p] for p in positions]) for rows in self.rows]
+            logits = [np.stack([rows[p] for p in positions]) if used else None for rows, used in zip(self.rows, self.used)]
             r = self.combiner.combine(logits, self.sampler.softmax_temperature)
         return self.sampler.finalize(r, copy=False)
 
@@ -222,6 +230,8 @@ class Decoder:
 
     def own(self, i: int, position: int) -> np.ndarray:
         """Model i's own distribution at `position` (what it proposes from)."""
+        if self.sampler.greedy:  # one-hot at the argmax, which the logits have already
+            return self.sampler.finalize(self.rows[i][position], copy=True)
         return self.sampler.finalize(self.softmax(i, position), copy=True)
 
     # --- proposing, verifying, committing ------------------------------------------------------
@@ -322,17 +332,38 @@ class Strategy:
         raise NotImplementedError
 
 
+def ensemble_step(dec: Decoder) -> None:
+    """One token the standard way: every model r uses evaluates it; the token is drawn from r.
+
+    Under --gamma auto (an observer is set) this also measures, for free, how often each model
+    would have its draft token accepted here: alpha_i = sum_y min(r(y), q_i(y)) = 1 - TV(r, q_i),
+    from rows the step has anyway, so the controller knows when speculation would pay again.
+    """
+    position = len(dec.committed)
+    for i, used in enumerate(dec.used):
+        if used:
+            dec.catch_up(i)
+    r = dec.combined([position])[0]
+    token = dec.sampler.draw(r, dec.rng)
+    if dec.observer is not None:
+        for i, used in enumerate(dec.used):
+            if not used:
+                continue
+            if dec.sampler.greedy:  # one-hot r and q: accepted iff the model's argmax is r's
+                alpha = float(int(np.argmax(dec.rows[i][position])) == token)
+            else:
+                alpha = min(1.0, float(np.minimum(r, dec.own(i, position)).sum(dtype=np.float64)))
+            dec.observer.observe_verdicts(i, alpha, 1.0 - alpha)
+    dec.commit([token], [Origin("sample")])
+
+
 class EnsembleDecoding(Strategy):
     """Standard collaborative decoding: every model evaluates every token; sample from r."""
 
     name = "ensemble"
 
     def step(self) -> None:
-        dec = self.dec
-        for i in range(len(dec.models)):
-            dec.catch_up(i)
-        r = dec.combined([len(dec.committed)])[0]
-        dec.commit([dec.sampler.draw(r, dec.rng)], [Origin("sample")])
+        ensemble_step(self.dec)
 
 
 class _DrafterStrategy(Strategy):
@@ -345,28 +376,37 @@ class _DrafterStrategy(Strategy):
         self.gamma = gamma
         self.auto = auto
 
-    def choose(self) -> None:
+    def choose(self) -> bool:
+        """Pick drafter and gamma (--gamma auto); False when this round is an ensemble step."""
         if self.auto and self.dec.observer is not None:
             self.drafter, self.gamma = self.dec.observer.choose(self.name)
+            if self.gamma == 0:
+                ensemble_step(self.dec)
+                return False
+        return True
 
 
 class SpeculativeDecoding(_DrafterStrategy):
     """`sd`: the drafter proposes gamma tokens; the whole ensemble, drafter included, scores the
     draft in one batched pass each and verifies it against r; a bonus token from r follows a
     fully accepted draft. The target is treated as a black box, so the drafter re-runs its draft
-    in its target role."""
+    in its target role; when r does not use the drafter (weight 0: plain speculative decoding of
+    the other models), it does not."""
 
     name = "sd"
 
     def step(self) -> None:
-        self.choose()
+        if not self.choose():
+            return
         dec, d = self.dec, self.drafter
         n0 = len(dec.committed)
         dec.draft(d, min(self.gamma, dec.budget() - 1))
-        # target pass: the drafter forgets its draft and scores it again, batched, like the others
-        dec.rollback_model(d, n0)
-        for i in range(len(dec.models)):
-            dec.catch_up(i)
+        if dec.used[d]:
+            # target pass: the drafter forgets its draft and scores it again, batched, like the others
+            dec.rollback_model(d, n0)
+        for i, used in enumerate(dec.used):
+            if used:
+                dec.catch_up(i)
         if dec.verify_pending(len(dec.pending)) or dec.finished:
             return
         r = dec.combined([len(dec.committed)])[0]
@@ -380,12 +420,13 @@ class NaiveCoS(_DrafterStrategy):
     name = "naive-cos"
 
     def step(self) -> None:
-        self.choose()
+        if not self.choose():
+            return
         dec, d = self.dec, self.drafter
         dec.draft(d, min(self.gamma, dec.budget()))
         upto = len(dec.committed) + len(dec.pending) - 1  # rows at the draft positions, no further
-        for i in range(len(dec.models)):
-            if i != d:
+        for i, used in enumerate(dec.used):
+            if i != d and used:
                 dec.catch_up(i, upto)
         dec.verify_pending(len(dec.pending))
 
@@ -416,6 +457,9 @@ class CoS(Strategy):
         dec = self.dec
         if self.auto and self.turn == 0 and not dec.pending and dec.observer is not None:
             proposer, gamma = dec.observer.choose("cos")
+            if gamma == 0:
+                ensemble_step(dec)
+                return
             self.order = [proposer] + [m for m in range(len(dec.models)) if m != proposer]
             self.gammas = [gamma if m == proposer else 1 for m in range(len(dec.models))]
         i = self.order[self.turn]

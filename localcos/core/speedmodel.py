@@ -147,14 +147,25 @@ class AutoGamma:
     new draft it takes the (proposer, gamma) with the highest expected tokens per second under
     the method's cost structure, re-evaluated once `rechoose_every` more draft tokens have been
     judged. Choices depend only on the past, so the output distribution stays exact.
+
+    gamma 0 is a choice too: no draft, every model r uses scores the next token (the standard
+    ensemble's step). It wins where speculation does not pay (models that disagree, batches that
+    cost much more than one token); while it runs, the decoder still measures every model's
+    acceptance rate as a proposer (1 - TV(r, q), from the rows it has anyway), so the controller
+    returns to speculation as soon as it would pay.
     """
 
     costs: CallCosts
+    used: tuple[bool, ...] | None = None  # the models r depends on (default: all)
     gamma_max: int = 8
     prior_alpha: float = 0.7
     prior_weight: float = 8.0
     decay: float = 0.995
     rechoose_every: float = 16  # draft tokens judged between re-evaluations of a choice
+    # speculation is chosen only when expected this much faster than the ensemble's step: the
+    # model leaves out the host work that drafting adds (verification, rollbacks), and its cost
+    # estimates carry noise; in doubt, the ensemble's step is never slower than itself
+    margin: float = 0.03
     accepted: list[float] = field(default_factory=list)
     tested: list[float] = field(default_factory=list)
     judged: float = 0.0  # draft tokens judged so far
@@ -165,8 +176,12 @@ class AutoGamma:
         self.n_models = len(self.costs.models)
         self.accepted = [0.0] * self.n_models
         self.tested = [0.0] * self.n_models
+        if self.used is None:
+            self.used = (True,) * self.n_models
 
-    def observe_verdicts(self, proposer: int, accepted: int, rejected: int) -> None:
+    def observe_verdicts(self, proposer: int, accepted: float, rejected: float) -> None:
+        """Verdicts on `proposer`'s draft tokens: counts, or expected counts (an acceptance
+        probability measured without drafting)."""
         d = self.decay ** (accepted + rejected)
         self.accepted[proposer] = d * self.accepted[proposer] + accepted
         self.tested[proposer] = d * self.tested[proposer] + accepted + rejected
@@ -181,16 +196,25 @@ class AutoGamma:
         """Expected tokens per second; `cost(model, n_tokens)` defaults to the measured costs."""
         a = self.alpha(proposer)
         cost = cost or self.costs
-        others = [i for i in range(self.n_models) if i != proposer]
+        assert self.used is not None
+        others = [i for i in range(self.n_models) if i != proposer and self.used[i]]
         if method == "cos":
             return self._cos_tokens_per_second(proposer, gamma, cost)
         if method == "naive-cos":
             tokens = expected_tokens(a, gamma)
             seconds = gamma * cost(proposer, 1) + sum(cost(i, gamma) for i in others)
-        else:  # sd
+        else:  # sd: the drafter scores its draft again only when r uses it
             tokens = expected_tokens(a, gamma + 1)
-            seconds = gamma * cost(proposer, 1) + cost(proposer, gamma) + sum(cost(i, gamma + 1) for i in others)
+            rerun = cost(proposer, gamma) if self.used[proposer] else 0.0
+            seconds = gamma * cost(proposer, 1) + rerun + sum(cost(i, gamma + 1) for i in others)
         return tokens / seconds if seconds > 0 else math.inf
+
+    def ensemble_tokens_per_second(self, cost: Callable[[int, int], float] | None = None) -> float:
+        """Expected tokens per second of gamma 0: one single-token call of every model r uses."""
+        cost = cost or self.costs
+        assert self.used is not None
+        seconds = sum(cost(i, 1) for i in range(self.n_models) if self.used[i])
+        return 1.0 / seconds if seconds > 0 else math.inf
 
     def _cos_tokens_per_second(
         self, proposer: int, gamma: int, cost: Callable[[int, int], float], horizon: int = 12
@@ -217,8 +241,8 @@ class AutoGamma:
             m = order[turn % n]
             seconds += alive * cost(m, len(alphas) - have[m])
             have[m] = len(alphas)
-            # a token is verified once every model has evaluated the token before it
-            newest = min(min(have), len(alphas) - 1)
+            # a token is verified once every model r uses has evaluated the token before it
+            newest = min(min(h for h, used in zip(have, self.used or ()) if used), len(alphas) - 1)
             for i in range(verified + 1, newest + 1):
                 tokens += alive  # accepted, or rejected and replaced: one token either way
                 alive *= alphas[i]
@@ -233,6 +257,7 @@ class AutoGamma:
 
     def choose(self, method: str, proposers: list[int] | None = None) -> tuple[int, int]:
         """The (proposer, gamma) with the best expected speed; proposers default to all models.
+        gamma 0 means: no draft this time, the ensemble's own step.
 
         A choice is kept until `rechoose_every` more draft tokens have been judged: the estimates
         move slowly, and evaluating every candidate costs about as much as a small model's call.
@@ -247,6 +272,8 @@ class AutoGamma:
             (self.tokens_per_second(method, p, g, cost), -g, p) for p in candidates for g in range(1, self.gamma_max + 1)
         )
         choice = (best[2], -best[1])
+        if self.ensemble_tokens_per_second(cost) * (1 + self.margin) >= best[0]:
+            choice = (best[2], 0)
         self.choices[key] = (self.judged, choice)
         return choice
 
@@ -263,7 +290,7 @@ class AutoGammaControllers:
     def __len__(self) -> int:
         return len(self._controllers)
 
-    def get(self, key: tuple) -> AutoGamma:
+    def get(self, key: tuple, used: tuple[bool, ...] | None = None) -> AutoGamma:
         if key not in self._controllers:
-            self._controllers[key] = AutoGamma(self.costs)
+            self._controllers[key] = AutoGamma(self.costs, used=used)
         return self._controllers[key]

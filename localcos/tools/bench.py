@@ -1,8 +1,10 @@
 """`localcos bench`: the CoS paper's comparison, measured side by side in one process.
 
 Every configuration (method x gamma) runs on the same prompts with the same seeds, interleaved:
-for each temperature, each prompt and each repeat, all configurations run one after the other. So
-every speedup is a ratio of tokens/second measured in the same conditions, minutes apart at most.
+for each temperature, each prompt and each repeat, all configurations run one after the other,
+and the standard ensemble runs both first and last (A-B-A), so drift of the machine's speed
+cancels out of the ratio and the two baseline runs show how noisy the timing is. Every speedup is
+a ratio of tokens/second measured in the same conditions, seconds apart.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Run:
     method: str
     gamma: int | str | None
     stats: GenerationStats
+    again: bool = False  # the ensemble's second run of this prompt (after the other configurations)
 
     def to_dict(self) -> dict:
         return {**{k: v for k, v in asdict(self).items() if k != "stats"}, "stats": self.stats.to_dict()}
@@ -99,8 +102,10 @@ def run_benchmark(
     proposer: int | None = None,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> list[Run]:
-    """Run every configuration on every prompt, interleaved; returns one `Run` per generation."""
-    total = len(temperatures) * len(prompts) * repeat * len(configs)
+    """Run every configuration on every prompt, interleaved, the ensemble first and again last;
+    returns one `Run` per generation."""
+    rounds = [(c, False) for c in configs] + [(c, True) for c in configs if c.method == "ensemble"]
+    total = len(temperatures) * len(prompts) * repeat * len(rounds)
     done = 0
     # warm up: fault in the model weights and let the CPU settle before anything is timed
     ens.generate(prompts[0][1], method="ensemble", max_tokens=8, temperature=0, ignore_eos=True)
@@ -109,7 +114,7 @@ def run_benchmark(
         for p, (task, prompt) in enumerate(prompts):
             for r in range(repeat):
                 run_seed = seed + 1000 * p + r
-                for config in configs:
+                for config, again in rounds:
                     if progress:
                         progress(done, total, f"T={temperature:g} prompt {p + 1}/{len(prompts)} {config.label}")
                     out = ens.generate(
@@ -122,7 +127,7 @@ def run_benchmark(
                         seed=run_seed,
                         ignore_eos=True,
                     )
-                    runs.append(Run(task, p, temperature, r, config.method, config.gamma, out.stats))
+                    runs.append(Run(task, p, temperature, r, config.method, config.gamma, out.stats, again))
                     done += 1
     if progress:
         progress(done, total, "done")
@@ -142,6 +147,19 @@ def summarize(runs: Sequence[Run], proposer: int, n_models: int) -> list[Row]:
     order = {"all": 0}
     rows.sort(key=lambda r: (order.get(r.task, 1), r.task, r.temperature, r.method != "ensemble", r.method, str(r.gamma)))
     return rows
+
+
+def timing_noise(runs: Sequence[Run]) -> list[float]:
+    """|1 - tok/s of the ensemble's second run / its first| for each prompt, temperature and
+    repeat: the same work timed twice, seconds apart (how far apart identical runs land here)."""
+    first = {(r.temperature, r.prompt, r.repeat): r for r in runs if r.method == "ensemble" and not r.again}
+    out = []
+    for r in runs:
+        if r.method == "ensemble" and r.again and (r.temperature, r.prompt, r.repeat) in first:
+            a, b = first[(r.temperature, r.prompt, r.repeat)].stats.tokens_per_second, r.stats.tokens_per_second
+            if a and b:
+                out.append(abs(1.0 - b / a))
+    return out
 
 
 def _total(runs: Iterable[Run]) -> GenerationStats | None:

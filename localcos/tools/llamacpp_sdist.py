@@ -127,3 +127,24 @@ def template(name: str) -> str:
     if not path.is_file():
         raise SdistUnavailable(f"llama.cpp ships no chat template {name!r}")
     return path.read_text(encoding="utf-8")
+
+
+def build(targets: list[str], *, jobs: int | None = None, cmake_args: list[str] | None = None) -> Path:
+    """Build llama.cpp's own C++ targets (llama-speculative, llama-perplexity, ...) from the same
+    vendored source, once, in the cache; returns the folder holding the executables. Takes minutes
+    on a laptop the first time; the cmake build is incremental afterwards."""
+    if shutil.which("cmake") is None:
+        raise SdistUnavailable("building llama.cpp's tools needs cmake (and a C++ compiler)")
+    source = source_dir()
+    build_dir = source.parent / "build"
+    args = [
+        "cmake", "-S", str(source), "-B", str(build_dir),
+        "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF",
+        *(cmake_args or []),
+    ]  # fmt: skip
+    for cmd in (args, ["cmake", "--build", str(build_dir), "--config", "Release", "-j", str(jobs or os.cpu_count() or 2), "--target", *targets]):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"status {proc.returncode}"]
+            raise SdistUnavailable(f"building llama.cpp ({' '.join(targets)}) failed: {tail[0]}")
+    return build_dir / "bin"

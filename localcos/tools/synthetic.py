@@ -6,6 +6,8 @@
 * ``cd-pair``: an amateur and an expert of one family, the expert about 10x costlier per token
   (contrastive decoding).
 * ``we-triple``: three same-size siblings (three-model weighted ensemble).
+* ``we-unrelated``: two same-size models with unrelated weights: they rarely agree, the case
+  where speculation does not pay and ``--gamma auto`` must not be slower than the ensemble.
 * ``we-pair-152k``: a we-pair with Qwen2.5's 151936-token vocabulary (host overhead at 152k).
 
 The weights are BF16 by default: on CPUs with native BF16 dot products (AVX512_BF16, Arm BF16)
@@ -66,6 +68,13 @@ SETS: dict[str, SyntheticSet] = {
         ),
         "cd",
         ("cd-amateur", "cd-expert"),
+    ),
+    "we-unrelated": SyntheticSet(
+        "we-unrelated",
+        "two same-size models with unrelated weights (they rarely agree)",
+        (_WE_BASE, replace(_WE_BASE, seed=22, name="we-u")),
+        "we",
+        ("we-a", "we-u"),
     ),
     "we-pair-152k": SyntheticSet(
         "we-pair-152k",
