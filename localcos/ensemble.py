@@ -26,6 +26,7 @@ from .core.sampling import Sampler
 from .core.speedmodel import AutoGammaControllers, CallCosts
 from .core.text import TextAssembler
 from .errors import ConfigError, PromptTooLongError
+from .scoring import Loglikelihood, Scores, loglikelihood, score_tokens
 from .stats import GenerationStats, ModelRunStats
 
 Gamma = int | tuple[int, ...] | str | None  # one value, one per model, "auto", or None (default)
@@ -90,6 +91,7 @@ class Completion:
     finish_reason: str  # "stop" (an end token or a stop string), "length" (max tokens or context), "cancelled"
     origins: list[Origin]
     stats: GenerationStats
+    end_token: int | None = None  # the end-of-generation token that ended it (not part of token_ids)
 
     def to_dict(self) -> dict:
         return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason}
@@ -178,12 +180,14 @@ class Ensemble:
         main_gpu: int = 0,
         split_mode: str = "layer",
         flash_attn: str = "auto",
+        max_logit_rows: int = 64,
         progress: Callable[[int, int, str], None] | None = None,
     ) -> "Ensemble":
         """Load every model (each into its own llama.cpp context) and check their tokenizers.
 
         `n_gpu_layers` is one value for all models or one per model (-1 = all layers);
-        `split_mode` is "none", "layer" or "row"; `flash_attn` "auto", "on" or "off".
+        `split_mode` is "none", "layer" or "row"; `flash_attn` "auto", "on" or "off";
+        `max_logit_rows` the most logits rows one call returns (scoring raises it to `n_batch`).
         `progress(i, n, name)` is called before model i of n is loaded.
         """
         if not paths:
@@ -207,6 +211,7 @@ class Ensemble:
                         main_gpu=main_gpu,
                         split_mode=split_mode,
                         flash_attn=flash_attn,
+                        max_logit_rows=max_logit_rows,
                     )
                 )
                 single_calls.append(models[-1].warm_up())
@@ -255,12 +260,31 @@ class Ensemble:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def tokenize(self, text: str) -> list[int]:
-        """Tokens of `text` with each model's default BOS handling; all models must agree."""
-        return tokenize_alike(self.models, text)
+    def tokenize(self, text: str, *, add_bos: bool | None = None, special: bool = False) -> list[int]:
+        """Tokens of `text` (BOS as the models' metadata says unless `add_bos` is given; special
+        tokens such as <|im_start|> parsed only with `special`); all models must agree."""
+        return tokenize_alike(self.models, text, add_bos=add_bos, special=special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.models[0].detokenize(tokens)
+
+    # --- scoring -----------------------------------------------------------------------------------
+    def score(self, text: str | Sequence[int], *, combiner: Combiner | None = None, members: bool = True) -> Scores:
+        """Log-probabilities (temperature 1) of every token of `text` after the first, each given
+        the ones before it, under r (the ensemble's combination, or `combiner`) and, with
+        `members`, under each model alone. The text must fit the context."""
+        tokens = self.tokenize(text) if isinstance(text, str) else [int(t) for t in text]
+        if len(tokens) < 2:
+            raise ConfigError(f"nothing to score: the text has {len(tokens)} token(s)")
+        return score_tokens(self, tokens, 1, combiners=None if combiner is None else [combiner], members=members)
+
+    def loglikelihood(
+        self, context: str | Sequence[int], continuations: Sequence[str | Sequence[int]], *, combiner: Combiner | None = None
+    ) -> list[Loglikelihood]:
+        """How likely each continuation is after `context` (summed and per token, under r and
+        each model): multiple-choice scoring. The context is evaluated once; each continuation
+        after it, rolled back between them."""
+        return loglikelihood(self, context, continuations, combiner=combiner)
 
     # --- generation ------------------------------------------------------------------------------
     def generate(
@@ -369,7 +393,10 @@ class Ensemble:
         strategy, gammas, proposer = make_strategy(dec, config.method, config.gamma, config.proposer, self.n_params)
         while not dec.finished:
             if stream.cancelled:
+                # drafts in flight leave every cache, which then holds exactly prompt + completion
                 dec.finish_reason = "cancelled"
+                dec.pending.clear()
+                dec.rollback(len(dec.committed))
                 break
             strategy.step()
             if config.check_invariants:
@@ -407,7 +434,7 @@ class Ensemble:
             ensemble_llama_seconds=self.call_costs.ensemble_seconds(len(dec.generated)),
             finish_reasons={finish_reason: 1},
         )
-        return Completion(text.text, dec.generated, finish_reason, dec.origins, stats)
+        return Completion(text.text, dec.generated, finish_reason, dec.origins, stats, dec.end_token)
 
 
 class _TokenText:

@@ -344,8 +344,14 @@ class LoadSpec:
     flash_attn: str = "auto"
     verbose: bool = False
 
-    def load(self, combiner: Combiner | None = None, progress: Callable[[int, int, str], None] | None = None) -> "Ensemble":
-        """Load the ensemble (`progress(i, n, name)` before model i of n)."""
+    def load(
+        self,
+        combiner: Combiner | None = None,
+        progress: Callable[[int, int, str], None] | None = None,
+        max_logit_rows: int = 64,
+    ) -> "Ensemble":
+        """Load the ensemble (`progress(i, n, name)` before model i of n; `max_logit_rows` as in
+        `Ensemble.load`: decoding needs few rows a call, scoring a whole batch's)."""
         from .backend import set_verbose
         from .ensemble import Ensemble
 
@@ -353,7 +359,7 @@ class LoadSpec:
             set_verbose(True)
         # every other field is an argument of Ensemble.load of the same name
         options = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("paths", "labels", "verbose")}
-        return Ensemble.load(self.paths, combiner, progress=progress, **options)
+        return Ensemble.load(self.paths, combiner, progress=progress, max_logit_rows=max_logit_rows, **options)
 
 
 @dataclass(frozen=True)

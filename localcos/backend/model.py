@@ -174,8 +174,9 @@ class Model:
         flash_attn: "auto" (llama.cpp decides), "on" or "off".
         extra_buffers: let llama.cpp repack weights for faster CPU kernels (default:
             `default_extra_buffers()`).
-        max_logit_rows: logits rows one call is expected to return at most; llama.cpp sizes its
-            output compute buffer for this (n_vocab floats each), more are still possible.
+        max_logit_rows: the most logits rows one llama_decode call returns (llama.cpp sizes its
+            output buffer for them, n_vocab floats each, and refuses more); `evaluate` splits its
+            calls to respect it. Scoring raises it to `n_batch` for fewer, larger calls.
         vocab_only: load only the vocabulary (fast; for tokenizer checks); `evaluate` is then
             unavailable.
     """
@@ -258,7 +259,8 @@ class Model:
         cparams.n_seq_max = 1
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
-        cparams.n_outputs_max = max(1, min(max_logit_rows, self.n_batch))
+        self.max_logit_rows = max(1, min(max_logit_rows, self.n_batch))
+        cparams.n_outputs_max = self.max_logit_rows
         cparams.no_perf = True
         cparams.flash_attn_type = FLASH_ATTN[flash_attn]
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
@@ -359,47 +361,76 @@ class Model:
         float32 array of shape [n_logits, logits_vocab]. `n_logits` defaults to all tokens; 0
         evaluates without returning logits.
         """
-        if self._ctx is None:
-            raise RuntimeError(f"{self.name} was loaded with vocab_only")
         n = len(tokens)
         n_logits = n if n_logits is None else n_logits
         if not 0 <= n_logits <= n:
             raise ValueError("n_logits must be between 0 and len(tokens)")
-        start = len(self.tokens)
-        if start + n > self.n_ctx:
-            raise ValueError(
-                f"{self.name}: evaluating {n} tokens at position {start} exceeds the context of {self.n_ctx}"
-            )
+        self._check_room(n)
         out = np.empty((n_logits, self.logits_vocab), dtype=np.float32)
         first_logit = n - n_logits
-        t0 = time.perf_counter()
         done = 0
         while done < n:
             chunk = min(self.n_batch, n - done)
-            self._batch.n_tokens = chunk
-            self._batch_token[:chunk] = tokens[done : done + chunk]
-            self._batch_pos[:chunk] = np.arange(start + done, start + done + chunk)
-            flags = self._batch_logits[:chunk]
-            flags[:] = 0
-            lo = max(first_logit - done, 0)
-            if lo < chunk:
-                flags[lo:] = 1
-            rc = llama_cpp.llama_decode(self._ctx, self._batch)
-            if rc != 0:
-                # the cache may hold part of the batch now: drop it, keep `tokens` exact
-                llama_cpp.llama_memory_seq_rm(self._memory, 0, start, -1)
-                self.tokens = self.tokens[:start]
-                raise RuntimeError(f"{self.name}: llama_decode failed with status {rc}")
+            lo = min(max(first_logit - done, 0), chunk)
+            if chunk - lo > self.max_logit_rows:  # llama.cpp returns at most that many rows a call
+                chunk = lo + self.max_logit_rows
+            self._decode(tokens[done : done + chunk], lo, chunk)
             for j in range(lo, chunk):
                 ptr = llama_cpp.llama_get_logits_ith(self._ctx, j)
                 row = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
                 out[done + j - first_logit] = row[: self.logits_vocab]
-            self.stats.calls += 1
             done += chunk
-        self.stats.tokens += n
-        self.stats.seconds += time.perf_counter() - t0
-        self.tokens.extend(int(t) for t in tokens)
         return out
+
+    def evaluate_view(self, tokens: Sequence[int], first: int, end: int) -> np.ndarray:
+        """Append `tokens` (at most `n_batch`) in one llama_decode call and return llama.cpp's own
+        logits rows after tokens[first:end], without copying them: a read-only view of shape
+        [end - first, logits_vocab], valid until this model's next call. For scoring long texts
+        with host memory bounded by what the caller takes of it at a time."""
+        n = len(tokens)
+        if n > self.n_batch:
+            raise ValueError(f"evaluate_view takes at most n_batch = {self.n_batch} tokens, got {n}")
+        if not 0 <= first <= end <= n:
+            raise ValueError("need 0 <= first <= end <= len(tokens)")
+        if end - first > self.max_logit_rows:
+            raise ValueError(f"evaluate_view returns at most max_logit_rows = {self.max_logit_rows} rows, asked {end - first}")
+        self._check_room(n)
+        self._decode(tokens, first, end)
+        if first == end:
+            return np.empty((0, self.logits_vocab), dtype=np.float32)
+        ptr = llama_cpp.llama_get_logits(self._ctx)  # the output rows, in batch order
+        rows = np.ctypeslib.as_array(ptr, shape=(end - first, self.n_vocab))[:, : self.logits_vocab]
+        rows.flags.writeable = False
+        return rows
+
+    def _check_room(self, n: int) -> None:
+        if self._ctx is None:
+            raise RuntimeError(f"{self.name} was loaded with vocab_only")
+        if len(self.tokens) + n > self.n_ctx:
+            raise ValueError(
+                f"{self.name}: evaluating {n} tokens at position {len(self.tokens)} exceeds the context of {self.n_ctx}"
+            )
+
+    def _decode(self, tokens: Sequence[int], out_from: int, out_to: int) -> None:
+        """One llama_decode of `tokens` (at most n_batch) after the cache, with logits for the
+        tokens in [out_from, out_to); counts the call and keeps `self.tokens` exact."""
+        start, chunk = len(self.tokens), len(tokens)
+        t0 = time.perf_counter()
+        self._batch.n_tokens = chunk
+        self._batch_token[:chunk] = tokens
+        self._batch_pos[:chunk] = np.arange(start, start + chunk)
+        flags = self._batch_logits[:chunk]
+        flags[:] = 0
+        flags[out_from:out_to] = 1
+        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            # the cache may hold part of the batch now: drop it, keep `tokens` exact
+            llama_cpp.llama_memory_seq_rm(self._memory, 0, start, -1)
+            raise RuntimeError(f"{self.name}: llama_decode failed with status {rc}")
+        self.tokens.extend(int(t) for t in tokens)
+        self.stats.calls += 1
+        self.stats.tokens += chunk
+        self.stats.seconds += time.perf_counter() - t0
 
     def prefill(self, prompt: Sequence[int]) -> np.ndarray:
         """Bring the KV cache to exactly `prompt` and return the logits row after it.
@@ -435,6 +466,13 @@ class Model:
         self.reset()
         self.stats.reset()
         return seconds
+
+    def kv_length(self) -> int:
+        """How many positions llama.cpp's KV cache holds (equals len(self.tokens) unless
+        something went wrong: a consistency check)."""
+        if self._ctx is None:
+            return 0
+        return int(llama_cpp.llama_memory_seq_pos_max(self._memory, 0)) + 1
 
     def truncate(self, n: int) -> None:
         """Remove every token at position >= n from the KV cache."""

@@ -116,6 +116,7 @@ class Decoder:
         self.costs = costs  # every llama_decode call's time is recorded here, by batch size
         self.origins: list[Origin] = []
         self.finish_reason: str | None = None
+        self.end_token: int | None = None  # the end-of-generation token that ended the completion
         self.spec = SpeculationStats()
         # models r depends on; the others are evaluated only to draft (see Combiner.uses)
         self.used = combiner.uses(len(self.models))
@@ -294,6 +295,7 @@ class Decoder:
                 break
             if self.is_end(token):
                 self.finish_reason = "stop"
+                self.end_token = token
                 break
             self.committed.append(token)
             self.origins.append(origin)

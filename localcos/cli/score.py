@@ -1,0 +1,183 @@
+"""`localcos score`: perplexity and multiple-choice accuracy of a combination and of its models."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import time
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..scoring import SCORING_LOGIT_ROWS
+from .options import add_options, loading_progress, resolve
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "score",
+        help="perplexity / multiple-choice accuracy of a combination and of each model alone",
+        description="Score a combination: the perplexity of a text (--file; llama-perplexity's windows: chunks of "
+        "--ctx tokens, the second half of each scored) or the accuracy on a multiple-choice set (--choices, JSON "
+        "lines {context, choices, answer}), under the combined distribution r and under each model alone, "
+        "optionally over a grid of combinations (--sweep), which costs the models nothing more.",
+    )
+    what = p.add_argument_group("what to score")
+    what.add_argument("--file", help="a text file: its perplexity")
+    what.add_argument("--choices", help="a JSON-lines multiple-choice set: accuracy")
+    what.add_argument(
+        "--sweep", help="a grid: weights=0:1:0.1 (the first model's weight), mu=0,0.05,0.1,0.2 or plausibility=0.05,0.1"
+    )
+    add_options(p, ["models", "hardware", "combination"], exclude={"synthetic", "synthetic_dtype"})
+    out = p.add_argument_group("output")
+    out.add_argument("--json", help="write every figure as JSON")
+    out.add_argument("--csv", help="write the table as CSV")
+    out.add_argument("--plot", help="write a PNG of the figure over the --sweep grid (needs matplotlib)")
+    p.set_defaults(func=run, ctx=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..tools import score
+    from ..tools.bench import RssSampler, current_rss_mb
+
+    if bool(args.file) == bool(args.choices):
+        raise ConfigError("give --file TEXT (perplexity) or --choices FILE.jsonl (accuracy)")
+    if args.file:
+        path = Path(args.file)
+        if not path.is_file():
+            raise ConfigError(f"text file not found: {args.file}")
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if not text.strip():
+            raise ConfigError(f"{args.file} is empty")
+    else:
+        items = score.load_choices(args.choices)
+    sweep = score.parse_sweep(args.sweep) if args.sweep else None
+    settings = resolve(args, {"ctx": 512 if args.file else 2048})
+    if sweep is not None:
+        wanted = ("cd",) if sweep.name in ("mu", "plausibility") else ("we", "logit-mix")
+        if settings.combine.combine not in wanted:
+            raise ConfigError(f"--sweep {sweep.name} needs --combine {' or '.join(wanted)} (it is {settings.combine.combine})")
+    points = sweep.settings() if sweep else [{}]
+    grid = [settings.with_values(point) for point in points]  # each point checked like an option
+    labels = [_label(point) for point in points]
+    with settings.load.load(settings.combiner(), loading_progress, max_logit_rows=SCORING_LOGIT_ROWS) as ens:
+        combiners = [s.combiner() for s in grid]
+        names = ens.names
+        rss_loaded = current_rss_mb()
+        llama0 = sum(m.stats.seconds for m in ens.models)
+        t0 = time.perf_counter()
+        with _Progress("windows" if args.file else "items") as bar, RssSampler() as rss:
+            if args.file:
+                result = score.perplexity(ens, text, combiners, progress=bar.update)
+            else:
+                choices = score.score_choices(ens, items, combiners, progress=bar.update)
+        seconds = time.perf_counter() - t0
+        llama = sum(m.stats.seconds for m in ens.models) - llama0
+        bound = [ens.bind(c).describe() for c in combiners]
+    rows = []  # (what, label, value, extra)
+    if args.file:
+        scored = sum(n.count for n in result.combined[:1])
+        print(
+            f"localcos score: perplexity of {args.file} ({result.tokens} tokens; {result.windows} windows of "
+            f"{result.n_ctx}, {scored} tokens scored)"
+        )
+        print(f"{'':<34}{'perplexity':>14}{'+/-':>12}")
+        for desc, label, nll in zip(bound, labels, result.combined):
+            rows.append(("r", label or desc, nll.perplexity, nll.error))
+        for name, nll in zip(names, result.members):
+            rows.append(("model", name, nll.perplexity, nll.error))
+        for kind, label, value, err in rows:
+            print(f"{(f'r {label}' if kind == 'r' else f'{label} alone')[:33]:<34}{value:>14.6g}{err:>12.4g}")
+        speed = f"{scored / seconds:.1f} scored tokens/s" if seconds > 0 else ""
+    else:
+        print(f"localcos score: {len(items)} multiple-choice items from {args.choices}")
+        print(f"{'':<34}{'accuracy':>10}{'per token':>11}")
+        for desc, label, sums in zip(bound, labels, choices.combined):
+            rows.append(("r", label or desc, choices.accuracy(sums), choices.accuracy(sums, per_token=True)))
+        for name, sums in zip(names, choices.members):
+            rows.append(("model", name, choices.accuracy(sums), choices.accuracy(sums, per_token=True)))
+        for kind, label, acc, acc_tok in rows:
+            print(f"{(f'r {label}' if kind == 'r' else f'{label} alone')[:33]:<34}{acc:>10.1%}{acc_tok:>11.1%}")
+        speed = f"{sum(map(sum, choices.tokens)) / seconds:.1f} choice tokens/s" if seconds > 0 else ""
+    host = (seconds - llama) / seconds if seconds > 0 else 0.0
+    print(f"\n{seconds:.2f}s, {speed}; {host:.0%} of the time outside llama.cpp (combining); peak host memory +{rss.peak - rss_loaded:.0f} MiB")
+    report = {
+        "models": [str(p) for p in settings.load.paths],
+        "kind": "perplexity" if args.file else "choices",
+        "sweep": None if sweep is None else {"name": sweep.name, "values": list(sweep.values)},
+        "rows": [{"kind": k, "label": label, "value": v, "extra": e} for k, label, v, e in rows],
+        "seconds": seconds,
+        "llama_seconds": llama,
+        "peak_memory_mib": rss.peak - rss_loaded,
+    }
+    if args.file:
+        report.update(tokens=result.tokens, windows=result.windows, n_ctx=result.n_ctx)
+    else:
+        report.update(
+            items=len(items),
+            loglikelihoods={"combined": choices.combined, "members": choices.members, "tokens": choices.tokens},
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["kind", "label", "perplexity" if args.file else "accuracy", "error" if args.file else "accuracy_per_token"])
+            w.writerows(rows)
+    if args.plot:
+        if sweep is None:
+            raise ConfigError("--plot draws the figure over a --sweep grid; give --sweep")
+        _plot(args.plot, sweep, rows, "perplexity" if args.file else "accuracy")
+    return 0
+
+
+def _label(point: dict) -> str:
+    if not point:
+        return ""
+    (key, value), = point.items()
+    if key == "weights":
+        return "weights " + ",".join(f"{w:g}" for w in value)
+    return f"{key} {value:g}"
+
+
+def _plot(path: str, sweep, rows, metric: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ConfigError("--plot needs matplotlib: pip install 'localcos[plot]'") from e
+    fig, ax = plt.subplots(figsize=(6, 4))
+    combined = [v for kind, _, v, _ in rows if kind == "r"]
+    ax.plot(list(sweep.values), combined, marker="o", label="combination r")
+    for kind, label, value, _ in rows:
+        if kind == "model":
+            ax.axhline(value, linestyle=":", linewidth=1, label=f"{label} alone")
+    ax.set_xlabel("weight of the first model" if sweep.name == "weights" else sweep.name)
+    ax.set_ylabel(metric)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+class _Progress:
+    """A progress bar on stderr while scoring (only on a terminal)."""
+
+    def __init__(self, unit: str) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        console = Console(stderr=True)
+        self._bar = Progress(TextColumn(f"scoring {unit}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console, transient=True, disable=not console.is_terminal)
+        self._task = self._bar.add_task("score", total=None)
+
+    def update(self, done: int, total: int) -> None:
+        self._bar.update(self._task, completed=done, total=total)
+
+    def __enter__(self) -> "_Progress":
+        self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.__exit__(*exc)

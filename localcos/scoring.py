@@ -1,0 +1,178 @@
+"""The one scorer: log-probabilities of a token sequence under an ensemble's r and its members.
+
+Every model evaluates the tokens in llama_decode calls of up to `n_batch` tokens (never one call
+per token), each keeping what its KV cache already holds of them (a shared context is evaluated
+once; a different continuation after it costs its own tokens only, rolled back with `seq_rm`).
+llama.cpp's logits of a call are read in place, a slice of rows at a time, and go through the same
+combination code decoding uses (`core.scoring`), so host memory stays bounded by the slice, not
+the text. `Ensemble.score`, `Ensemble.loglikelihood`, `localcos score` and the server's
+``echo`` + ``logprobs`` all come here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+from .backend import common_prefix
+from .core.combiners import Combiner
+from .core.scoring import Scratch, score_rows
+from .errors import ConfigError, PromptTooLongError
+
+if TYPE_CHECKING:
+    from .ensemble import Ensemble
+
+SLICE_ROWS = 8  # logits rows combined at a time: a few rows x vocabulary stay in the CPU cache
+# Rows one llama_decode call returns when scoring (`Ensemble.load(max_logit_rows=...)`): llama.cpp
+# keeps an output buffer of this many vocabulary rows per model (78 MiB at 152k), so it is not
+# n_batch; a window's unscored first half still goes in calls of n_batch tokens.
+SCORING_LOGIT_ROWS = 128
+
+
+@dataclass
+class Scores:
+    """Log-probabilities (natural log, temperature 1) of `tokens[i]`, each given all tokens
+    before it in the scored sequence."""
+
+    tokens: list[int]
+    combined: list[np.ndarray]  # per combiner: log r(token)
+    greedy: list[np.ndarray]  # per combiner: the token was r's most likely one
+    members: np.ndarray | None  # [n_models, n]: log p_i(token) under each model alone
+    top: list[list[tuple[int, float]]] | None = None  # per token: r's most likely tokens there
+    evaluated: list[int] = field(default_factory=list)  # tokens each model evaluated for this
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        """log r(token) under the (first) combiner."""
+        return self.combined[0]
+
+
+def score_tokens(
+    ens: "Ensemble",
+    tokens: Sequence[int],
+    start: int = 1,
+    *,
+    combiners: Sequence[Combiner] | None = None,
+    members: bool = True,
+    top: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> Scores:
+    """Scores of tokens[start:], each given the tokens before it (start >= 1).
+
+    `combiners` (default: the ensemble's) are scored on the same rows, so a sweep over weights or
+    mu costs the models nothing more. `members` adds each model's own log-probabilities; `top`
+    the `top` most likely tokens of r at each scored position.
+    """
+    tokens = [int(t) for t in tokens]
+    n = len(tokens)
+    if not 1 <= start <= n:
+        raise ConfigError(f"nothing to score: {n} tokens, scoring from token {start}")
+    if n > ens.n_ctx:
+        raise PromptTooLongError(f"{n} tokens do not fit the context of {ens.n_ctx}; raise --ctx or score a shorter text")
+    bad = [t for t in tokens if not 0 <= t < ens.n_vocab]
+    if bad:
+        raise ConfigError(f"token id {bad[0]} is outside the shared vocabulary of {ens.n_vocab}")
+    bound = [ens.bind(c) for c in combiners] if combiners is not None else [ens.combiner]
+    n_models = len(ens.models)
+    needed = [members or any(c.uses(n_models)[i] for c in bound) for i in range(n_models)]
+    models = [m for m, need in zip(ens.models, needed) if need]
+
+    # every needed model resumes from what it shares with tokens[:start - 1]: the row at position
+    # start - 1 (which predicts tokens[start]) must come from this evaluation
+    keep = min(min(common_prefix(m.tokens, tokens), start - 1) for m in models)
+    for m in models:
+        m.truncate(keep)
+    evaluated = [len(m.tokens) for m in ens.models]
+
+    combined: list[list[np.ndarray]] = [[] for _ in bound]
+    greedy: list[list[np.ndarray]] = [[] for _ in bound]
+    member_parts: list[np.ndarray] = []
+    top_rows: list[list[tuple[int, float]]] = []
+    n_batch = min(m.n_batch for m in models)
+    max_rows = min(m.max_logit_rows for m in models)
+    # rows at positions p in [start - 1, n - 2] score tokens[p + 1]; the last token is evaluated
+    # too (without a row), so each cache ends holding the whole sequence. A call takes up to
+    # n_batch tokens and ends early after max_rows rows (llama.cpp's output buffer holds no more)
+    scratch = Scratch()
+    lo = keep
+    while lo < n:
+        hi = min(n, lo + n_batch)
+        first, end = max(start - 1, lo) - lo, max(min(n - 1, hi), lo) - lo
+        first = min(first, end)
+        if end - first > max_rows:
+            end = first + max_rows
+            hi = lo + end
+        views = [m.evaluate_view(tokens[lo:hi], first, end) if need else None for m, need in zip(ens.models, needed)]
+        for s in range(0, end - first, SLICE_ROWS):
+            e = min(end - first, s + SLICE_ROWS)
+            targets = np.asarray(tokens[lo + first + s + 1 : lo + first + e + 1])
+            part = score_rows([v[s:e] if v is not None else None for v in views], targets, bound, members=members, top=top, scratch=scratch)
+            for c in range(len(bound)):
+                combined[c].append(part.combined[c])
+                greedy[c].append(part.greedy[c])
+            if part.members is not None:
+                member_parts.append(part.members)
+            if part.top is not None:
+                top_rows.extend(part.top)
+        if progress:
+            progress(hi, n)
+        lo = hi
+    return Scores(
+        tokens=tokens[start:],
+        combined=[np.concatenate(x) if x else np.zeros(0) for x in combined],
+        greedy=[np.concatenate(x) if x else np.zeros(0, bool) for x in greedy],
+        members=np.concatenate(member_parts, axis=1) if member_parts else (np.zeros((n_models, 0)) if members else None),
+        top=top_rows if top > 0 else None,
+        evaluated=[len(m.tokens) - e for m, e in zip(ens.models, evaluated)],
+    )
+
+
+@dataclass(frozen=True)
+class Loglikelihood:
+    """How likely a continuation is after a context: summed and per token, under r (the
+    ensemble's combination) and under each model alone."""
+
+    tokens: int
+    logprob: float  # sum of log r over the continuation's tokens
+    greedy: bool  # every token was r's most likely one
+    members: tuple[float, ...]  # sum of log p_i per model
+
+    @property
+    def per_token(self) -> float:
+        return self.logprob / self.tokens
+
+
+def continuation_tokens(ens: "Ensemble", context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """(context tokens, continuation tokens) as the text tokenises whole: the continuation is
+    what tokenize(context + continuation) adds after tokenize(context); where the two disagree
+    at the seam, the continuation is tokenised on its own."""
+    ctx = ens.tokenize(context)
+    whole = ens.tokenize(context + continuation)
+    if whole[: len(ctx)] == ctx and len(whole) > len(ctx):
+        return ctx, whole[len(ctx) :]
+    return ctx, ens.tokenize(continuation, add_bos=False)
+
+
+def loglikelihood(
+    ens: "Ensemble", context: str | Sequence[int], continuations: Sequence[str | Sequence[int]], *, combiner: Combiner | None = None
+) -> list[Loglikelihood]:
+    """The log-likelihood of each continuation given the context (the context is evaluated once)."""
+    out = []
+    for i, cont in enumerate(continuations):
+        if isinstance(context, str) and isinstance(cont, str):
+            ctx, toks = continuation_tokens(ens, context, cont)
+        else:
+            ctx = ens.tokenize(context) if isinstance(context, str) else [int(t) for t in context]
+            toks = ens.tokenize(cont, add_bos=False) if isinstance(cont, str) else [int(t) for t in cont]
+        if not ctx:
+            raise ConfigError("the context is empty")
+        if not toks:
+            raise ConfigError(f"continuation {i} ({cont!r}) tokenises to nothing")
+        s = score_tokens(ens, ctx + toks, len(ctx), combiners=None if combiner is None else [combiner])
+        assert s.members is not None
+        out.append(
+            Loglikelihood(len(toks), float(s.logprobs.sum()), bool(s.greedy[0].all()), tuple(float(x) for x in s.members.sum(axis=1)))
+        )
+    return out
