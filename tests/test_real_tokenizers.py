@@ -14,7 +14,7 @@ import llama_cpp  # isort: skip
 import numpy as np
 import pytest
 
-from conftest import NEAR_TIE
+from conftest import assert_same_or_near_tie
 from localcos import Contrastive, CustomCombiner, Ensemble, WeightedEnsemble
 from localcos.backend import Model
 from localcos.chat import ChatFormatter, Message
@@ -72,27 +72,6 @@ COMBINATIONS = {
     "we": (WeightedEnsemble([0.5, 0.5]), lambda rows: 0.5 * _softmax(rows[0]) + 0.5 * _softmax(rows[1])),
     "cd": (Contrastive(mu=0.5, expert=1), lambda rows: rows[1] - 0.5 * rows[0]),
 }
-
-
-def fresh_scores(paths, combiner, tokens):
-    """log r after `tokens`, from fresh contexts (to judge a divergence)."""
-    rows = []
-    for p in paths:
-        m = Model(p, n_ctx=128)
-        rows.append(m.evaluate(tokens, 1))
-        m.close()
-    with np.errstate(divide="ignore"):
-        return np.log(combiner.combine(rows, 1.0)[0])
-
-
-def assert_same_or_near_tie(got, want, paths, combiner, prompt, what):
-    if got == want:
-        return 0
-    i = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    scores = fresh_scores(paths, combiner, prompt + want[:i])
-    top2 = np.sort(scores)[-2:]
-    assert top2[1] - top2[0] < NEAR_TIE, f"{what} diverged at token {i} where the top two scores differ by {top2[1] - top2[0]:.4f}"
-    return 1
 
 
 @pytest.mark.parametrize("pair", [("qwen2", "qwen2_sibling"), ("qwen2_q4km", "qwen2_q4km_sibling")], ids=["qwen2-f16", "qwen2-q4_k_m"])

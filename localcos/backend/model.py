@@ -490,6 +490,12 @@ class Model:
         self.truncate(0)
 
     # --- lifetime ----------------------------------------------------------------------------------
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Free the llama.cpp context and model (also done when the object is collected)."""
         if self._batch is not None:

@@ -32,14 +32,14 @@ def normalise_weights(weights: Sequence[float], n_models: int) -> tuple[float, .
     """Check one finite, non-negative weight per model with a positive sum; scale to sum 1."""
     w = [float(x) for x in weights]
     if len(w) != n_models:
-        raise ConfigError(f"got {len(w)} weights for {n_models} models; give one weight per model")
+        raise ConfigError(f"got {len(w)} weights for {n_models} models; give one weight per model", param="weights")
     if any(not math.isfinite(x) for x in w):
-        raise ConfigError("weights must be finite numbers")
+        raise ConfigError("weights must be finite numbers", param="weights")
     if any(x < 0 for x in w):
-        raise ConfigError(f"weights must be >= 0, got {', '.join(f'{x:g}' for x in w)}")
+        raise ConfigError(f"weights must be >= 0, got {', '.join(f'{x:g}' for x in w)}", param="weights")
     total = sum(w)
     if total <= 0:
-        raise ConfigError("weights must have a positive sum")
+        raise ConfigError("weights must have a positive sum", param="weights")
     return tuple(x / total for x in w)
 
 
@@ -147,21 +147,21 @@ class Contrastive(Combiner):
 
     def __init__(self, mu: float = 0.1, plausibility: float | None = None, expert: int | None = None) -> None:
         if not math.isfinite(mu) or mu < 0:
-            raise ConfigError(f"mu must be >= 0, got {mu}")
+            raise ConfigError(f"mu must be >= 0, got {mu}", param="mu")
         if plausibility is not None and not 0 < plausibility <= 1:
-            raise ConfigError(f"plausibility alpha must be in (0, 1], got {plausibility}")
+            raise ConfigError(f"plausibility alpha must be in (0, 1], got {plausibility}", param="plausibility")
         self.mu = float(mu)
         self.plausibility = plausibility
         self.expert = expert
 
     def bind(self, n_models: int, n_params: Sequence[int]) -> "Contrastive":
         if n_models != 2:
-            raise ConfigError(f"contrastive decoding combines exactly 2 models (an amateur and an expert), got {n_models}")
+            raise ConfigError(f"contrastive decoding combines exactly 2 models (an amateur and an expert), got {n_models}", param="combine")
         expert = self.expert
         if expert is None:
             expert = 0 if n_params[0] > n_params[1] else 1
         if expert not in (0, 1):
-            raise ConfigError(f"expert must be model 0 or 1, got {expert}")
+            raise ConfigError(f"expert must be model 0 or 1, got {expert}", param="expert")
         return Contrastive(self.mu, self.plausibility, expert)
 
     @property

@@ -1,0 +1,116 @@
+"""`localcos serve`: the ensemble behind an OpenAI-compatible HTTP API."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import socket
+
+from ..errors import ConfigError
+from .options import add_options, loading_progress, note, resolve, say
+
+DEFAULTS = {"temperature": 1.0, "max_tokens": 256, "ctx": 4096}
+API_KEY_ENV = "LOCALCOS_API_KEY"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve the ensemble over an OpenAI-compatible HTTP API",
+        description="Serve an ensemble over OpenAI's HTTP API (/v1/chat/completions, /v1/completions, /v1/models, "
+        "/health, /tokenize, /detokenize, /tokenizer_info): any OpenAI client can use it. The options below are "
+        "every request's defaults; a request may change the sampling ones and, in extra_body, method, gamma, "
+        "combine, weights and mu. One generation runs at a time; the others wait in arrival order.",
+    )
+    server = p.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    server.add_argument("--port", default="8080", help="port (default 8080)")
+    server.add_argument("--api-key", default=None, help=f"require this key (Authorization: Bearer KEY); or set {API_KEY_ENV}")
+    server.add_argument("--max-queue", default="64", help="requests that may wait; more get 503 with Retry-After (default 64)")
+    server.add_argument("--alias", default=None, help="the model name clients use (default: the preset's name, else the models')")
+    server.add_argument("--cors", action="append", default=None, metavar="ORIGIN", help="allow browser requests from ORIGIN (repeatable; default none)")
+    server.add_argument("--demo", action="store_true", help="serve the small synthetic demo pair (random text; for trying clients)")
+    add_options(p, ["models", "hardware", "combination", "method", "sampling", "chat"], defaults=DEFAULTS, exclude={"synthetic", "synthetic_dtype"})
+    p.set_defaults(func=run)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Fail before loading models, not after, when the port is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..chat import ChatFormatter
+    from ..settings import parse_int
+
+    try:
+        import uvicorn
+
+        from ..server.app import create_app
+        from ..server.protocol import Served
+    except ImportError as e:  # pragma: no cover - both are dependencies of the package
+        raise ConfigError(f"localcos serve needs FastAPI and uvicorn ({e}); pip install fastapi uvicorn") from None
+
+    port = parse_int(args.port, "--port", minimum=0)
+    if port > 65535:
+        raise ConfigError(f"--port must be at most 65535, got {port}")
+    max_queue = parse_int(args.max_queue, "--max-queue", minimum=0)
+    if args.demo and (args.models or args.preset):
+        raise ConfigError("--demo serves the synthetic demo pair; leave out --models/--preset, or --demo")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    if api_key is not None and not api_key.strip():
+        raise ConfigError("--api-key is empty")
+    _check_port_free(args.host, port)
+    if not _is_loopback(args.host) and api_key is None:
+        note(
+            f"warning: listening on {args.host} without an API key: anyone who can reach this address can use "
+            f"the models; set --api-key or {API_KEY_ENV}"
+        )
+    settings = resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
+    ens = settings.load.load(settings.combiner(), loading_progress)
+    try:
+        try:
+            formatter: ChatFormatter | None = ChatFormatter(ens, settings.chat_template_model)
+            if formatter.note:
+                note(formatter.note)
+        except ConfigError:
+            formatter = None
+        alias = args.alias or settings.name.replace(" + ", "+")  # the preset, the demo set, or the files
+        served = Served(ens, settings, alias, formatter)
+        app = create_app(served, api_key=api_key, max_queue=max_queue, cors=args.cors)
+        shown = f"[{args.host}]" if ":" in args.host else args.host
+        url = f"http://{shown}:{port}"
+        say(f"localcos serve: {alias} ({ens.combiner.describe()}, method {settings.generation.method}) at {url}/v1")
+        if formatter is None:
+            say("  the models carry no chat template: /v1/chat/completions answers 400, /v1/completions works")
+        auth = ' -H "Authorization: Bearer $LOCALCOS_API_KEY"' if api_key else ""
+        say(
+            f"  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
+            f"-d '{{\"model\": \"{alias}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'"
+        )
+        say("  OpenAI clients: base_url=" + f"{url}/v1" + ("" if api_key else ", api_key=anything") + "; Ctrl-C stops")
+        config = uvicorn.Config(app, host=args.host, port=port, log_level="warning", timeout_graceful_shutdown=3, access_log=False)
+        try:
+            uvicorn.Server(config).run()
+        except KeyboardInterrupt:  # uvicorn shuts down gracefully, then re-raises the signal
+            pass
+        say("localcos serve: stopped")
+    finally:
+        ens.close()
+    return 0

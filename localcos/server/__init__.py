@@ -1,0 +1,1 @@
+"""`localcos serve`: an OpenAI-compatible HTTP API over one loaded ensemble (FastAPI + uvicorn)."""
