@@ -187,7 +187,7 @@ class Ensemble:
 
         `n_gpu_layers` is one value for all models or one per model (-1 = all layers);
         `split_mode` is "none", "layer" or "row"; `flash_attn` "auto", "on" or "off";
-        `max_logit_rows` the most logits rows one call returns (scoring raises it to `n_batch`).
+        `max_logit_rows` the most logits rows one call returns (`localcos score` loads with `scoring.SCORING_LOGIT_ROWS`).
         `progress(i, n, name)` is called before model i of n is loaded.
         """
         if not paths:

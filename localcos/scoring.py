@@ -144,15 +144,32 @@ class Loglikelihood:
         return self.logprob / self.tokens
 
 
-def continuation_tokens(ens: "Ensemble", context: str, continuation: str) -> tuple[list[int], list[int]]:
-    """(context tokens, continuation tokens) as the text tokenises whole: the continuation is
-    what tokenize(context + continuation) adds after tokenize(context); where the two disagree
-    at the seam, the continuation is tokenised on its own."""
-    ctx = ens.tokenize(context)
-    whole = ens.tokenize(context + continuation)
-    if whole[: len(ctx)] == ctx and len(whole) > len(ctx):
-        return ctx, whole[len(ctx) :]
-    return ctx, ens.tokenize(continuation, add_bos=False)
+def continuation_scores(
+    ens: "Ensemble",
+    context: str | Sequence[int],
+    continuations: Sequence[str | Sequence[int]],
+    combiners: Sequence[Combiner] | None = None,
+    what: str = "continuation",
+) -> list[Scores]:
+    """Scores of each continuation's tokens after `context` (each model's cache keeps the context,
+    so it is evaluated once and each continuation after it). Text continues text as the whole
+    tokenises: a continuation is what tokenize(context + continuation) adds after
+    tokenize(context), or, where the two disagree at the seam, its own tokens."""
+    ctx = ens.tokenize(context) if isinstance(context, str) else [int(t) for t in context]
+    if not ctx:
+        raise ConfigError("the context is empty")
+    out = []
+    for i, cont in enumerate(continuations):
+        if isinstance(cont, str):
+            whole = ens.tokenize(context + cont) if isinstance(context, str) else []
+            seam = whole[: len(ctx)] == ctx and len(whole) > len(ctx)
+            toks = whole[len(ctx) :] if seam else ens.tokenize(cont, add_bos=False)
+        else:
+            toks = [int(t) for t in cont]
+        if not toks:
+            raise ConfigError(f"{what} {i} ({cont!r}) tokenises to nothing")
+        out.append(score_tokens(ens, ctx + toks, len(ctx), combiners=combiners, members=True))
+    return out
 
 
 def loglikelihood(
@@ -160,19 +177,9 @@ def loglikelihood(
 ) -> list[Loglikelihood]:
     """The log-likelihood of each continuation given the context (the context is evaluated once)."""
     out = []
-    for i, cont in enumerate(continuations):
-        if isinstance(context, str) and isinstance(cont, str):
-            ctx, toks = continuation_tokens(ens, context, cont)
-        else:
-            ctx = ens.tokenize(context) if isinstance(context, str) else [int(t) for t in context]
-            toks = ens.tokenize(cont, add_bos=False) if isinstance(cont, str) else [int(t) for t in cont]
-        if not ctx:
-            raise ConfigError("the context is empty")
-        if not toks:
-            raise ConfigError(f"continuation {i} ({cont!r}) tokenises to nothing")
-        s = score_tokens(ens, ctx + toks, len(ctx), combiners=None if combiner is None else [combiner])
+    for s in continuation_scores(ens, context, continuations, None if combiner is None else [combiner]):
         assert s.members is not None
         out.append(
-            Loglikelihood(len(toks), float(s.logprobs.sum()), bool(s.greedy[0].all()), tuple(float(x) for x in s.members.sum(axis=1)))
+            Loglikelihood(len(s.tokens), float(s.logprobs.sum()), bool(s.greedy[0].all()), tuple(float(x) for x in s.members.sum(axis=1)))
         )
     return out

@@ -351,7 +351,7 @@ class LoadSpec:
         max_logit_rows: int = 64,
     ) -> "Ensemble":
         """Load the ensemble (`progress(i, n, name)` before model i of n; `max_logit_rows` as in
-        `Ensemble.load`: decoding needs few rows a call, scoring a whole batch's)."""
+        `Ensemble.load`: decoding needs a few rows a call, scoring more)."""
         from .backend import set_verbose
         from .ensemble import Ensemble
 

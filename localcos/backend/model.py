@@ -176,7 +176,7 @@ class Model:
             `default_extra_buffers()`).
         max_logit_rows: the most logits rows one llama_decode call returns (llama.cpp sizes its
             output buffer for them, n_vocab floats each, and refuses more); `evaluate` splits its
-            calls to respect it. Scoring raises it to `n_batch` for fewer, larger calls.
+            calls to respect it. `localcos score` raises it (`scoring.SCORING_LOGIT_ROWS`) for fewer calls.
         vocab_only: load only the vocabulary (fast; for tokenizer checks); `evaluate` is then
             unavailable.
     """

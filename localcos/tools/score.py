@@ -22,7 +22,7 @@ import numpy as np
 
 from ..core.combiners import Combiner
 from ..errors import ConfigError
-from ..scoring import continuation_tokens, score_tokens
+from ..scoring import continuation_scores, score_tokens
 
 if TYPE_CHECKING:
     from ..ensemble import Ensemble
@@ -188,17 +188,17 @@ def score_choices(
         sums_c: list[list[float]] = [[] for _ in combiners]
         sums_m: list[list[float]] = [[] for _ in range(n_models)]
         counts = []
-        for c, choice in enumerate(item.choices):
-            ctx, toks = continuation_tokens(ens, item.context, choice)
-            if not toks:
-                raise ConfigError(f"item {number + 1}: choice {c} ({choice!r}) tokenises to nothing")
-            s = score_tokens(ens, ctx + toks, len(ctx), combiners=combiners, members=True)
+        try:
+            scored = continuation_scores(ens, item.context, item.choices, combiners, what="choice")
+        except ConfigError as e:
+            raise ConfigError(f"item {number + 1}: {e}") from None
+        for s in scored:
             for k, logprobs in enumerate(s.combined):
                 sums_c[k].append(float(logprobs.sum()))
             assert s.members is not None
             for i in range(n_models):
                 sums_m[i].append(float(s.members[i].sum()))
-            counts.append(len(toks))
+            counts.append(len(s.tokens))
         for k in range(len(combiners)):
             out.combined[k].append(sums_c[k])
         for i in range(n_models):
