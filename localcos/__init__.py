@@ -9,7 +9,7 @@ The Python API::
 
 __version__ = "0.1.0"
 
-from .backend import Model, ModelStats
+from .backend import Endpoint, Model, ModelStats, RemoteModel
 from .core.combiners import Combiner, Contrastive, CustomCombiner, LogitMix, WeightedEnsemble, make_combiner
 from .core.decoding import METHODS, Origin
 from .core.sampling import Sampler
@@ -20,6 +20,8 @@ from .errors import (
     ModelFileError,
     ModelNotAvailableError,
     PromptTooLongError,
+    RemoteError,
+    RpcUnavailableError,
     TokenizerMismatchError,
 )
 from .stats import GenerationStats, ModelRunStats
@@ -31,6 +33,7 @@ __all__ = [
     "Completion",
     "ConfigError",
     "Contrastive",
+    "Endpoint",
     "CustomCombiner",
     "Ensemble",
     "GenerationConfig",
@@ -44,6 +47,9 @@ __all__ = [
     "ModelStats",
     "Origin",
     "PromptTooLongError",
+    "RemoteError",
+    "RemoteModel",
+    "RpcUnavailableError",
     "Sampler",
     "Stream",
     "TokenEvent",

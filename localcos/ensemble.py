@@ -14,11 +14,12 @@ import codecs
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .backend import Model, shared_vocab_size, tokenize_alike
+from .backend import Model, RemoteModel, shared_vocab_size, tokenize_alike
+from .backend.worker import layers_to_offload
 from .core.combiners import Combiner, WeightedEnsemble
 from .core.decoding import METHODS, Decoder, Origin, make_strategy
 from .core.hostmem import keep_freed_memory
@@ -28,6 +29,9 @@ from .core.text import TextAssembler
 from .errors import ConfigError, PromptTooLongError
 from .scoring import Loglikelihood, Scores, loglikelihood, score_tokens
 from .stats import GenerationStats, ModelRunStats
+
+if TYPE_CHECKING:
+    from .backend.rpc import Endpoint
 
 Gamma = int | tuple[int, ...] | str | None  # one value, one per model, "auto", or None (default)
 
@@ -174,46 +178,56 @@ class Ensemble:
         combiner: Combiner | None = None,
         *,
         n_ctx: int = 4096,
-        n_gpu_layers: int | Sequence[int] = 0,
+        n_gpu_layers: int | Sequence[int | None] | None = None,
         n_threads: int | None = None,
         n_batch: int = 512,
         main_gpu: int = 0,
         split_mode: str = "layer",
         flash_attn: str = "auto",
         max_logit_rows: int = 64,
+        rpc: Sequence[Sequence["Endpoint"]] = (),
+        rpc_timeout: float = 120.0,
         progress: Callable[[int, int, str], None] | None = None,
     ) -> "Ensemble":
         """Load every model (each into its own llama.cpp context) and check their tokenizers.
 
-        `n_gpu_layers` is one value for all models or one per model (-1 = all layers);
+        `n_gpu_layers` is one value for all models or one per model (-1 = all layers; default:
+        all for a model on RPC servers, none for a local one);
         `split_mode` is "none", "layer" or "row"; `flash_attn` "auto", "on" or "off";
         `max_logit_rows` the most logits rows one call returns (`localcos score` loads with `scoring.SCORING_LOGIT_ROWS`).
+        `rpc` gives each model's RPC servers (empty: this host; default: every model here): such a
+        model is a `RemoteModel`, driven from a worker process, and `rpc_timeout` bounds its calls.
         `progress(i, n, name)` is called before model i of n is loaded.
         """
         if not paths:
             raise ConfigError("no models given")
-        layers = [n_gpu_layers] * len(paths) if isinstance(n_gpu_layers, int) else list(n_gpu_layers)
+        layers = [n_gpu_layers] * len(paths) if n_gpu_layers is None or isinstance(n_gpu_layers, int) else list(n_gpu_layers)
         if len(layers) != len(paths):
             raise ConfigError(f"got {len(layers)} --n-gpu-layers values for {len(paths)} models")
+        servers = list(rpc) or [()] * len(paths)
+        if len(servers) != len(paths):
+            raise ConfigError(f"got {len(servers)} --rpc entries for {len(paths)} models")
+        layers = [layers_to_offload(s, x, i) for i, (s, x) in enumerate(zip(servers, layers))]
         models: list[Model] = []
         single_calls: list[list[float]] = []
         try:
             for i, path in enumerate(paths):
                 if progress:
                     progress(i, len(paths), os.fspath(path))
-                models.append(
-                    Model(
-                        path,
-                        n_ctx=n_ctx,
-                        n_gpu_layers=layers[i],
-                        n_threads=n_threads,
-                        n_batch=n_batch,
-                        main_gpu=main_gpu,
-                        split_mode=split_mode,
-                        flash_attn=flash_attn,
-                        max_logit_rows=max_logit_rows,
-                    )
+                options = dict(
+                    n_ctx=n_ctx,
+                    n_gpu_layers=layers[i],
+                    n_threads=n_threads,
+                    n_batch=n_batch,
+                    main_gpu=main_gpu,
+                    split_mode=split_mode,
+                    flash_attn=flash_attn,
+                    max_logit_rows=max_logit_rows,
                 )
+                if servers[i]:
+                    models.append(RemoteModel(path, rpc=servers[i], timeout=rpc_timeout, **options))
+                else:
+                    models.append(Model(path, **options))
                 single_calls.append(models[-1].warm_up())
             ens = cls(models, combiner)
             # the single-token call times price the standard ensemble in the speedup estimate

@@ -36,3 +36,11 @@ class PromptTooLongError(LocalcosError):
 
 class ModelNotAvailableError(LocalcosError):
     """A model named in models.toml or on the hub is not on disk and cannot be downloaded."""
+
+
+class RpcUnavailableError(LocalcosError):
+    """An RPC server is asked for, but the loaded llama.cpp was built without its RPC backend."""
+
+
+class RemoteError(LocalcosError):
+    """An RPC server could not be reached, or failed while a model on it was in use."""

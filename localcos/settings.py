@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from .backend import MIN_CTX
+from .backend.worker import layers_to_offload
 from .core.combiners import Combiner, make_combiner
 from .core.decoding import METHODS
 from .ensemble import Gamma, GenerationConfig
 from .errors import ConfigError
 
 if TYPE_CHECKING:
+    from .backend.rpc import Endpoint
     from .ensemble import Ensemble
 
 SPLIT_MODES = ("none", "layer", "row")
@@ -187,6 +189,27 @@ def parse_refs(value: Any, what: str) -> tuple[str, ...]:
     return refs
 
 
+def parse_rpc(value: Any, what: str = "--rpc") -> tuple[tuple[Endpoint, ...], ...]:
+    """Where each model runs: "-" (here) or HOST:PORT, several servers joined with "+"; one entry
+    per model, or one for all: "-,10.0.0.5:50052" or ["-", "10.0.0.5:50052"]."""
+    from .backend.rpc import parse_endpoint
+
+    def one(item: Any) -> tuple[Endpoint, ...]:
+        text = _text(item)
+        if not text:
+            raise ConfigError(f"{what} takes - or HOST:PORT per model, got {value!r}")
+        if text == "-":
+            return ()
+        return tuple(parse_endpoint(part, what) for part in text.split("+"))
+
+    return tuple(one(item) for item in _items(value, what, "entries (- or HOST:PORT)"))
+
+
+def format_rpc(rpc: Sequence[Sequence[Endpoint]]) -> str:
+    """The text `parse_rpc` reads back."""
+    return ",".join("+".join(str(e) for e in servers) or "-" for servers in rpc)
+
+
 def parse_combine(value: Any, what: str) -> str:
     """A combiner name (we, cd, logit-mix) or a user function FILE.py:FUNCTION / MODULE:FUNCTION."""
     text = _text(value)
@@ -243,6 +266,8 @@ class Option:
             return ""
         if self.name == "gamma":
             return format_gamma(value)
+        if self.name == "rpc":
+            return format_rpc(value)
         if isinstance(value, (list, tuple)):
             return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
         if isinstance(value, float):
@@ -282,6 +307,13 @@ _OPTIONS = [
     _option("main_gpu", "--main-gpu", "hardware", "load", _at_least(0), "GPU for the whole model when not splitting", default=0, metavar="I"),
     _option("split_mode", "--split-mode", "hardware", "load", _choice(SPLIT_MODES), "how to split a model across GPUs", default="layer", choices=SPLIT_MODES),
     _option("flash_attn", "--flash-attn", "hardware", "load", _choice(FLASH_ATTN), "flash attention", default="auto", choices=FLASH_ATTN),
+    _option("rpc", "--rpc", "hardware", "load", parse_rpc,
+            "where each model runs: - (here) or HOST:PORT of a `localcos rpc-server` (HOST:PORT+HOST:PORT for several); "
+            "one entry or one per model (default: models.toml, else here). A remote model offloads all its layers "
+            "unless --n-gpu-layers says otherwise", metavar="-|HOST:PORT[,...]"),
+    _option("rpc_timeout", "--rpc-timeout", "hardware", "load", lambda v, what: parse_float(v, what, above=0),
+            "seconds a model on an RPC server may take to answer one call before its server is taken as lost",
+            default=120.0, metavar="S"),
     _option("threads", "--threads", "hardware", "load", _at_least(1), "CPU threads per model (default: physical cores)", attr="n_threads", metavar="N"),
     _option("verbose", "--verbose", "hardware", "load", parse_bool, "show llama.cpp's own log lines", default=False, switch=True),
     # how to combine
@@ -336,6 +368,8 @@ class LoadSpec:
     paths: tuple[Path, ...]
     labels: tuple[str, ...]  # the models as the user named them
     n_gpu_layers: tuple[int, ...]
+    rpc: tuple[tuple[Endpoint, ...], ...] = ()  # per model: its RPC servers, () for this host
+    rpc_timeout: float = 120.0
     n_ctx: int = 4096
     n_batch: int = 512
     n_threads: int | None = None
@@ -479,6 +513,7 @@ def resolve(
     registry = Registry.load(given.get("config"))
     chat_model = 0
     per_model_layers: list[int | None]
+    per_model_rpc: list[str | None]
     if "synthetic" in given:
         from .tools.synthetic import SETS, ensure_set
 
@@ -489,6 +524,7 @@ def resolve(
         labels = tuple(SETS[name].labels)
         front.setdefault("combine", SETS[name].combine)
         per_model_layers = [None] * len(paths)
+        per_model_rpc = [None] * len(paths)
         title = name
     else:
         preset = None
@@ -508,6 +544,7 @@ def resolve(
                 progress(f"model {i + 1}/{len(labels)}: {ref}")
             paths.append(registry.resolve(ref))
         per_model_layers = [registry.models[r].n_gpu_layers if r in registry.models else None for r in labels]
+        per_model_rpc = [registry.models[r].rpc if r in registry.models else None for r in labels]
         title = preset.name if preset else " + ".join(Path(r).name for r in labels)
     n = len(paths)
 
@@ -518,15 +555,29 @@ def resolve(
             return front[name]
         return OPTIONS[name].default
 
+    rpc = given.get("rpc")
+    if rpc is None:
+        rpc = tuple(parse_rpc(x, f"models.toml: rpc of {ref}")[0] if x else () for ref, x in zip(labels, per_model_rpc))
+    elif len(rpc) == 1:
+        rpc = rpc * n
+    if len(rpc) != n:
+        raise ConfigError(f"got {len(rpc)} --rpc entries for {n} models; give one, or one per model (- for here)", param="rpc")
+    if any(rpc):
+        from .backend.rpc import require_rpc
+
+        require_rpc()
     layers = given.get("n_gpu_layers")
     if layers is None:
-        layers = tuple(0 if x is None else x for x in per_model_layers)
+        layers = tuple(per_model_layers)
     elif len(layers) == 1:
         layers = layers * n
     if len(layers) != n:
         raise ConfigError(f"got {len(layers)} --n-gpu-layers values for {n} models", param="n_gpu_layers")
+    layers = tuple(layers_to_offload(servers, x, i) for i, (servers, x) in enumerate(zip(rpc, layers)))
 
-    load = LoadSpec(tuple(Path(p) for p in paths), tuple(labels), tuple(layers), **_spec_values("load", value, exclude={"n_gpu_layers"}))
+    load = LoadSpec(
+        tuple(Path(p) for p in paths), tuple(labels), tuple(layers), rpc, **_spec_values("load", value, exclude={"n_gpu_layers", "rpc"})
+    )
     combine = CombineSpec(**_spec_values("combine", value))
     generation_values = _spec_values("generation", value)
     if generation_values["method"] is None:
@@ -555,6 +606,8 @@ __all__ = [
     "Settings",
     "check_for_models",
     "format_gamma",
+    "format_rpc",
     "parse_gamma",
+    "parse_rpc",
     "resolve",
 ]

@@ -7,7 +7,6 @@ import concurrent.futures
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import REAL_SPECS, assert_same_or_near_tie
+from conftest import REAL_SPECS, assert_same_or_near_tie, free_port
 from localcos import Ensemble, WeightedEnsemble
 from localcos.backend import Model
 from localcos.chat import ChatFormatter, Message
@@ -37,12 +36,6 @@ PROMPTS = [
     "A letter arrived for the",
     "The train leaves the station at",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

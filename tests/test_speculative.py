@@ -142,9 +142,16 @@ SAMPLING_CASES = {
 def test_sampled_tokens_follow_the_combined_distribution(models, model_dir, case):
     names, comb, sampling, methods = SAMPLING_CASES[case]
     paths = [cached_model(RIVAL, model_dir) if n == "rival" else models[n] for n in names]
+    check_sampling(case, paths, comb, sampling, methods)
+
+
+def check_sampling(case, paths, comb, sampling, methods, n_completions=N_COMPLETIONS, **load_options):
+    """N 3-token completions per (method, gamma): token 1, and tokens 2 and 3 after the two most
+    common prefixes, each follow r computed from fresh local models (a chi-square bound from
+    `statcheck`). `load_options` go to `Ensemble.load` (such as `rpc`)."""
     prompt = "The river runs past the old mill"
     sampler = Sampler(**sampling)
-    with Ensemble.load(paths, comb, n_ctx=256) as ens:
+    with Ensemble.load(paths, comb, n_ctx=256, **load_options) as ens:
         prompt_tokens = ens.tokenize(prompt)
 
         def exact(prefix):
@@ -154,7 +161,7 @@ def test_sampled_tokens_follow_the_combined_distribution(models, model_dir, case
         for k, (method, gamma) in enumerate(methods):
             what = f"{case}/{method}" + (f"(gamma {gamma})" if gamma else "")
             outs = ens.generate_many(
-                prompt, N_COMPLETIONS, method=method, gamma=gamma, max_tokens=3, seed=1000 + k, ignore_eos=True, **sampling
+                prompt, n_completions, method=method, gamma=gamma, max_tokens=3, seed=1000 + k, ignore_eos=True, **sampling
             )
             seqs = [tuple(o.token_ids) for o in outs]
             assert all(len(s) == 3 for s in seqs)

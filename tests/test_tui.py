@@ -8,7 +8,9 @@ import json
 
 import pytest
 
+from conftest import RpcServer
 from localcos import cli
+from localcos.backend import RemoteModel
 from localcos.backend import model as backend_model
 from localcos.ensemble import Ensemble
 from localcos.errors import ModelFileError
@@ -216,7 +218,7 @@ def geometric(probs):
 """
 
 
-def _chat_cases(tmp_path):
+def _chat_cases(tmp_path, rpc_server):
     """(command-line options, check(app, generation configs seen)) pairs."""
     custom = tmp_path / "combiner.py"
     custom.write_text(COMBINER_FILE)
@@ -252,6 +254,12 @@ def _chat_cases(tmp_path):
         assert app.conversation.system == "Be terse."
         assert app.conversation.formatter.model is app.ensemble.models[1]
 
+    def rpc(app, configs):
+        here, there = app.ensemble.models
+        assert not isinstance(here, RemoteModel) and isinstance(there, RemoteModel)
+        assert (there.servers, there.timeout, there.n_gpu_layers) == (str(rpc_server), 7.0, -1)
+        assert there.stats.calls > 0 and there.connected
+
     return [
         (["--ctx", "512", "--batch-size", "64", "--threads", "1", "--n-gpu-layers", "1,2", "--main-gpu", "1",
           "--split-mode", "none", "--flash-attn", "off", "--verbose"], hardware),
@@ -261,10 +269,11 @@ def _chat_cases(tmp_path):
         (["--combine", "cd", "--mu", "0.3", "--plausibility", "0.2", "--expert", "0"], contrastive),
         (["--combine", f"{custom}:geometric", "--combine-level", "probs"], custom_combiner),
         (["--system", "Be terse.", "--chat-template-model", "1"], chat),
+        (["--rpc", f"-,{rpc_server}", "--rpc-timeout", "7"], rpc),
     ]
 
 
-def test_every_chat_option_reaches_the_ensemble_or_the_generation(chat_paths, tmp_path, monkeypatch):
+def test_every_chat_option_reaches_the_ensemble_or_the_generation(chat_paths, tmp_path, monkeypatch, request):
     """`localcos chat` runs headless through the real command line (cli.main -> settings ->
     tui.run_chat -> ChatApp), one reply per case; each option must show in the loaded models or
     in the generation that ran."""
@@ -277,7 +286,9 @@ def test_every_chat_option_reaches_the_ensemble_or_the_generation(chat_paths, tm
 
     monkeypatch.setattr(Ensemble, "stream", recording_stream)
     monkeypatch.setattr(backend_model, "_VERBOSE", False)
-    for argv, check in _chat_cases(tmp_path):
+    rpc_server = RpcServer()
+    request.addfinalizer(rpc_server.kill)
+    for argv, check in _chat_cases(tmp_path, rpc_server.endpoint):
         configs.clear()
 
         def run_headless(app, argv=argv, check=check):

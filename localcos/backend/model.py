@@ -2,8 +2,8 @@
 
 A `Model` owns a llama.cpp model and context with a single sequence (id 0) in its KV cache, and
 always knows exactly which tokens that cache holds (`Model.tokens`). `evaluate` appends tokens and
-returns the logits of just the positions asked for, copied out of llama.cpp with
-`llama_get_logits_ith`; nothing proportional to n_ctx x n_vocab is ever allocated (the high-level
+returns the logits of just the positions asked for, copied out of llama.cpp's output rows
+(`llama_get_logits`); nothing proportional to n_ctx x n_vocab is ever allocated (the high-level
 `Llama(logits_all=True)` keeps such a buffer). `truncate` removes KV entries with `seq_rm`, which
 is how speculative decoding rolls back rejected drafts.
 """
@@ -18,7 +18,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 # llama.cpp's libraries load before NumPy's: on a CUDA 13 build (H100, NumPy 2.5, Python 3.12)
 # loading them after NumPy made llama_model_load_from_file segfault in print_info (its C++
@@ -86,6 +86,15 @@ def set_verbose(verbose: bool) -> None:
     global _VERBOSE
     _VERBOSE = verbose
     _install_logging()
+
+
+def _offloaded_layers() -> str | None:
+    """"N/M" from llama.cpp's last "offloaded N/M layers" load line, if it logged one."""
+    with _LOG_LOCK:
+        for line in reversed(_LOG_LINES):
+            if "offloaded " in line and " layers to GPU" in line:
+                return line.split("offloaded ", 1)[1].split(" layers", 1)[0]
+    return None
 
 
 def _last_llama_error() -> str:
@@ -179,6 +188,9 @@ class Model:
             calls to respect it. `localcos score` raises it (`scoring.SCORING_LOGIT_ROWS`) for fewer calls.
         vocab_only: load only the vocabulary (fast; for tokenizer checks); `evaluate` is then
             unavailable.
+        devices: the ggml devices (`ggml_backend_dev_t` addresses) to offload layers to, instead
+            of every one llama.cpp finds: how `backend.worker` puts a model on RPC servers.
+        load_progress: called with the fraction loaded while llama.cpp loads the weights.
     """
 
     def __init__(
@@ -195,6 +207,8 @@ class Model:
         extra_buffers: bool | None = None,
         max_logit_rows: int = 64,
         vocab_only: bool = False,
+        devices: Sequence[int] = (),
+        load_progress: Callable[[float], None] | None = None,
     ) -> None:
         self.path = check_gguf_file(path)
         self.name = self.path.name
@@ -219,6 +233,18 @@ class Model:
         mparams.split_mode = SPLIT_MODES[split_mode]
         mparams.use_extra_bufts = default_extra_buffers() if extra_buffers is None else extra_buffers
         mparams.vocab_only = vocab_only
+        if devices:  # NULL-terminated; llama.cpp copies the list while loading
+            device_list = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+            mparams.devices = ctypes.cast(device_list, ctypes.c_void_p)
+        if load_progress is not None:
+            report = load_progress
+
+            def on_progress(fraction: float, user_data: ctypes.c_void_p) -> bool:
+                report(fraction)
+                return True
+
+            progress_callback = llama_cpp.llama_progress_callback(on_progress)
+            mparams.progress_callback = progress_callback
         _last_llama_error()
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
@@ -228,6 +254,8 @@ class Model:
                 "that this llama.cpp build supports its architecture"
             )
 
+        # llama.cpp's own count of layers on devices (GPUs, RPC servers), as it logged it
+        self.offloaded: str | None = None if vocab_only else _offloaded_layers()
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_params: int = llama_cpp.llama_model_n_params(self._model)
@@ -374,11 +402,8 @@ class Model:
             lo = min(max(first_logit - done, 0), chunk)
             if chunk - lo > self.max_logit_rows:  # llama.cpp returns at most that many rows a call
                 chunk = lo + self.max_logit_rows
-            self._decode(tokens[done : done + chunk], lo, chunk)
-            for j in range(lo, chunk):
-                ptr = llama_cpp.llama_get_logits_ith(self._ctx, j)
-                row = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-                out[done + j - first_logit] = row[: self.logits_vocab]
+            rows = self._decode(tokens[done : done + chunk], lo, chunk)
+            out[done + lo - first_logit : done + chunk - first_logit] = rows[:, : self.logits_vocab]
             done += chunk
         return out
 
@@ -395,27 +420,34 @@ class Model:
         if end - first > self.max_logit_rows:
             raise ValueError(f"evaluate_view returns at most max_logit_rows = {self.max_logit_rows} rows, asked {end - first}")
         self._check_room(n)
-        self._decode(tokens, first, end)
-        if first == end:
-            return np.empty((0, self.logits_vocab), dtype=np.float32)
-        ptr = llama_cpp.llama_get_logits(self._ctx)  # the output rows, in batch order
-        rows = np.ctypeslib.as_array(ptr, shape=(end - first, self.n_vocab))[:, : self.logits_vocab]
+        rows = self._decode(tokens, first, end)[:, : self.logits_vocab]
         rows.flags.writeable = False
         return rows
 
     def _check_room(self, n: int) -> None:
-        if self._ctx is None:
+        if self.n_ctx == 0:
             raise RuntimeError(f"{self.name} was loaded with vocab_only")
         if len(self.tokens) + n > self.n_ctx:
             raise ValueError(
                 f"{self.name}: evaluating {n} tokens at position {len(self.tokens)} exceeds the context of {self.n_ctx}"
             )
 
-    def _decode(self, tokens: Sequence[int], out_from: int, out_to: int) -> None:
+    def _decode(self, tokens: Sequence[int], out_from: int, out_to: int) -> np.ndarray:
         """One llama_decode of `tokens` (at most n_batch) after the cache, with logits for the
-        tokens in [out_from, out_to); counts the call and keeps `self.tokens` exact."""
-        start, chunk = len(self.tokens), len(tokens)
+        tokens in [out_from, out_to): returns those rows, [out_to - out_from, n_vocab], as a view
+        valid until the next call. Counts the call and keeps `self.tokens` exact."""
+        start = len(self.tokens)
         t0 = time.perf_counter()
+        rows = self._run_batch(start, tokens, out_from, out_to)
+        self.tokens.extend(int(t) for t in tokens)
+        self.stats.calls += 1
+        self.stats.tokens += len(tokens)
+        self.stats.seconds += time.perf_counter() - t0
+        return rows
+
+    def _run_batch(self, start: int, tokens: Sequence[int], out_from: int, out_to: int) -> np.ndarray:
+        """llama_decode of `tokens` at positions start.. ; llama.cpp's own output rows, in place."""
+        chunk = len(tokens)
         self._batch.n_tokens = chunk
         self._batch_token[:chunk] = tokens
         self._batch_pos[:chunk] = np.arange(start, start + chunk)
@@ -427,10 +459,10 @@ class Model:
             # the cache may hold part of the batch now: drop it, keep `tokens` exact
             llama_cpp.llama_memory_seq_rm(self._memory, 0, start, -1)
             raise RuntimeError(f"{self.name}: llama_decode failed with status {rc}")
-        self.tokens.extend(int(t) for t in tokens)
-        self.stats.calls += 1
-        self.stats.tokens += chunk
-        self.stats.seconds += time.perf_counter() - t0
+        if out_to == out_from:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = llama_cpp.llama_get_logits(self._ctx)  # the output rows, in batch order
+        return np.ctypeslib.as_array(ptr, shape=(out_to - out_from, self.n_vocab))
 
     def prefill(self, prompt: Sequence[int]) -> np.ndarray:
         """Bring the KV cache to exactly `prompt` and return the logits row after it.
@@ -480,10 +512,12 @@ class Model:
             return
         if n < 0:
             raise ValueError("n must be >= 0")
-        ok = llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1)
-        if not ok:
-            raise RuntimeError(f"{self.name}: llama.cpp could not remove cache entries from position {n}")
+        self._remove_from(n)
         del self.tokens[n:]
+
+    def _remove_from(self, n: int) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1):
+            raise RuntimeError(f"{self.name}: llama.cpp could not remove cache entries from position {n}")
 
     def reset(self) -> None:
         """Empty the KV cache."""

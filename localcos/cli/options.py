@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import re
+import socket
 import sys
 from typing import Any, Iterable, Mapping
 
 from .. import settings as settings_layer
+from ..errors import ConfigError
 from ..settings import GROUPS, OPTIONS, Settings
 
 EXIT_BAD_INPUT = 2
@@ -25,7 +29,12 @@ GROUP_TITLES = {
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error in one line (status 2), like every other bad input."""
+    """argparse that reports a usage error in one line (status 2), like every other bad input,
+    and takes "-,HOST:PORT" as a value (--rpc's "this model here, that one there"), not a flag."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-,")
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise SystemExit(fail(f"{message} (see {self.prog} --help)"))
@@ -49,6 +58,35 @@ def say(message: str) -> None:
 
 def note(message: str) -> None:
     print(f"localcos: {message}", file=sys.stderr, flush=True)
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses (127.0.0.0/8, ::1): this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_port(text: str, what: str = "--port") -> int:
+    """A TCP port, 0 to 65535 (0: any free one)."""
+    port = settings_layer.parse_int(text, what, minimum=0)
+    if port > 65535:
+        raise ConfigError(f"{what} must be at most 65535, got {port}")
+    return port
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail before loading anything, not after, when the port is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
 def add_options(

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
-import socket
 
 from ..errors import ConfigError
-from .options import add_options, loading_progress, note, resolve, say
+from .options import add_options, check_port_free, is_loopback, loading_progress, note, parse_port, resolve, say
 
 DEFAULTS = {"temperature": 1.0, "max_tokens": 256, "ctx": 4096}
 API_KEY_ENV = "LOCALCOS_API_KEY"
@@ -35,26 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _check_port_free(host: str, port: int) -> None:
-    """Fail before loading models, not after, when the port is taken."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     from ..chat import ChatFormatter
     from ..settings import parse_int
@@ -67,17 +45,15 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:  # pragma: no cover - both are dependencies of the package
         raise ConfigError(f"localcos serve needs FastAPI and uvicorn ({e}); pip install fastapi uvicorn") from None
 
-    port = parse_int(args.port, "--port", minimum=0)
-    if port > 65535:
-        raise ConfigError(f"--port must be at most 65535, got {port}")
+    port = parse_port(args.port)
     max_queue = parse_int(args.max_queue, "--max-queue", minimum=0)
     if args.demo and (args.models or args.preset):
         raise ConfigError("--demo serves the synthetic demo pair; leave out --models/--preset, or --demo")
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     if api_key is not None and not api_key.strip():
         raise ConfigError("--api-key is empty")
-    _check_port_free(args.host, port)
-    if not _is_loopback(args.host) and api_key is None:
+    check_port_free(args.host, port)
+    if not is_loopback(args.host) and api_key is None:
         note(
             f"warning: listening on {args.host} without an API key: anyone who can reach this address can use "
             f"the models; set --api-key or {API_KEY_ENV}"

@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..backend import Model, RemoteModel
 from ..errors import LocalcosError
 from . import protocol
 from .engine import Engine, Job, QueueFull
@@ -160,7 +161,7 @@ def create_app(served: Served, *, api_key: str | None = None, max_queue: int = 6
             "status": "ok",
             "model": served.alias,
             "queue": {"running": engine.running is not None, "waiting": engine.waiting, "served": engine.served},
-            "models": [{"name": m.label, "cached_tokens": len(m.tokens), "kv_positions": m.kv_length()} for m in ens.models],
+            "models": [_model_health(m) for m in ens.models],
         }
 
     @app.get("/v1/models")
@@ -242,6 +243,13 @@ def create_app(served: Served, *, api_key: str | None = None, max_queue: int = 6
         return {"prompt": b"".join(ens.models[0].piece(t) for t in tokens).decode("utf-8", errors="replace")}
 
     return app
+
+
+def _model_health(model: Model) -> dict[str, Any]:
+    health: dict[str, Any] = {"name": model.label, "cached_tokens": len(model.tokens), "kv_positions": model.kv_length()}
+    if isinstance(model, RemoteModel):
+        health.update(rpc=model.servers, connected=model.connected)
+    return health
 
 
 def _api_error(error: BaseException) -> APIError:

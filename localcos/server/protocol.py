@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from ..chat import ChatFormatter, Message
 from ..ensemble import Completion, Ensemble, GenerationConfig
-from ..errors import ConfigError, LocalcosError, PromptTooLongError, TokenizerMismatchError
+from ..errors import ConfigError, LocalcosError, PromptTooLongError, RemoteError, TokenizerMismatchError
 from ..scoring import score_tokens
 from ..settings import Settings, parse_int
 from ..stats import GenerationStats
@@ -61,7 +61,10 @@ class APIError(Exception):
 
 
 def from_localcos(e: LocalcosError) -> APIError:
-    """A library error as the API's 400."""
+    """A library error as the API's 400; a lost RPC server as 502 (the next request loads the
+    model again, so a client's retry may succeed)."""
+    if isinstance(e, RemoteError):
+        return APIError(502, str(e), type="server_error", code="rpc_server_lost")
     if isinstance(e, PromptTooLongError):
         return APIError(400, str(e), param="messages" if "chat" in str(e) else "prompt", code="context_length_exceeded")
     param = getattr(e, "param", None)

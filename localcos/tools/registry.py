@@ -35,7 +35,7 @@ def _builtin_models_toml() -> Path:
 
 BUILTIN = _builtin_models_toml()
 
-_MODEL_KEYS = {"repo", "file", "path", "description", "n_gpu_layers"}
+_MODEL_KEYS = {"repo", "file", "path", "description", "n_gpu_layers", "rpc"}
 _ENSEMBLE_KEYS = {
     "description",
     "models",
@@ -60,6 +60,7 @@ class ModelEntry:
     path: str | None = None
     description: str = ""
     n_gpu_layers: int | None = None
+    rpc: str | None = None  # HOST:PORT[+HOST:PORT] of the RPC servers it runs on
     source: str = ""  # the models.toml it came from
 
     @property
@@ -267,9 +268,17 @@ class _Parser:
         for key in body:
             if key not in _MODEL_KEYS:
                 raise self.fail("models", name, key, f"unknown key; expected one of {', '.join(sorted(_MODEL_KEYS))}")
-        for key in ("repo", "file", "path", "description"):
+        for key in ("repo", "file", "path", "description", "rpc"):
             if key in body and not isinstance(body[key], str):
                 raise self.fail("models", name, key, "must be a string")
+        if "rpc" in body:
+            from ..backend.rpc import parse_endpoint
+
+            try:
+                for part in body["rpc"].split("+"):
+                    parse_endpoint(part)
+            except ConfigError:
+                raise self.fail("models", name, "rpc", f'must be "HOST:PORT" (servers joined with +), got {body["rpc"]!r}') from None
         if "n_gpu_layers" in body and not _is_int(body["n_gpu_layers"]):
             raise self.fail("models", name, "n_gpu_layers", "must be an integer (-1 = all layers)")
         has_hub = "repo" in body or "file" in body
@@ -286,6 +295,7 @@ class _Parser:
             path=body.get("path"),
             description=body.get("description", ""),
             n_gpu_layers=body.get("n_gpu_layers"),
+            rpc=body.get("rpc"),
             source=str(self.path),
         )
 
