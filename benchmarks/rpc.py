@@ -33,38 +33,10 @@ import sys
 import threading
 import time
 
+from localcos.tools.loopback import RpcServerProcess
+
 PROMPTS = ["The river flows from the mountains", "Once upon a time there was", "Two plus two makes", "The old mill by the water"]
 METHODS = ("ensemble", "cos")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RpcServer:
-    """`localcos rpc-server` on 127.0.0.1 (in whatever namespace this process runs)."""
-
-    def __init__(self, threads: int | None) -> None:
-        from localcos.backend.rpc import Endpoint, probe
-
-        self.endpoint = Endpoint("127.0.0.1", free_port())
-        cmd = [sys.executable, "-m", "localcos", "rpc-server", "--port", str(self.endpoint.port)]
-        if threads:
-            cmd += ["--threads", str(threads)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while probe(self.endpoint, timeout=5) is not None:  # bounded
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise SystemExit("rpc.py: the RPC server did not start")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
 
 
 def _hang_up(sock: socket.socket) -> None:
@@ -170,7 +142,7 @@ def run_methods(ens, args: argparse.Namespace, rounds: int, methods=METHODS) -> 
 def measure(args: argparse.Namespace, delay_ms: float = 0.0, proxied: bool = False) -> dict:
     """One server, both methods: tokens, seconds, calls and (through a proxy) round trips. With
     `proxied`, the proxy adds `delay_ms` each way; otherwise the network (netem) does."""
-    server = RpcServer(args.server_threads)
+    server = RpcServerProcess(threads=args.server_threads)
     proxy = Proxy(("127.0.0.1", server.endpoint.port), delay_ms / 1000) if proxied else None
     try:
         with load(args, proxy.port if proxy else server.endpoint) as ens:
@@ -185,7 +157,7 @@ def measure(args: argparse.Namespace, delay_ms: float = 0.0, proxied: bool = Fal
     finally:
         if proxy:
             proxy.close()
-        server.stop()
+        server.kill()
 
 
 def in_namespace(args: argparse.Namespace, delay_ms: float) -> dict:

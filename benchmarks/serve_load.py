@@ -23,7 +23,6 @@ import concurrent.futures
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,13 +30,9 @@ import time
 
 import httpx
 
+from localcos.tools.loopback import free_port
+
 PROMPTS = ["The river flows from the mountains", "Once upon a time there was", "Two plus two makes", "The old mill by the water"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:

@@ -6,10 +6,6 @@ Set LOCALCOS_TEST_CACHE=DIR to keep the models between sessions (they are keyed 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,8 +13,8 @@ import numpy as np
 import pytest
 
 from localcos.backend import Model
-from localcos.backend.rpc import Endpoint, probe
 from localcos.tools import llamacpp_sdist
+from localcos.tools.loopback import RpcServerProcess, free_port  # noqa: F401  (free_port: for the tests)
 from localcos.tools.testmodels import CHAT_TEMPLATE, ModelSpec, cached_model
 
 # Small and fast: a 1024-token vocabulary, 2 layers of width 64. Peaked distributions with a
@@ -143,37 +139,8 @@ def real_models(model_dir: Path, llama_vocab):
 # --- servers on 127.0.0.1 -------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-RPC_START_TIMEOUT = 30.0  # seconds for an RPC server to answer its handshake
-
-
-class RpcServer:
-    """A `localcos rpc-server` process on 127.0.0.1 (a free port unless given)."""
+class RpcServer(RpcServerProcess):
+    """A `localcos rpc-server` for a test: one thread (the tests share 2 cores with it)."""
 
     def __init__(self, port: int | None = None) -> None:
-        self.endpoint = Endpoint("127.0.0.1", port or free_port())
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "localcos", "rpc-server", "--port", str(self.endpoint.port), "--threads", "1"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + RPC_START_TIMEOUT
-        while probe(self.endpoint, timeout=2.0) is not None:  # bounded: the deadline or the process's exit
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"rpc-server exited: {self.proc.stderr.read()}")
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"rpc-server did not answer on {self.endpoint} within {RPC_START_TIMEOUT}s")
-            time.sleep(0.1)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=10)
-        self.proc.stderr.close()
+        super().__init__(port, threads=1)
