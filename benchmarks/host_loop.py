@@ -53,7 +53,7 @@ class TableModel:
         self.stats.seconds += time.perf_counter() - t0
         return out
 
-    def prefill(self, prompt: Sequence[int]) -> np.ndarray:
+    def prefill(self, prompt: Sequence[int], *, cancelled: object = None) -> np.ndarray:
         """The row after `prompt`, evaluated afresh (cheap here; `Model` reuses its cache)."""
         self.truncate(0)
         return self.evaluate(prompt, 1)[0]

@@ -22,38 +22,20 @@ import argparse
 import concurrent.futures
 import os
 import random
-import signal
 import statistics
-import subprocess
-import sys
 import time
 
 import httpx
 
-from localcos.tools.loopback import free_port
+from localcos.tools.loopback import ServeProcess
 
 PROMPTS = ["The river flows from the mountains", "Once upon a time there was", "Two plus two makes", "The old mill by the water"]
 
 
-def start(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+def start(args: argparse.Namespace) -> ServeProcess:
     models = ["--models", args.models] if args.models else ["--demo"]
-    cmd = [sys.executable, "-m", "localcos", "serve", *models, "--port", str(port), "--max-queue", "64", "--ctx", "2048"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600  # the demo pair is built once (seconds) if not cached
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"localcos serve exited: {proc.stderr.read()}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit("localcos serve did not start")
-        time.sleep(0.2)
+    # the demo pair is built once (seconds) if not cached
+    return ServeProcess([*models, "--max-queue", "64", "--ctx", "2048"], start_timeout=600)
 
 
 def rss_mib(pid: int) -> float:
@@ -147,17 +129,6 @@ def stress(url: str, n: int, seed: int) -> dict[str, int]:
     return counts
 
 
-def idle_health(url: str) -> dict:
-    deadline = time.monotonic() + 60
-    while True:
-        h = httpx.get(url + "/health", timeout=10).json()
-        if not h["queue"]["running"] and h["queue"]["waiting"] == 0:
-            return h
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the server is still busy a minute after the stress run: {h}")
-        time.sleep(0.1)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", help="A,B (default: the synthetic demo pair)")
@@ -166,7 +137,8 @@ def main() -> None:
     p.add_argument("--stress", type=int, default=300, help="requests in each stress round")
     args = p.parse_args()
 
-    proc, url = start(args)
+    server = start(args)
+    url = server.url
     try:
         models = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
         print(f"localcos serve: {models['id']} ({models['localcos']['combiner']}, method {models['localcos']['method']}), {url}")
@@ -176,24 +148,20 @@ def main() -> None:
             load(url, concurrency, args.requests, args.tokens)
         overhead(url, args.requests, args.tokens)
 
-        before = rss_mib(proc.pid)
+        before = rss_mib(server.proc.pid)
         print(f"\nstress: {args.stress} requests x 2 rounds from 8 threads ...", flush=True)
         rounds = []
         for r in range(2):
             counts = stress(url, args.stress, seed=r)
-            h = idle_health(url)
+            h = server.wait_idle(timeout=60)
             exact = all(m["kv_positions"] == m["cached_tokens"] for m in h["models"])
-            rounds.append(rss_mib(proc.pid))
+            rounds.append(rss_mib(server.proc.pid))
             print(f"round {r + 1}: {counts}; healthy: {h['status']}, caches exact: {exact}, resident {rounds[-1]:.0f} MiB")
         print(f"resident memory: {before:.0f} MiB before, {rounds[0]:.0f} after round 1, {rounds[1]:.0f} after round 2 ({rounds[1] - rounds[0]:+.0f} MiB)")
         ok = completion(httpx.Client(), url, 1, 8)[1] is not None
         print(f"a request after the stress: {'answered' if ok else 'FAILED'}")
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
 
 
 if __name__ == "__main__":

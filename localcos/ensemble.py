@@ -26,7 +26,7 @@ from .core.hostmem import keep_freed_memory
 from .core.sampling import Sampler
 from .core.speedmodel import AutoGammaControllers, CallCosts
 from .core.text import TextAssembler
-from .errors import ConfigError, PromptTooLongError
+from .errors import Cancelled, ConfigError, PromptTooLongError
 from .scoring import Loglikelihood, Scores, loglikelihood, score_tokens
 from .stats import GenerationStats, ModelRunStats
 
@@ -376,7 +376,14 @@ class Ensemble:
         combiner = self._combiner if combiner is None else self.bind(combiner)
         sampler = config.sampler()
         t_prompt = time.perf_counter()
-        prompt_rows = [m.prefill(prompt) for m in self.models]
+        try:  # a long prompt goes in several calls: a cancel stops between two of them
+            prompt_rows = [m.prefill(prompt, cancelled=lambda: stream.cancelled) for m in self.models]
+        except Cancelled:
+            models = [ModelRunStats(m.name) for m in self.models]
+            stats = GenerationStats(config.method, combiner.describe(), models, tokens=0, prompt_tokens=len(prompt),
+                                    prompt_seconds=time.perf_counter() - t_prompt, seed=config.seed,
+                                    finish_reasons={"cancelled": 1})  # fmt: skip
+            return Completion("", [], "cancelled", [], stats)
         t0 = time.perf_counter()
         before = [m.stats.snapshot() for m in self.models]
 

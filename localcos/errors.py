@@ -44,3 +44,7 @@ class RpcUnavailableError(LocalcosError):
 
 class RemoteError(LocalcosError):
     """An RPC server could not be reached, or failed while a model on it was in use."""
+
+
+class Cancelled(Exception):
+    """Work was stopped on request between two llama.cpp calls (not an error of the user's)."""

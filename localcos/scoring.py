@@ -19,7 +19,7 @@ import numpy as np
 from .backend import common_prefix
 from .core.combiners import Combiner
 from .core.scoring import Scratch, score_rows
-from .errors import ConfigError, PromptTooLongError
+from .errors import Cancelled, ConfigError, PromptTooLongError
 
 if TYPE_CHECKING:
     from .ensemble import Ensemble
@@ -58,12 +58,14 @@ def score_tokens(
     members: bool = True,
     top: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Scores:
     """Scores of tokens[start:], each given the tokens before it (start >= 1).
 
     `combiners` (default: the ensemble's) are scored on the same rows, so a sweep over weights or
     mu costs the models nothing more. `members` adds each model's own log-probabilities; `top`
-    the `top` most likely tokens of r at each scored position.
+    the `top` most likely tokens of r at each scored position. When `cancelled()` turns true
+    between two llama_decode calls, `Cancelled` is raised (every cache holds what it evaluated).
     """
     tokens = [int(t) for t in tokens]
     n = len(tokens)
@@ -98,6 +100,8 @@ def score_tokens(
     scratch = Scratch()
     lo = keep
     while lo < n:
+        if cancelled is not None and cancelled():
+            raise Cancelled(f"scoring cancelled after {lo} of {n} tokens")
         hi = min(n, lo + n_batch)
         first, end = max(start - 1, lo) - lo, max(min(n - 1, hi), lo) - lo
         first = min(first, end)

@@ -14,13 +14,13 @@ option, so no value reaches llama.cpp or NumPy unchecked.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from .backend import MIN_CTX
 from .backend.worker import layers_to_offload
-from .core.combiners import Combiner, make_combiner
+from .core.combiners import Combiner, CustomCombiner, custom_name, load_function, make_combiner
 from .core.decoding import METHODS
 from .ensemble import Gamma, GenerationConfig
 from .errors import ConfigError
@@ -33,6 +33,7 @@ SPLIT_MODES = ("none", "layer", "row")
 FLASH_ATTN = ("auto", "on", "off")
 COMBINERS = ("we", "cd", "logit-mix")  # or FILE.py:FUNCTION / MODULE:FUNCTION
 COMBINE_LEVELS = ("logits", "probs")
+MAX_MU = 1e6  # mu x logits stays finite in float32
 WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m")  # what the synthetic-model writer offers (tools.testmodels)
 
 # --- one parser per kind of value ---------------------------------------------------------------
@@ -210,12 +211,33 @@ def format_rpc(rpc: Sequence[Sequence[Endpoint]]) -> str:
     return ",".join("+".join(str(e) for e in servers) or "-" for servers in rpc)
 
 
+def is_custom_combine(text: str) -> bool:
+    """A `--combine` value that names code (FILE.py:FUNCTION or MODULE:FUNCTION)."""
+    return ":" in text
+
+
 def parse_combine(value: Any, what: str) -> str:
     """A combiner name (we, cd, logit-mix) or a user function FILE.py:FUNCTION / MODULE:FUNCTION."""
     text = _text(value)
-    if text in COMBINERS or (text and ":" in text):
+    if text in COMBINERS or (text and is_custom_combine(text)):
         return text
     raise ConfigError(f"{what} must be we, cd, logit-mix or FILE.py:FUNCTION, got {value!r}")
+
+
+def parse_served_combine(value: Any, what: str) -> str:
+    """A server request's combiner: a built-in name only. A request chooses among the server's
+    combiners and never names code to import or run; a custom combiner is the server's own,
+    given on its command line when it starts (and stays the default of every request)."""
+    text = _text(value)
+    if text in COMBINERS:
+        return text
+    if text and is_custom_combine(text):
+        raise ConfigError(
+            f"{what} {text!r} names code to import; a request chooses among {', '.join(COMBINERS)}. "
+            "A custom combiner is given when the server starts (localcos serve --combine FILE.py:FUNCTION) "
+            "and is then every request's default"
+        )
+    raise ConfigError(f"{what} must be one of {', '.join(COMBINERS)}, got {value!r}")
 
 
 def _str(value: Any, what: str) -> str:
@@ -321,7 +343,8 @@ _OPTIONS = [
             "we (weighted ensemble), cd (contrastive), logit-mix, or FILE.py:FUNCTION", default="we", metavar="KIND"),
     _option("weights", "--weights", "combination", "combine", lambda v, what: parse_floats(v, what),
             "we / logit-mix weights, one per model (default: equal)", metavar="W,W"),
-    _option("mu", "--mu", "combination", "combine", lambda v, what: parse_float(v, what, minimum=0), "cd: the amateur's weight mu", default=0.1),
+    _option("mu", "--mu", "combination", "combine", lambda v, what: parse_float(v, what, minimum=0, maximum=MAX_MU),
+            "cd: the amateur's weight mu", default=0.1),
     _option("plausibility", "--plausibility", "combination", "combine", lambda v, what: parse_float(v, what, above=0, maximum=1),
             "cd: plausibility threshold alpha in (0, 1] (default off)", metavar="ALPHA"),
     _option("expert", "--expert", "combination", "combine", _at_least(0), "cd: index of the expert model (default: the larger)", metavar="I"),
@@ -406,8 +429,19 @@ class CombineSpec:
     plausibility: float | None = None
     expert: int | None = None
     level: str = "logits"
+    # a custom combiner's function, imported once when the spec is made (`loaded`): never again
+    # per generation or per server request
+    function: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+
+    def loaded(self) -> "CombineSpec":
+        """This spec with its custom combiner's function imported (once), or none for a built-in."""
+        if not is_custom_combine(self.combine):
+            return self if self.function is None else replace(self, function=None)
+        return self if self.function is not None else replace(self, function=load_function(self.combine))
 
     def combiner(self) -> Combiner:
+        if self.function is not None:
+            return CustomCombiner(self.function, level=self.level, name=custom_name(self.combine))
         return make_combiner(
             self.combine, weights=self.weights, mu=self.mu, plausibility=self.plausibility, expert=self.expert, level=self.level
         )
@@ -433,9 +467,11 @@ class Settings:
         spec = {"load": self.load, "combine": self.combine, "generation": self.generation}.get(opt.target, self)
         return getattr(spec, opt.attr)
 
-    def with_values(self, values: Mapping[str, Any], *, json: bool = False) -> "Settings":
+    def with_values(self, values: Mapping[str, Any], *, json: bool = False, parsed: bool = False) -> "Settings":
         """These settings with some combination and generation options changed (the chat's
-        settings form, a server request). An empty string resets an option to its default."""
+        settings form, a server request). An empty string resets an option to its default.
+        `parsed`: the values were checked where they entered (the server's request models run
+        each option's parser), so only what depends on several of them is checked here."""
         changes: dict[str, dict[str, Any]] = {"combine": {}, "generation": {}, "chat": {}}
         for name, raw in values.items():
             opt = OPTIONS.get(name)
@@ -443,9 +479,14 @@ class Settings:
                 raise ConfigError(f"unknown setting {name!r}", param=name)
             if opt.target not in changes:
                 raise ConfigError(f"{opt.name if json else opt.flag} cannot change once the models are loaded", param=name)
-            value = opt.default if raw is None or (isinstance(raw, str) and not raw.strip()) else opt.check(raw, json=json)
+            if parsed:
+                value = raw
+            else:
+                value = opt.default if raw is None or (isinstance(raw, str) and not raw.strip()) else opt.check(raw, json=json)
             changes[opt.target][opt.attr] = value
         combine = replace(self.combine, **changes["combine"])
+        if combine.combine != self.combine.combine:
+            combine = replace(combine, function=None).loaded()
         generation = replace(self.generation, **changes["generation"])
         new = replace(self, combine=combine, generation=generation, **changes["chat"])
         check_for_models(new.combine, new.generation, len(new.load.paths), new.chat_template_model, json=json)
@@ -578,7 +619,7 @@ def resolve(
     load = LoadSpec(
         tuple(Path(p) for p in paths), tuple(labels), tuple(layers), rpc, **_spec_values("load", value, exclude={"n_gpu_layers", "rpc"})
     )
-    combine = CombineSpec(**_spec_values("combine", value))
+    combine = CombineSpec(**_spec_values("combine", value)).loaded()
     generation_values = _spec_values("generation", value)
     if generation_values["method"] is None:
         generation_values["method"] = "cos" if n > 1 else "ensemble"
@@ -595,7 +636,7 @@ def _spec_values(target: str, value: Callable[[str], Any], exclude: Iterable[str
 
 # every spec field has its option (a field without one could never be set by a front end)
 assert {f.name for f in fields(LoadSpec)} - {"paths", "labels"} == {o.attr for o in _OPTIONS if o.target == "load"}
-assert {f.name for f in fields(CombineSpec)} == {o.attr for o in _OPTIONS if o.target == "combine"}
+assert {f.name for f in fields(CombineSpec)} - {"function"} == {o.attr for o in _OPTIONS if o.target == "combine"}
 assert {f.name for f in fields(GenerationConfig)} - {"check_invariants"} == {o.attr for o in _OPTIONS if o.target == "generation"}
 
 __all__ = [
@@ -609,5 +650,6 @@ __all__ = [
     "format_rpc",
     "parse_gamma",
     "parse_rpc",
+    "parse_served_combine",
     "resolve",
 ]

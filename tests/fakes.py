@@ -49,7 +49,7 @@ class FakeModel:
         self.stats.tokens += len(tokens)
         return np.array(rows, dtype=np.float32).reshape(n_logits, self.n_vocab)[:, : self.logits_vocab]
 
-    def prefill(self, prompt: Sequence[int]) -> np.ndarray:
+    def prefill(self, prompt: Sequence[int], *, cancelled: object = None) -> np.ndarray:
         """The row after `prompt`, evaluated afresh (cheap here; `Model` reuses its cache)."""
         self.truncate(0)
         return self.evaluate(prompt, 1)[0]

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -19,10 +16,11 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import REAL_SPECS, assert_same_or_near_tie, free_port
+from conftest import REAL_SPECS, assert_same_or_near_tie
 from localcos import Ensemble, WeightedEnsemble
 from localcos.backend import Model
 from localcos.chat import ChatFormatter, Message
+from localcos.tools.loopback import ServeProcess
 from localcos.tools.testmodels import cached_model
 
 START_TIMEOUT = 90  # seconds for a server to load its models and answer /health
@@ -38,59 +36,14 @@ PROMPTS = [
 ]
 
 
-class Server:
-    """A `localcos serve` process."""
+class Server(ServeProcess):
+    """A `localcos serve` process, with the official client."""
 
     def __init__(self, args: list[str], env: dict | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "localcos", "serve", "--port", str(self.port), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, **(env or {})},
-        )
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:  # bounded: until /health answers, the process dies, or the deadline
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {self.proc.stderr.read()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("the server did not answer /health in time")
-            time.sleep(0.2)
+        super().__init__(args, env, start_timeout=START_TIMEOUT)
 
     def client(self, **kw) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, timeout=120, **kw)
-
-    def health(self) -> dict:
-        return httpx.get(self.url + "/health", timeout=10).json()
-
-    def wait_idle(self, timeout: float = 20) -> dict:
-        """/health once nothing runs or waits (bounded)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            h = self.health()
-            if not h["queue"]["running"] and h["queue"]["waiting"] == 0:
-                return h
-            assert time.monotonic() < deadline, f"the server is still busy after {timeout}s: {h}"
-            time.sleep(0.05)
-
-    def stop(self) -> str:
-        """Ctrl-C, as a user would; returns what it printed on stderr."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.stderr.read()
 
 
 @contextmanager
@@ -178,7 +131,7 @@ def test_eight_concurrent_clients_each_get_what_they_get_alone(server, pair):
     combiner = WeightedEnsemble().bind(2, [1, 1])
     for (p_ids, ids, text), (p_ids2, ids2, text2) in zip(alone, together):
         assert p_ids == p_ids2
-        if assert_same_or_near_tie(ids2, ids, pair, combiner, p_ids, "concurrent vs alone") == 0:
+        if assert_same_or_near_tie(ids2, ids, pair, combiner, p_ids, "concurrent vs alone") is None:
             assert text == text2
     assert server.wait_idle()["queue"]["served"] == served_before + len(PROMPTS)
 
@@ -229,7 +182,15 @@ def test_errors_have_openai_shape_and_status(server):
         (post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}), 400, None),
         (post("/v1/completions", json=["a", "list"]), 400, None),
         (post("/v1/nothing", json={}), 404, None),
-        (post("/v1/completions", content=b"x" * (17 << 20)), 413, None),
+        (post("/v1/completions", content=b"x" * (17 << 20), headers={"content-type": "application/json"}), 413, None),
+        # chunked, without a Content-Length: counted as it arrives
+        (post("/v1/completions", content=(b"x" * (1 << 20) for _ in range(17)), headers={"content-type": "application/json"}), 413, None),
+        (post("/v1/completions", content=b'{"prompt": "x"}', headers={"content-type": "text/plain"}), 415, None),
+        (post("/v1/completions", json={"prompt": "x", "combine": "this:x"}), 400, "combine"),
+        (post("/v1/completions", json={"prompt": "x", "response_format": {"type": "json_object"}}), 400, "response_format"),
+        (post("/v1/completions", json={"prompt": "x", "frobnicate": 1}), 400, "frobnicate"),
+        (post("/tokenize", json={"prompt": 5}), 400, "prompt"),
+        (post("/detokenize", json={"tokens": [1, 10**9]}), 400, "tokens"),
     ]
     for response, status, param in cases:
         error = _error(response)
@@ -268,8 +229,8 @@ def test_queue_full_is_503_with_retry_after_and_the_api_key_guards(pair):
         s.wait_idle()
         ok = s.client(api_key="s3cret").completions.create(model=alias, prompt="a", max_tokens=2)
         assert ok.choices[0].text is not None
-        printed = s.stop()
-    assert f"127.0.0.1:{s.port}" in printed and "curl" in printed and "stopped" in printed
+        rc, _, printed = s.stop()
+    assert rc == 0 and f"127.0.0.1:{s.port}" in printed and "curl" in printed and "stopped" in printed
 
 
 def _log_r(pair, tokens: list[int]) -> np.ndarray:

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import llama_cpp  # isort: skip
 import numpy as np
 
-from ..errors import ModelFileError
+from ..errors import Cancelled, ModelFileError
 from ..paths import env_switch
 
 GGUF_MAGIC = b"GGUF"
@@ -271,8 +271,12 @@ class Model:
         # Logits are returned for ids below this bound: an ensemble lowers it to the vocabulary
         # its members share when one of them pads its embedding matrix.
         self.logits_vocab: int = self.n_vocab
-        self._piece_buf = ctypes.create_string_buffer(256)
+        # token -> its bytes: filled by whichever thread asks first (a server tokenises off the
+        # engine thread); llama.cpp's vocabulary is read-only and safe to read from any thread
         self._pieces: dict[int, bytes] = {}
+        # (tokens in the cache, llama.cpp's KV positions) after the last call that changed the
+        # cache, published by the thread that drives this model for other threads to read
+        self.cache_state: tuple[int, int] = (0, 0)
         self._prefill_row: tuple[tuple[int, ...], np.ndarray] | None = None  # see prefill()
         self.n_ctx = 0
         if vocab_only:
@@ -368,7 +372,7 @@ class Model:
             cached = self._pieces.get(token)
             if cached is not None:
                 return cached
-        buf = self._piece_buf
+        buf = ctypes.create_string_buffer(64)  # one per call: pieces are read from several threads
         n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
@@ -382,12 +386,16 @@ class Model:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
     # --- evaluation -------------------------------------------------------------------------------
-    def evaluate(self, tokens: Sequence[int], n_logits: int | None = None) -> np.ndarray:
+    def evaluate(
+        self, tokens: Sequence[int], n_logits: int | None = None, *, cancelled: Callable[[], bool] | None = None
+    ) -> np.ndarray:
         """Append `tokens` to the KV cache and return logits for the last `n_logits` of them.
 
         Row i of the result is the model's next-token logits after the i-th of those tokens, as a
         float32 array of shape [n_logits, logits_vocab]. `n_logits` defaults to all tokens; 0
-        evaluates without returning logits.
+        evaluates without returning logits. Tokens go in calls of up to `n_batch`; when
+        `cancelled()` turns true between two calls, `Cancelled` is raised and the cache holds
+        the tokens evaluated so far (`tokens` stays exact).
         """
         n = len(tokens)
         n_logits = n if n_logits is None else n_logits
@@ -398,6 +406,8 @@ class Model:
         first_logit = n - n_logits
         done = 0
         while done < n:
+            if cancelled is not None and cancelled():
+                raise Cancelled(f"{self.name}: cancelled after {done} of {n} tokens")
             chunk = min(self.n_batch, n - done)
             lo = min(max(first_logit - done, 0), chunk)
             if chunk - lo > self.max_logit_rows:  # llama.cpp returns at most that many rows a call
@@ -438,8 +448,13 @@ class Model:
         valid until the next call. Counts the call and keeps `self.tokens` exact."""
         start = len(self.tokens)
         t0 = time.perf_counter()
-        rows = self._run_batch(start, tokens, out_from, out_to)
+        try:
+            rows = self._run_batch(start, tokens, out_from, out_to)
+        except BaseException:
+            self._publish()  # a failed call removed what it added
+            raise
         self.tokens.extend(int(t) for t in tokens)
+        self._publish()
         self.stats.calls += 1
         self.stats.tokens += len(tokens)
         self.stats.seconds += time.perf_counter() - t0
@@ -464,12 +479,12 @@ class Model:
         ptr = llama_cpp.llama_get_logits(self._ctx)  # the output rows, in batch order
         return np.ctypeslib.as_array(ptr, shape=(out_to - out_from, self.n_vocab))
 
-    def prefill(self, prompt: Sequence[int]) -> np.ndarray:
+    def prefill(self, prompt: Sequence[int], *, cancelled: Callable[[], bool] | None = None) -> np.ndarray:
         """Bring the KV cache to exactly `prompt` and return the logits row after it.
 
         What the cache already holds of the prompt is kept (a chat's earlier turns, the same
         prompt again); at least the last token is evaluated again for its row, unless the row of
-        this very prompt is still known from the last call.
+        this very prompt is still known from the last call. `cancelled` as in `evaluate`.
         """
         key = tuple(prompt)
         keep = common_prefix(self.tokens, prompt)
@@ -478,7 +493,7 @@ class Model:
             return self._prefill_row[1]
         keep = min(keep, len(prompt) - 1)
         self.truncate(keep)
-        row = self.evaluate(prompt[keep:], 1)[0]
+        row = self.evaluate(prompt[keep:], 1, cancelled=cancelled)[0]
         self._prefill_row = (key, row)
         return row
 
@@ -514,6 +529,10 @@ class Model:
             raise ValueError("n must be >= 0")
         self._remove_from(n)
         del self.tokens[n:]
+        self._publish()
+
+    def _publish(self) -> None:
+        self.cache_state = (len(self.tokens), self.kv_length())
 
     def _remove_from(self, n: int) -> None:
         if not llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1):

@@ -257,6 +257,7 @@ class RemoteModel(Model):
         self.tokens.clear()
         self._prefill_row = None
         self._kv_positions = 0
+        self._publish()
 
     @property
     def connected(self) -> bool:

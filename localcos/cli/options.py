@@ -80,13 +80,27 @@ def parse_port(text: str, what: str = "--port") -> int:
 
 def check_port_free(host: str, port: int) -> None:
     """Fail before loading anything, not after, when the port is taken."""
+    bind(host, port).close()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (0: a free port), or one line saying why not."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError as e:
+        s.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return s
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (0: a free port), or one line saying why not."""
+    s = bind(host, port)
+    s.listen(2048)
+    return s
 
 
 def add_options(

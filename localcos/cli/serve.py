@@ -6,7 +6,7 @@ import argparse
 import os
 
 from ..errors import ConfigError
-from .options import add_options, check_port_free, is_loopback, loading_progress, note, parse_port, resolve, say
+from .options import add_options, is_loopback, listen, loading_progress, note, parse_port, resolve, say
 
 DEFAULTS = {"temperature": 1.0, "max_tokens": 256, "ctx": 4096}
 API_KEY_ENV = "LOCALCOS_API_KEY"
@@ -19,7 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Serve an ensemble over OpenAI's HTTP API (/v1/chat/completions, /v1/completions, /v1/models, "
         "/health, /tokenize, /detokenize, /tokenizer_info): any OpenAI client can use it. The options below are "
         "every request's defaults; a request may change the sampling ones and, in extra_body, method, gamma, "
-        "combine, weights and mu. One generation runs at a time; the others wait in arrival order.",
+        "combine (we, cd or logit-mix: a request never names code; --combine FILE.py:FUNCTION here makes a custom "
+        "combiner every request's default), weights and mu. One generation runs at a time; the others wait in "
+        "arrival order. Safe to leave running: it answers only requests whose Host names this server "
+        "(--allowed-hosts adds names) and, from web pages, only the origins given with --cors; bodies must be "
+        "application/json.",
     )
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
@@ -27,9 +31,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     server.add_argument("--api-key", default=None, help=f"require this key (Authorization: Bearer KEY); or set {API_KEY_ENV}")
     server.add_argument("--max-queue", default="64", help="requests that may wait; more get 503 with Retry-After (default 64)")
     server.add_argument("--alias", default=None, help="the model name clients use (default: the preset's name, else the models')")
-    server.add_argument("--cors", action="append", default=None, metavar="ORIGIN", help="allow browser requests from ORIGIN (repeatable; default none)")
+    server.add_argument(
+        "--cors", action="append", default=None, metavar="ORIGIN",
+        help="let web pages at ORIGIN (e.g. http://localhost:3000) call the server; repeatable or comma-separated, * for any "
+        "(default: none; a request from any other page's Origin is refused with 403)",
+    )
+    server.add_argument(
+        "--allowed-hosts", action="append", default=None, metavar="NAME",
+        help="also answer requests whose Host header is NAME (the server's DNS name behind a proxy or on the LAN); "
+        "repeatable or comma-separated, * for any (default: only the listening address, localhost, 127.0.0.1 and [::1]: "
+        "other Host headers are refused with 403, which stops DNS-rebinding pages)",
+    )  # fmt: skip
     server.add_argument("--demo", action="store_true", help="serve the small synthetic demo pair (random text; for trying clients)")
-    add_options(p, ["models", "hardware", "combination", "method", "sampling", "chat"], defaults=DEFAULTS, exclude={"synthetic", "synthetic_dtype"})
+    add_options(p, ["models", "hardware", "combination", "method", "sampling", "output", "chat"], defaults=DEFAULTS, exclude={"synthetic", "synthetic_dtype"})
     p.set_defaults(func=run)
 
 
@@ -41,25 +55,34 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from ..server.app import create_app
+        from ..server.engine import Engine
+        from ..server.guard import GuardPolicy
         from ..server.protocol import Served
     except ImportError as e:  # pragma: no cover - both are dependencies of the package
         raise ConfigError(f"localcos serve needs FastAPI and uvicorn ({e}); pip install fastapi uvicorn") from None
 
     port = parse_port(args.port)
     max_queue = parse_int(args.max_queue, "--max-queue", minimum=0)
+    cors, allowed_hosts = _names(args.cors, "--cors"), _names(args.allowed_hosts, "--allowed-hosts")
     if args.demo and (args.models or args.preset):
         raise ConfigError("--demo serves the synthetic demo pair; leave out --models/--preset, or --demo")
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     if api_key is not None and not api_key.strip():
         raise ConfigError("--api-key is empty")
-    check_port_free(args.host, port)
+    listener = listen(args.host, port)  # held from now on: fail before loading anything when it is taken
+    port = listener.getsockname()[1]  # --port 0: the free port the system chose
     if not is_loopback(args.host) and api_key is None:
         note(
             f"warning: listening on {args.host} without an API key: anyone who can reach this address can use "
             f"the models; set --api-key or {API_KEY_ENV}"
         )
-    settings = resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
-    ens = settings.load.load(settings.combiner(), loading_progress)
+    try:
+        settings = resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
+        ens = settings.load.load(settings.combiner(), loading_progress)
+    except BaseException:
+        listener.close()
+        raise
+    engine = Engine(ens, max_queue=max_queue)
     try:
         try:
             formatter: ChatFormatter | None = ChatFormatter(ens, settings.chat_template_model)
@@ -69,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
             formatter = None
         alias = args.alias or settings.name.replace(" + ", "+")  # the preset, the demo set, or the files
         served = Served(ens, settings, alias, formatter)
-        app = create_app(served, api_key=api_key, max_queue=max_queue, cors=args.cors)
+        policy = GuardPolicy(args.host, port, allowed_hosts=allowed_hosts, cors=cors)
+        app = create_app(served, engine, api_key=api_key, policy=policy)
         shown = f"[{args.host}]" if ":" in args.host else args.host
         url = f"http://{shown}:{port}"
         say(f"localcos serve: {alias} ({ens.combiner.describe()}, method {settings.generation.method}) at {url}/v1")
@@ -81,12 +105,29 @@ def run(args: argparse.Namespace) -> int:
             f"-d '{{\"model\": \"{alias}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'"
         )
         say("  OpenAI clients: base_url=" + f"{url}/v1" + ("" if api_key else ", api_key=anything") + "; Ctrl-C stops")
-        config = uvicorn.Config(app, host=args.host, port=port, log_level="warning", timeout_graceful_shutdown=3, access_log=False)
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3, access_log=False)
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: object) -> None:
+                engine.cancel_all()  # Ctrl-C: requests in flight are answered now, not cut off later
+                super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
         try:
-            uvicorn.Server(config).run()
+            Server(config).run(sockets=[listener])
         except KeyboardInterrupt:  # uvicorn shuts down gracefully, then re-raises the signal
             pass
         say("localcos serve: stopped")
     finally:
-        ens.close()
+        listener.close()
+        engine.shutdown()  # waits for a llama.cpp call in flight
+        if engine.stopped:
+            ens.close()
     return 0
+
+
+def _names(values: list[str] | None, what: str) -> tuple[str, ...]:
+    """A repeatable option's values, each possibly comma-separated."""
+    names = tuple(part.strip() for value in values or () for part in value.split(","))
+    if any(not name for name in names):
+        raise ConfigError(f"{what} takes names separated by commas, got an empty one")
+    return names

@@ -253,8 +253,10 @@ class CustomCombiner(Combiner):
             raise ConfigError(f"combiner {self.name} returned shape {out.shape}, expected {np.shape(like)}")
 
 
-def load_custom(spec: str, level: str = "logits") -> CustomCombiner:
-    """A `CustomCombiner` from ``path/to/file.py:function`` or ``package.module:function``."""
+def load_function(spec: str) -> Callable[[list[np.ndarray]], np.ndarray]:
+    """The function named by ``path/to/file.py:function`` or ``package.module:function``: the
+    file is executed (the module imported) to find it. Only the user's own command line, Python
+    code or models.toml names one; a server request never does (see `settings.parse_served_combine`)."""
     if ":" not in spec:
         raise ConfigError(f"custom combiner must look like FILE.py:FUNCTION or MODULE:FUNCTION, got {spec!r}")
     where, func = spec.rsplit(":", 1)
@@ -277,7 +279,17 @@ def load_custom(spec: str, level: str = "logits") -> CustomCombiner:
     fn = getattr(module, func, None)
     if fn is None:
         raise ConfigError(f"{where} has no function {func}")
-    return CustomCombiner(fn, level=level, name=func)
+    return fn
+
+
+def custom_name(spec: str) -> str:
+    """The name a custom combiner ``WHERE:FUNCTION`` is shown by: FUNCTION."""
+    return spec.rsplit(":", 1)[-1]
+
+
+def load_custom(spec: str, level: str = "logits") -> CustomCombiner:
+    """A `CustomCombiner` from ``path/to/file.py:function`` or ``package.module:function``."""
+    return CustomCombiner(load_function(spec), level=level, name=custom_name(spec))
 
 
 def make_combiner(

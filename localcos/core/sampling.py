@@ -64,13 +64,18 @@ def _draw_flat(probs: np.ndarray, x: float, base: float) -> int:
     return i
 
 
+# below this, logits / T overflows float32 (the row would become NaN): such a temperature is greedy
+GREEDY_BELOW = 1e-6
+
+
 @dataclass(frozen=True)
 class Sampler:
     """Sampling settings applied to every distribution a method samples from.
 
     Args:
         temperature: 0 means greedy (one-hot at the argmax, ties to the lowest id); distributions
-            are then computed as at temperature 1 before the argmax is taken.
+            are then computed as at temperature 1 before the argmax is taken. A temperature below
+            `GREEDY_BELOW` is greedy too (it would be in exact arithmetic; in float32 it overflows).
         top_k: keep the k most likely tokens (0 = off); tokens tied with the k-th are kept too.
         top_p: keep the smallest set of most likely tokens whose mass reaches top_p (1 = off).
         min_p: keep tokens with probability >= min_p * the largest probability (0 = off).
@@ -93,12 +98,12 @@ class Sampler:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def softmax_temperature(self) -> float:
         """The temperature distributions are computed at (1 when greedy)."""
-        return self.temperature if self.temperature > 0 else 1.0
+        return 1.0 if self.greedy else self.temperature
 
     @property
     def transforms(self) -> bool:

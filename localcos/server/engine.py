@@ -1,10 +1,11 @@
 """One ensemble, one generation at a time: the server's queue.
 
 Requests become jobs, which one worker thread runs in arrival order (the ensemble and its KV
-caches serve one generation at a time). A job reports what it produces through a callback the
-request turns into server-sent events or a response body. A request whose client went away
-cancels its job: a waiting job is skipped, a running one stops after its current decoding round.
-Beyond `max_queue` waiting jobs a new request is refused (the server answers 503).
+caches serve one generation at a time). That thread is the only one that calls into a llama.cpp
+context. A job reports what it produces through a callback the request turns into server-sent
+events or a response body. A request whose client went away cancels its job: a waiting job is
+skipped, a running one stops at its next llama.cpp call (a long prompt and echo scoring go in
+several calls). Beyond `max_queue` waiting jobs a new request is refused (the server answers 503).
 """
 
 from __future__ import annotations
@@ -97,18 +98,27 @@ class Engine:
         if job.finished is not None:
             job.finished()
 
-    def shutdown(self) -> None:
-        """Cancel what runs, skip what waits, stop the worker."""
+    @property
+    def stopped(self) -> bool:
+        """The worker thread has ended: no llama.cpp call runs, the models may be freed."""
+        return not self._thread.is_alive()
+
+    def cancel_all(self) -> None:
+        """Cancel what runs and what waits: each is answered at once (the running generation at
+        its next llama.cpp call). Ctrl-C does this first, so no client waits for a reply the
+        server would never finish."""
+        with self._jobs.mutex:
+            waiting = [job for job in self._jobs.queue if job is not None]
+        for job in waiting:
+            job.cancel()
         running = self.running
         if running is not None:
             running.cancel()
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancelled = True
-                self._finish(job)
+
+    def shutdown(self) -> None:
+        """Cancel everything, and wait for the worker to end: it stops at its next llama.cpp call,
+        and only then may the contexts be freed (freeing them under a running llama_decode would
+        be a use-after-free)."""
+        self.cancel_all()
         self._jobs.put(None)
-        self._thread.join(timeout=10)
+        self._thread.join()

@@ -1,8 +1,6 @@
-"""OpenAI's request and response shapes, over the settings layer and the Python API.
-
-Requests are plain JSON, checked here field by field with the settings layer's parsers (so a bad
-value is a 400 naming the field, never a 422 or a 500); responses are built the way the official
-clients read them (`openai` for Python and the rest), with a `localcos` object of statistics.
+"""OpenAI's protocol over the Python API: validated requests (`requests.py`) become plans, plans
+run on the engine thread, and their results become responses in the shapes the official clients
+read (`openai` for Python and the rest), with a `localcos` object of statistics.
 """
 
 from __future__ import annotations
@@ -14,29 +12,12 @@ from typing import Any, Callable, Sequence
 
 from ..chat import ChatFormatter, Message
 from ..ensemble import Completion, Ensemble, GenerationConfig
-from ..errors import ConfigError, LocalcosError, PromptTooLongError, RemoteError, TokenizerMismatchError
+from ..errors import Cancelled, ConfigError, LocalcosError, PromptTooLongError, RemoteError, TokenizerMismatchError
 from ..scoring import score_tokens
-from ..settings import Settings, parse_int
+from ..settings import Settings
 from ..stats import GenerationStats
 from .engine import Job
-
-# request fields that are options of the settings layer (localcos's extras included)
-SETTINGS_FIELDS = (
-    "temperature", "top_p", "top_k", "min_p", "seed", "stop", "method", "gamma", "combine", "weights", "mu",
-    "plausibility", "expert", "proposer", "ignore_eos",
-)  # fmt: skip
-# OpenAI fields localcos does not implement: refused unless left at their neutral value
-UNSUPPORTED = {
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-    "logit_bias": ({},),
-    "best_of": (1,),
-    "suffix": ("",),
-    "tools": ([],),
-    "functions": ([],),
-}
-MAX_CHOICES = 16
-MAX_TOP_LOGPROBS = 20
+from .requests import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationRequest
 
 
 class APIError(Exception):
@@ -82,41 +63,16 @@ class Served:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-# --- reading requests ---------------------------------------------------------------------------
+# --- planning requests ---------------------------------------------------------------------------
+# The bodies arrive validated (`requests.py`); planning adds what needs the loaded ensemble:
+# the model name, tokens (the template rendered), the context length, the combination bound to the
+# models. It runs in a worker thread, off the event loop (tokenising a 16 MiB body takes a while),
+# and touches only the models' vocabularies, which llama.cpp lets any thread read.
 
 
-def _check_model(served: Served, body: dict) -> None:
-    model = body.get("model")
+def check_model(served: Served, model: str | None) -> None:
     if model is not None and model != served.alias:
         raise APIError(404, f"The model {model!r} does not exist; this server serves {served.alias!r}", param="model", code="model_not_found")
-
-
-def _check_unsupported(body: dict) -> None:
-    for name, neutral in UNSUPPORTED.items():
-        if name in body and body[name] is not None and body[name] not in neutral:
-            raise APIError(400, f"{name} is not supported by localcos", param=name, code="unsupported_parameter")
-
-
-def _flag(body: dict, name: str) -> bool:
-    value = body.get(name, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise APIError(400, f"{name} must be true or false, got {value!r}", param=name)
-    return value
-
-
-def _int(body: dict, name: str, default: int, minimum: int, maximum: int | None = None) -> int:
-    value = body.get(name)
-    if value is None:
-        return default
-    try:
-        number = parse_int(value, name, minimum=minimum)
-    except ConfigError as e:
-        raise APIError(400, str(e), param=name) from None
-    if maximum is not None and number > maximum:
-        raise APIError(400, f"{name} must be <= {maximum}, got {number}", param=name)
-    return number
 
 
 @dataclass
@@ -139,12 +95,14 @@ class Plan:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-def _settings_for(served: Served, body: dict, max_tokens: int) -> Settings:
-    values = {k: body[k] for k in SETTINGS_FIELDS if k in body and body[k] is not None}
+def _settings_for(served: Served, request: GenerationRequest, max_tokens: int) -> Settings:
+    """The server's settings with the request's options over them (each value was parsed where
+    it entered; what depends on several of them, and on the models, is checked here)."""
+    values = request.settings_values()
     if max_tokens > 0:
         values["max_tokens"] = max_tokens
     try:
-        return served.settings.with_values(values, json=True)
+        return served.settings.with_values(values, json=True, parsed=True)
     except ConfigError as e:
         raise APIError(400, str(e), param=e.param, code="invalid_value") from None
 
@@ -158,32 +116,19 @@ def _combiner(served: Served, settings: Settings) -> Any:
         raise APIError(400, str(e), param=e.param, code="invalid_value") from None
 
 
-def _max_tokens(served: Served, body: dict) -> int:
-    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    return _int(body, name, served.settings.generation.max_tokens, minimum=0)
-
-
-def _prompt_list(value: Any) -> list[str | list[int]]:
-    """prompt: a string, a list of strings, a list of token ids, or a list of lists of ids."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value:
-        if all(isinstance(x, int) and not isinstance(x, bool) for x in value):
-            return [value]
-        if all(isinstance(x, str) for x in value):
-            return list(value)
-        if all(isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x) for x in value):
-            return [list(x) for x in value]
-    raise APIError(400, "prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids", param="prompt")
+def check_token_ids(served: Served, tokens: Sequence[int], param: str) -> None:
+    """Token ids a client sent are ids of this vocabulary."""
+    n_vocab = served.ensemble.n_vocab
+    bad = next((t for t in tokens if t >= n_vocab), None)
+    if bad is not None:
+        raise APIError(400, f"token id {bad} is outside the vocabulary of {n_vocab}", param=param)
 
 
 def _check_length(served: Served, tokens: list[int], param: str) -> None:
     ens = served.ensemble
     if not tokens:
         raise APIError(400, "the prompt is empty", param=param)
-    bad = [t for t in tokens if not 0 <= t < ens.n_vocab]
-    if bad:
-        raise APIError(400, f"token id {bad[0]} is outside the vocabulary of {ens.n_vocab}", param=param)
+    check_token_ids(served, tokens, param)
     if len(tokens) >= ens.n_ctx:
         raise APIError(
             400,
@@ -193,104 +138,62 @@ def _check_length(served: Served, tokens: list[int], param: str) -> None:
         )
 
 
-def plan_completion(served: Served, body: dict) -> Plan:
-    """POST /v1/completions: check the body."""
-    _check_model(served, body)
-    _check_unsupported(body)
-    if "prompt" not in body:
-        raise APIError(400, "prompt is required", param="prompt")
-    echo = _flag(body, "echo")
-    stream = _flag(body, "stream")
-    logprobs = body.get("logprobs")
-    if logprobs is not None:
-        logprobs = _int(body, "logprobs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS)
-    if stream and (logprobs is not None or echo):
-        raise APIError(400, "logprobs and echo are not supported with stream", param="stream")
-    max_tokens = _max_tokens(served, body)
-    if max_tokens == 0 and not echo:
-        raise APIError(400, "max_tokens must be >= 1 (0 only with echo)", param="max_tokens")
-    settings = _settings_for(served, body, max_tokens)
+def plan_completion(served: Served, request: CompletionRequest) -> Plan:
+    """POST /v1/completions: tokens and settings for a validated body."""
+    check_model(served, request.model)
+    max_tokens = served.settings.generation.max_tokens if request.max_tokens is None else request.max_tokens
+    settings = _settings_for(served, request, max_tokens)
     prompts, texts = [], []
     ens = served.ensemble
-    for p in _prompt_list(body["prompt"]):
+    for p in request.prompt:
         if isinstance(p, str):
             # with echo, nothing is added to what was sent: its tokens are the ones scored
             try:
-                tokens = ens.tokenize(p, add_bos=False) if echo else ens.tokenize(p)
+                tokens = ens.tokenize(p, add_bos=False) if request.echo else ens.tokenize(p)
             except TokenizerMismatchError as e:
                 raise APIError(400, str(e), param="prompt") from None
+            _check_length(served, tokens, "prompt")
             texts.append(p)
         else:
             tokens = p
-            texts.append("")
-        _check_length(served, tokens, "prompt")
+            _check_length(served, tokens, "prompt")
+            texts.append(ens.detokenize(tokens))
         prompts.append(tokens)
-    for i, p in enumerate(prompts):
-        if not texts[i]:
-            texts[i] = ens.detokenize(p)
-    n = _int(body, "n", 1, minimum=1, maximum=MAX_CHOICES)
     return Plan(
-        "completion", prompts, texts, settings.generation, _combiner(served, settings), n, stream, max_tokens, echo, logprobs,
-        include_usage=_include_usage(body), return_token_ids=_flag(body, "return_token_ids"),
+        "completion", prompts, texts, settings.generation, _combiner(served, settings), request.n, request.stream, max_tokens,
+        request.echo, request.logprobs, include_usage=request.include_usage, return_token_ids=request.return_token_ids,
     )  # fmt: skip
 
 
-def _include_usage(body: dict) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, dict) and options.get("include_usage") is True
+def messages(request_messages: Sequence[ChatMessage]) -> list[Message]:
+    return [Message(m.role, m.text) for m in request_messages]
 
 
-def _messages(value: Any) -> list[Message]:
-    if not isinstance(value, list) or not value:
-        raise APIError(400, "messages must be a non-empty list of {role, content}", param="messages")
-    out = []
-    for i, m in enumerate(value):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise APIError(400, f"messages[{i}] must be an object with a role and a content", param="messages")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: text only
-            parts = []
-            for part in content:
-                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                    raise APIError(400, f"messages[{i}]: only text content parts are supported", param="messages")
-                parts.append(part["text"])
-            content = "".join(parts)
-        if content is None:
-            content = ""
-        if not isinstance(content, str):
-            raise APIError(400, f"messages[{i}].content must be a string or a list of text parts", param="messages")
-        out.append(Message(m["role"], content))
-    return out
-
-
-def plan_chat(served: Served, body: dict) -> Plan:
-    """POST /v1/chat/completions: check the body and render the chat template."""
-    _check_model(served, body)
-    _check_unsupported(body)
+def render(served: Served, request_messages: Sequence[ChatMessage]) -> list[int]:
+    """The conversation's prompt tokens, through the models' chat template (400 without one)."""
     if served.formatter is None:
         raise APIError(400, "these models carry no chat template; use /v1/completions", param="messages")
-    messages = _messages(body.get("messages"))
-    if served.settings.system and messages[0].role != "system":
-        messages = [Message("system", served.settings.system), *messages]
-    stream = _flag(body, "stream")
-    logprobs = None
-    if _flag(body, "logprobs"):
-        if stream:
-            raise APIError(400, "logprobs are not supported with stream", param="stream")
-        logprobs = _int(body, "top_logprobs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS)
-    max_tokens = _max_tokens(served, body)
-    if max_tokens == 0:
-        raise APIError(400, "max_tokens must be >= 1", param="max_tokens")
-    settings = _settings_for(served, body, max_tokens)
+    conversation = messages(request_messages)
+    if served.settings.system and conversation[0].role != "system":
+        conversation = [Message("system", served.settings.system), *conversation]
     try:
-        tokens = served.formatter.tokens(messages)
+        return served.formatter.tokens(conversation)
     except LocalcosError as e:
         raise APIError(400, str(e), param="messages") from None
+
+
+def plan_chat(served: Served, request: ChatCompletionRequest) -> Plan:
+    """POST /v1/chat/completions: render the chat template for a validated body."""
+    check_model(served, request.model)
+    limit = request.token_limit
+    max_tokens = served.settings.generation.max_tokens if limit is None else limit
+    settings = _settings_for(served, request, max_tokens)
+    tokens = render(served, request.messages)
     _check_length(served, tokens, "messages")
-    n = _int(body, "n", 1, minimum=1, maximum=MAX_CHOICES)
+    logprobs = (request.top_logprobs or 0) if request.logprobs else None
     return Plan(
-        "chat", [tokens], [""], settings.generation, _combiner(served, settings), n, stream, max_tokens, False, logprobs,
-        include_usage=_include_usage(body), return_token_ids=_flag(body, "return_token_ids"),
+        "chat", [tokens], [""], settings.generation, _combiner(served, settings), request.n, request.stream, max_tokens, False,
+        logprobs, include_usage=request.include_usage, return_token_ids=request.return_token_ids,
     )  # fmt: skip
 
 
@@ -322,13 +225,18 @@ def run(served: Served, plan: Plan, job: Job, emit: Callable[[int, str], None] |
             if plan.max_tokens > 0:
                 stream = ens.stream(tokens, config=config, combiner=plan.combiner)
                 job.stream = stream
+                if job.cancelled:  # cancelled before job.stream was set: Job.cancel missed it
+                    stream.cancel()
                 for chunk in stream.chunks():
                     if emit is not None and chunk.text:
                         emit(index, chunk.text)
                 completion = stream.completion
             choice = Choice(index, p, completion)
             if plan.logprobs is not None or plan.echo:
-                choice.logprobs = _logprobs(ens, plan, tokens, completion)
+                try:
+                    choice.logprobs = _logprobs(ens, plan, tokens, completion, lambda: job.cancelled)
+                except Cancelled:
+                    return choices
             choices.append(choice)
     return choices
 
@@ -344,15 +252,16 @@ def _piece(ens: Ensemble, token: int) -> str:
     return ens.models[0].piece(token, special=True).decode("utf-8", errors="replace")
 
 
-def _logprobs(ens: Ensemble, plan: Plan, prompt: list[int], completion: Completion | None) -> dict:
+def _logprobs(ens: Ensemble, plan: Plan, prompt: list[int], completion: Completion | None, cancelled: Callable[[], bool]) -> dict:
     """Log-probabilities under r at temperature 1: of the prompt's tokens too with echo (the
-    first one has none), and of the generated ones; `top` alternatives per position."""
+    first one has none), and of the generated ones; `top` alternatives per position. Raises
+    `Cancelled` when `cancelled()` turns true between two llama.cpp calls."""
     generated = _generated(completion)
     tokens = prompt + generated
     start = 1 if plan.echo else len(prompt)
     top = plan.logprobs or 0
     if len(tokens) > start:
-        scores = score_tokens(ens, tokens, start, combiners=[plan.combiner], members=False, top=max(top, 1))
+        scores = score_tokens(ens, tokens, start, combiners=[plan.combiner], members=False, top=max(top, 1), cancelled=cancelled)
         values = [float(x) for x in scores.logprobs]
         tops = scores.top or []
     else:

@@ -1,8 +1,10 @@
-"""Servers on 127.0.0.1 for tests and benchmarks: a free port, and a `localcos rpc-server` child
-process that is ready (it answers the RPC handshake) when the constructor returns."""
+"""Servers on 127.0.0.1 for tests and benchmarks: a free port, and `localcos rpc-server` and
+`localcos serve` child processes that are ready (they answer) when their constructors return."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -42,3 +44,63 @@ class RpcServerProcess:
             self.proc.kill()
         self.proc.wait(timeout=10)
         self.proc.stderr.close()
+
+
+class ServeProcess:
+    """`localcos serve ARGS` on 127.0.0.1 and a free port, in a child process; ready (its /health
+    answers) when the constructor returns, within `start_timeout` seconds. Its stdout and stderr
+    are pipes, read when it stops."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, start_timeout: float = 90.0) -> None:
+        import httpx
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "localcos", "serve", "--port", str(self.port), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=None if env is None else {**os.environ, **env},
+        )
+        deadline = time.monotonic() + start_timeout
+        while True:  # bounded: until /health answers, the process exits, or the deadline
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"localcos serve exited: {self.proc.stderr.read()}")  # type: ignore[union-attr]
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"localcos serve did not answer /health within {start_timeout:g}s")
+            time.sleep(0.2)
+
+    def health(self) -> dict:
+        import httpx
+
+        return httpx.get(self.url + "/health", timeout=10).json()
+
+    def wait_idle(self, timeout: float = 20.0) -> dict:
+        """/health once nothing runs or waits (at most `timeout` seconds)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            h = self.health()
+            if not h["queue"]["running"] and h["queue"]["waiting"] == 0:
+                return h
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server is still busy after {timeout:g}s: {h}")
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 20.0) -> tuple[int, str, str]:
+        """Ctrl-C, as a user would (killed if it takes longer than `timeout`); returns its exit
+        status, stdout and stderr."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+        return self.proc.returncode, out or "", err or ""
