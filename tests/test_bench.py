@@ -38,6 +38,8 @@ def test_configurations_always_include_the_baseline():
     configs = configurations(["cos", "sd"], [1, 3, "auto"])
     assert configs[0] == Config("ensemble", None)
     assert [c.label for c in configs[1:]] == ["cos/1", "cos/3", "cos/auto", "sd/1", "sd/3", "sd/auto"]
+    with_big = configurations(["cos"], [3], members=[1])
+    assert [c.label for c in with_big] == ["model 1 alone", "ensemble", "cos/3"]
 
 
 def _run(prompt, method, gamma, tokens, seconds, accepted=0, rejected=0, calls=(10, 10), model_seconds=(0.1, 1.0)):
@@ -222,12 +224,18 @@ def test_bench_command(models, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "speedup" in proc.stdout and "meas/exp" in proc.stdout and "peak while generating" in proc.stdout
     report = json.loads(out_json.read_text())
-    assert len(report["runs"]) == 2 * 2 * (7 + 1)  # temperatures x prompts x (configurations + the ensemble again)
+    # temperatures x prompts x (the largest model alone + configurations + the ensemble again)
+    assert len(report["runs"]) == 2 * 2 * (1 + 7 + 1)
     assert len(report["timing_noise"]) == 2 * 2 and "timing noise" in proc.stdout
     all_rows = [r for r in report["summary"] if r["task"] == "all"]
     assert {(r["method"], r["gamma"]) for r in all_rows} >= {("ensemble", None), ("cos", 1), ("cos", 2), ("cos", "auto")}
+    assert "/big" in proc.stdout and "alone-1" in proc.stdout
     for r in all_rows:
-        if r["method"] == "ensemble":
+        assert r["of_largest"] > 0
+        if r["method"] == "alone":  # model 1 (the last of two equal sizes) by itself: only it is evaluated
+            assert r["member"] == 1 and r["of_largest"] == pytest.approx(1.0) and r["acceptance"] is None
+            assert r["calls_per_token"][0] == 0 and r["calls_per_token"][1] > 0.9
+        elif r["method"] == "ensemble":
             assert r["speedup"] == pytest.approx(1.0)
         elif r["gamma"] == "auto" and r["acceptance"] is None:  # chose the ensemble's own step throughout
             assert r["speedup"] > 0 and r["calls_per_token"] == pytest.approx(next(e["calls_per_token"] for e in all_rows if e["method"] == "ensemble" and e["temperature"] == r["temperature"]))

@@ -20,7 +20,9 @@ from localcos.core.speedmodel import AutoGamma, CallCosts
 from statcheck import assert_matches
 
 LENGTH = 3
-N = 6000
+# draws per case: a chi-square test on a few hundred joint outcomes at ALPHA = 1e-4 detects a
+# shift of ~2% of the mass, far less than any broken accept/residual step moves
+N = 3000
 
 
 def joint_test(models, combiner, method, gamma, settings, seed):
@@ -50,7 +52,7 @@ CASES = {
     "target-only": (2, WeightedEnsemble([0, 1]), dict(temperature=1.0)),
     "cd-mu0": (2, Contrastive(mu=0.0, expert=1), dict(temperature=0.8)),
 }
-METHODS = [("ensemble", None), ("sd", 3), ("naive-cos", 2), ("cos", 1), ("cos", 2), ("cos", 4)]
+METHODS = [("ensemble", None), ("sd", 3), ("naive-cos", 2), ("cos", 1), ("cos", 4)]
 # --gamma auto, which may also choose the ensemble's own step (gamma 0) between drafts
 AUTO = [(case, method, "auto") for case in ("we-2", "cd-2", "target-only") for method in ("cos", "sd")]
 
@@ -61,7 +63,7 @@ def test_joint_law_of_continuations(case, method, gamma):
     models = [FakeModel(seed=10 + i, n_params=1000 * (i + 1)) for i in range(n_models)]
     outs = joint_test(models, combiner, method, gamma, settings, seed=zlib.crc32(f"{case}/{method}/{gamma}".encode()))
     if method != "ensemble" and gamma != "auto":  # (auto may choose the ensemble's own step)
-        assert sum(o.stats.rejected for o in outs) > 50  # rejections happen and are handled
+        assert sum(o.stats.rejected for o in outs) > 25  # rejections happen and are handled
 
 
 def test_a_model_r_does_not_use_is_never_evaluated_for_r():

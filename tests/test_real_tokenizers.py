@@ -79,18 +79,18 @@ COMBINATIONS = {
 def test_greedy_methods_equal_the_ensemble_and_a_llama_cpp_python_reference(real_models, pair, combine):
     paths = [real_models[name] for name in pair]
     combiner, reference_combine = COMBINATIONS[combine]
-    divergences = 0
+    near_ties = set()
     with Ensemble.load(paths, combiner, n_ctx=128) as ens:
         for text in PROMPTS:
             prompt = ens.tokenize(text)
             ensemble = ens.generate(prompt, method="ensemble", temperature=0, max_tokens=32, ignore_eos=True)
             reference = reference_greedy(paths, reference_combine, prompt, 32)
-            divergences += assert_same_or_near_tie(ensemble.token_ids, reference, paths, ens.combiner, prompt, "ensemble vs llama-cpp-python")
+            near_ties.add(assert_same_or_near_tie(ensemble.token_ids, reference, paths, ens.combiner, prompt, "ensemble vs llama-cpp-python"))
             for method in ("sd", "naive-cos", "cos"):
                 out = ens.generate(prompt, method=method, gamma=3, temperature=0, max_tokens=32, ignore_eos=True, check_invariants=True)
-                divergences += assert_same_or_near_tie(out.token_ids, ensemble.token_ids, paths, ens.combiner, prompt, method)
+                near_ties.add(assert_same_or_near_tie(out.token_ids, ensemble.token_ids, paths, ens.combiner, prompt, method))
                 assert out.stats.proposed > 0
-    assert divergences <= 1  # near-ties are rare
+    assert len(near_ties - {None}) <= 1  # near-ties are rare: at most one close call in these prompts
 
 
 # --- sampling: cos draws from r on a 152k vocabulary ----------------------------------------------------
@@ -168,14 +168,21 @@ def test_streamed_text_equals_the_final_text_when_tokens_split_characters(real_m
         streamed.append(assembler.take_final())
         assert "".join(streamed) == assembler.text == text
         assert "\ufffd" not in "".join(streamed)
-        # a generation on this vocabulary (a third of it is CJK) streams the same text it returns
+        # a generation on this vocabulary (a third of it is CJK) streams the same text it returns;
+        # which seeds draw a token that splits a character depends on the CPU's arithmetic, so
+        # every method's generations go on until one did (a few seeds)
         for method in ("ensemble", "cos"):
-            stream = ens.stream(PROMPTS[1], method=method, max_tokens=200, seed=3, ignore_eos=True)
-            pieces = list(stream)
-            completion = stream.completion
-            assert any(_splits_a_character(model.piece(t)) for t in completion.token_ids)
-            whole = b"".join(model.piece(t) for t in completion.token_ids).decode("utf-8", errors="replace")
-            assert "".join(pieces) == completion.text == whole
+            split = False
+            for seed in range(3, 11):
+                stream = ens.stream(PROMPTS[1], method=method, max_tokens=200, seed=seed, ignore_eos=True)
+                pieces = list(stream)
+                completion = stream.completion
+                whole = b"".join(model.piece(t) for t in completion.token_ids).decode("utf-8", errors="replace")
+                assert "".join(pieces) == completion.text == whole
+                split = any(_splits_a_character(model.piece(t)) for t in completion.token_ids)
+                if split:
+                    break
+            assert split, f"{method}: no generation drew a token that splits a character"
 
 
 def test_every_end_of_generation_token_ends_a_completion(real_models):

@@ -56,7 +56,7 @@ def test_malformed_toml_names_file_and_line(tmp_path):
         ('[models.a]\nrepo = "x/y"\nfile = "f.gguf"\nquant = "q4"\n', 4, "unknown key"),
         ('[models.a]\nrepo = "x/y"\n', 1, "needs repo and file"),
         ('[models.a]\nrepo = "xy"\nfile = "f.gguf"\n', 2, "OWNER/NAME"),
-        ('[models.a]\npath = "/m.gguf"\nrepo = "x/y"\nfile = "f"\n', 1, "either path or repo"),
+        ('[models.a]\npath = "/m.gguf"\nrepo = "x/y"\nfile = "f"\n', 1, "give one of: path, repo + file"),
         ('[models.a]\npath = "/m.gguf"\nn_gpu_layers = "all"\n', 3, "must be an integer"),
         ('[ensembles.e]\nmodels = ["/m.gguf"]\nweights = [1, 2]\n', 3, "has 2 values for 1 models"),
         ('[ensembles.e]\nmodels = []\n', 2, "needs models"),

@@ -32,6 +32,8 @@ from localcos.tools.testmodels import cached_model
 from test_server import serving
 from test_speculative import SAMPLING_CASES, check_sampling
 
+pytestmark = pytest.mark.usefixtures("rpc_build")  # skipped (with the rebuild command) on a build without RPC, failed in CI
+
 FAULT_BOUND = 15.0  # seconds within which a lost server must be reported
 PROMPTS = ["The river runs past the old mill", "Which planet is closest to the Sun?"]
 RIVAL = replace(BASE, noise=0.8, noise_seed=5, name="t-rival")
@@ -68,7 +70,7 @@ def test_greedy_over_rpc_equals_all_local(models, rpc_pair, layout):
         where = [(), (a,), (b,)] if layout == "two-servers" else [(), (a,), (a,)]
     combiner = WeightedEnsemble()
     reference = local_reference(paths, combiner)
-    divergences = 0
+    near_ties = set()
     with Ensemble.load(paths, combiner, n_ctx=512, rpc=where) as ens:
         remote = [m for m in ens.models if type(m).__name__ == "RemoteModel"]
         assert len(remote) == sum(1 for w in where if w)
@@ -80,15 +82,13 @@ def test_greedy_over_rpc_equals_all_local(models, rpc_pair, layout):
         for prompt in PROMPTS:
             for method, gamma in (("ensemble", None), ("cos", None), ("cos", 3)):
                 got = greedy(ens, prompt, method, gamma=gamma)
-                divergences += assert_same_or_near_tie(
-                    got, reference[prompt], paths, combiner, ens.tokenize(prompt), f"{layout}/{method}"
-                )
+                near_ties.add(assert_same_or_near_tie(got, reference[prompt], paths, combiner, ens.tokenize(prompt), f"{layout}/{method}"))
             for m in ens.models:  # the worker's llama.cpp cache agrees with what we think it holds
                 assert m.kv_length() == len(m.tokens)
         out = ens.generate(PROMPTS[0], method="cos", temperature=0, max_tokens=48, ignore_eos=True)
         # the remote models really ran: their calls were counted
         assert all(out.stats.models[ens.models.index(m)].calls > 0 for m in remote)
-    assert divergences <= 1
+    assert len(near_ties - {None}) <= 1
 
 
 def test_cos_sampling_over_rpc_follows_the_combined_distribution(models, model_dir, rpc_pair):

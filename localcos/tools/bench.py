@@ -1,6 +1,7 @@
 """`localcos bench`: the CoS paper's comparison, measured side by side in one process.
 
-Every configuration (method x gamma) runs on the same prompts with the same seeds, interleaved:
+Every configuration (method x gamma, and a model of the ensemble decoding alone: what a user
+weighs the ensemble against) runs on the same prompts with the same seeds, interleaved:
 for each temperature, each prompt and each repeat, all configurations run one after the other,
 and the standard ensemble runs both first and last (A-B-A), so drift of the machine's speed
 cancels out of the ratio and the two baseline runs show how noisy the timing is. Every speedup is
@@ -19,20 +20,27 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Sequence
 
+from ..core.combiners import WeightedEnsemble
 from ..core.speedmodel import expected_speedup
 from ..ensemble import Ensemble
 from ..stats import GenerationStats
 
 
+ALONE = "alone"  # the method name of a model decoding by itself (plain decoding)
+
+
 @dataclass(frozen=True)
 class Config:
-    """One column of the comparison: a method and its proposal length."""
+    """One column of the comparison: a method and its proposal length, or one model alone."""
 
     method: str
     gamma: int | str | None  # None for ensemble; an int, or "auto"
+    member: int | None = None  # method "alone": which model
 
     @property
     def label(self) -> str:
+        if self.method == ALONE:
+            return f"model {self.member} alone"
         return self.method if self.gamma is None else f"{self.method}/{self.gamma}"
 
 
@@ -48,6 +56,7 @@ class Run:
     gamma: int | str | None
     stats: GenerationStats
     again: bool = False  # the ensemble's second run of this prompt (after the other configurations)
+    member: int | None = None  # method "alone": which model
 
     def to_dict(self) -> dict:
         return {**{k: v for k, v in asdict(self).items() if k != "stats"}, "stats": self.stats.to_dict()}
@@ -61,6 +70,7 @@ class Row:
     temperature: float
     method: str
     gamma: int | str | None
+    member: int | None  # method "alone": which model
     tokens: int
     seconds: float
     tokens_per_second: float
@@ -75,24 +85,37 @@ class Row:
     measured_over_expected: float | None
     expected_with_batch_cost: float | None
     host_fraction: float
+    of_largest: float | None = None  # tokens/s as a fraction of the largest model's alone
 
 
-def configurations(methods: Sequence[str], gammas: Sequence[int | str]) -> list[Config]:
-    """ensemble once, every other method once per gamma of the sweep."""
-    out = []
+def largest(n_params: Sequence[int]) -> int:
+    """The model with the most parameters (the last of equals): the one an ensemble is weighed
+    against ("what does the ensemble cost me over the big model?")."""
+    return max(range(len(n_params)), key=lambda i: (n_params[i], i))
+
+
+def alone(n_models: int, member: int) -> WeightedEnsemble:
+    """r = that model's own distribution: the ensemble then evaluates only it (plain decoding)."""
+    return WeightedEnsemble([1.0 if i == member else 0.0 for i in range(n_models)])
+
+
+def configurations(methods: Sequence[str], gammas: Sequence[int | str], members: Sequence[int] = ()) -> list[Config]:
+    """ensemble once, every other method once per gamma of the sweep, and each of `members`
+    decoding alone."""
+    out = [Config(ALONE, None, m) for m in members]
     for m in methods:
         if m == "ensemble":
             out.append(Config("ensemble", None))
         else:
             out.extend(Config(m, g) for g in gammas)
     if not any(c.method == "ensemble" for c in out):
-        out.insert(0, Config("ensemble", None))  # speedups need the baseline
+        out.insert(len(members), Config("ensemble", None))  # speedups need the baseline
     return out
 
 
 def run_benchmark(
     ens: Ensemble,
-    prompts: Sequence[tuple[str, str]],
+    prompts: Sequence[tuple[str, str | Sequence[int]]],
     configs: Sequence[Config],
     temperatures: Sequence[float],
     *,
@@ -102,8 +125,8 @@ def run_benchmark(
     proposer: int | None = None,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> list[Run]:
-    """Run every configuration on every prompt, interleaved, the ensemble first and again last;
-    returns one `Run` per generation."""
+    """Run every configuration on every (task, prompt), interleaved, the ensemble first and again
+    last; returns one `Run` per generation. A prompt is text, or token ids (a rendered chat)."""
     rounds = [(c, False) for c in configs] + [(c, True) for c in configs if c.method == "ensemble"]
     total = len(temperatures) * len(prompts) * repeat * len(rounds)
     done = 0
@@ -117,9 +140,11 @@ def run_benchmark(
                 for config, again in rounds:
                     if progress:
                         progress(done, total, f"T={temperature:g} prompt {p + 1}/{len(prompts)} {config.label}")
+                    single = config.method == ALONE
                     out = ens.generate(
                         prompt,
-                        method=config.method,
+                        method="ensemble" if single else config.method,
+                        combiner=alone(len(ens.models), config.member) if single else None,  # type: ignore[arg-type]
                         gamma=config.gamma,
                         proposer=proposer,
                         max_tokens=max_tokens,
@@ -127,25 +152,31 @@ def run_benchmark(
                         seed=run_seed,
                         ignore_eos=True,
                     )
-                    runs.append(Run(task, p, temperature, r, config.method, config.gamma, out.stats, again))
+                    runs.append(Run(task, p, temperature, r, config.method, config.gamma, out.stats, again, config.member))
                     done += 1
     if progress:
         progress(done, total, "done")
     return runs
 
 
-def summarize(runs: Sequence[Run], proposer: int, n_models: int) -> list[Row]:
-    """Rows per (task, temperature, configuration), plus task "all"."""
+def summarize(runs: Sequence[Run], proposer: int, n_models: int, largest_model: int | None = None) -> list[Row]:
+    """Rows per (task, temperature, configuration), plus task "all". With `largest_model` (and
+    its runs alone), every row's speed is also given as a fraction of that model's alone."""
     groups: dict[tuple, list[Run]] = defaultdict(list)
     for run in runs:
         for task in (run.task, "all"):
-            groups[(task, run.temperature, run.method, run.gamma)].append(run)
+            groups[(task, run.temperature, run.method, run.gamma, run.member)].append(run)
     rows = []
-    for (task, temperature, method, gamma), group in groups.items():
-        baseline = groups.get((task, temperature, "ensemble", None), [])
-        rows.append(_row(task, temperature, method, gamma, group, baseline, proposer, n_models))
+    for (task, temperature, method, gamma, member), group in groups.items():
+        baseline = groups.get((task, temperature, "ensemble", None, None), [])
+        row = _row(task, temperature, method, gamma, group, baseline, proposer, n_models)
+        row.member = member
+        big = _tps(_total(groups.get((task, temperature, ALONE, None, largest_model), [])))
+        row.of_largest = row.tokens_per_second / big if big > 0 else None
+        rows.append(row)
     order = {"all": 0}
-    rows.sort(key=lambda r: (order.get(r.task, 1), r.task, r.temperature, r.method != "ensemble", r.method, str(r.gamma)))
+    rank = {ALONE: 0, "ensemble": 1}
+    rows.sort(key=lambda r: (order.get(r.task, 1), r.task, r.temperature, rank.get(r.method, 2), r.method, r.member or 0, str(r.gamma)))
     return rows
 
 
@@ -192,7 +223,7 @@ def _row(task, temperature, method, gamma, group, baseline, proposer, n_models) 
     # cost ratio c: one proposer call / one call of the costliest other model, from the
     # ensemble's single-token calls
     c = b = None
-    if base is not None and n_models >= 2:
+    if base is not None and n_models >= 2 and method != ALONE:
         base_call = _seconds_per_call(base)
         others = [i for i in range(n_models) if i != proposer]
         verifier = max(others, key=lambda i: base_call[i])
@@ -203,6 +234,8 @@ def _row(task, temperature, method, gamma, group, baseline, proposer, n_models) 
     expected = expected_b = None
     if method == "ensemble":
         expected = expected_b = 1.0
+    elif method == ALONE:
+        pass
     elif n_models == 2 and acceptance is not None and c is not None and isinstance(gamma, int):
         # the paper's cost model (a verifier pass costs one call whatever its length), and the
         # same with the batch cost b measured here
@@ -213,6 +246,7 @@ def _row(task, temperature, method, gamma, group, baseline, proposer, n_models) 
         temperature=temperature,
         method=method,
         gamma=gamma,
+        member=None,
         tokens=total.tokens,
         seconds=total.seconds,
         tokens_per_second=tps,
@@ -235,10 +269,10 @@ def _f(x: float | None, fmt: str, none: str = "-") -> str:
 
 
 def format_table(rows: Sequence[Row], names: Sequence[str], title: str = "") -> str:
-    """Plain-text tables, one per (task, temperature)."""
+    """Plain-text tables, one per (task, temperature); a model alone is "alone-I" (model I)."""
     lines = []
     header = (
-        f"{'method':<11}{'gamma':>6}{'tok/s':>9}{'speedup':>9}{'worst':>7}{'accept':>8}{'acc/ver':>8}"
+        f"{'method':<11}{'gamma':>6}{'tok/s':>9}{'speedup':>9}{'worst':>7}{'/big':>7}{'accept':>8}{'acc/ver':>8}"
         f"{'calls/tok':>16}{'c':>7}{'b':>6}{'expect':>8}{'meas/exp':>9}{'exp(b)':>8}{'host':>7}"
     )
     current = None
@@ -251,9 +285,10 @@ def format_table(rows: Sequence[Row], names: Sequence[str], title: str = "") -> 
             lines.append(f"{title}task {r.task}, temperature {r.temperature:g}  (calls/tok: {' / '.join(names)})")
             lines.append(header)
         calls = "/".join(f"{c:.2f}" for c in r.calls_per_token)
+        method = f"alone-{r.member}" if r.method == ALONE else r.method
         lines.append(
-            f"{r.method:<11}{'-' if r.gamma is None else str(r.gamma):>6}{r.tokens_per_second:>9.1f}"
-            f"{_f(r.speedup, '.2f'):>8}x{_f(r.min_prompt_speedup, '.2f'):>6}x{_f(r.acceptance, '.0%'):>8}"
+            f"{method:<11}{'-' if r.gamma is None else str(r.gamma):>6}{r.tokens_per_second:>9.1f}"
+            f"{_f(r.speedup, '.2f'):>8}x{_f(r.min_prompt_speedup, '.2f'):>6}x{_f(r.of_largest, '.2f'):>6}x{_f(r.acceptance, '.0%'):>8}"
             f"{_f(r.mean_accepted, '.2f'):>8}{calls:>16}{_f(r.cost_ratio, '.3f'):>7}{_f(r.batch_cost, '.2f'):>6}"
             f"{_f(r.expected, '.2f'):>7}x{_f(r.measured_over_expected, '.2f'):>9}{_f(r.expected_with_batch_cost, '.2f'):>7}x"
             f"{r.host_fraction:>7.1%}"

