@@ -21,11 +21,12 @@ import numpy as np
 
 from localcos import Ensemble
 from localcos.backend import ModelStats
+from localcos.testing import OwnSlot
 
 POOL = 256  # distinct logits rows per model: enough that rows are not all in the CPU cache
 
 
-class TableModel:
+class TableModel(OwnSlot):
     """A model whose next-token logits depend on the last token only, from a fixed random table.
 
     Siblings (same `seed`, different `noise_seed`) agree like the we-pair set's models do."""
@@ -36,7 +37,7 @@ class TableModel:
             base += np.random.default_rng(noise_seed).standard_normal((POOL, vocab), dtype=np.float32) * (3 * noise)
         self.table = base
         self.n_vocab = self.logits_vocab = vocab
-        self.n_params, self.n_ctx = n_params, 4096
+        self.n_params, self.n_ctx, self.n_batch = n_params, 4096, 4096
         self.bos, self.eos = 1, 2
         self.name, self.path = f"table{seed}-{noise_seed}", Path(f"/table/{seed}-{noise_seed}.gguf")
         self.tokens: list[int] = []
@@ -53,13 +54,6 @@ class TableModel:
         self.stats.seconds += time.perf_counter() - t0
         return out
 
-    def prefill(self, prompt: Sequence[int], *, cancelled: object = None) -> np.ndarray:
-        """The row after `prompt`, evaluated afresh (cheap here; `Model` reuses its cache)."""
-        self.truncate(0)
-        return self.evaluate(prompt, 1)[0]
-
-    def truncate(self, n: int) -> None:
-        del self.tokens[n:]
 
     def is_eog(self, token: int) -> bool:
         return token == self.eos

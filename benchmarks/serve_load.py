@@ -1,9 +1,10 @@
 """Load on `localcos serve`: throughput, latency and the server's own overhead, then a stress run.
 
-Starts `localcos serve --demo` (the synthetic demo pair; or --models A,B) on 127.0.0.1 and a free
-port, then:
-1. 1, 4 and 16 concurrent clients x --requests completions each round: requests/s, tokens/s,
-   p50/p95 latency, errors (expected 0);
+Starts `localcos serve --demo` (the synthetic demo pair; or --models A,B / --preset NAME) on
+127.0.0.1 and a free port, with --parallel 8, then:
+1. 1, 2, 4, 8 and 16 concurrent clients x --requests completions each level (--levels):
+   requests/s, aggregate tokens/s and its ratio to one client, p50/p95 latency, errors
+   (expected 0), for the server's method (--method, default cos) and the ensemble;
 2. the server's own overhead per request (HTTP, JSON, SSE, queueing) at 1 client: the client's
    latency minus the generation's own time as the response reports it, as a share of a short
    completion's latency;
@@ -13,7 +14,7 @@ port, then:
    stress rounds).
 
     .venv/bin/python benchmarks/serve_load.py
-    .venv/bin/python benchmarks/serve_load.py --models a.gguf,b.gguf --requests 64 --tokens 64
+    .venv/bin/python benchmarks/serve_load.py --preset coder-we --requests 16 --tokens 48 --stress 0
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ PROMPTS = ["The river flows from the mountains", "Once upon a time there was", "
 
 
 def start(args: argparse.Namespace) -> ServeProcess:
-    models = ["--models", args.models] if args.models else ["--demo"]
+    models = ["--models", args.models] if args.models else ["--preset", args.preset] if args.preset else ["--demo"]
+    extra = ["--method", args.method] + (["--gamma", args.gamma] if args.gamma else [])
     # the demo pair is built once (seconds) if not cached
-    return ServeProcess([*models, "--max-queue", "64", "--ctx", "2048"], start_timeout=600)
+    return ServeProcess([*models, *extra, "--max-queue", "64", "--ctx", "2048", "--parallel", str(args.parallel)], start_timeout=600)
 
 
 def rss_mib(pid: int) -> float:
@@ -46,19 +48,21 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def completion(client: httpx.Client, url: str, i: int, tokens: int) -> tuple[float, dict | None]:
+def completion(client: httpx.Client, url: str, i: int, tokens: int, method: str | None = None) -> tuple[float, dict | None]:
     body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": tokens, "temperature": 1, "seed": i, "ignore_eos": True}
+    if method:
+        body["method"] = method
     t0 = time.perf_counter()
     r = client.post(url + "/v1/completions", json=body, timeout=300)
     latency = time.perf_counter() - t0
     return latency, (r.json() if r.status_code == 200 else None)
 
 
-def load(url: str, concurrency: int, requests: int, tokens: int) -> None:
+def load(url: str, concurrency: int, requests: int, tokens: int, method: str, one: dict[str, float]) -> None:
     latencies, generated, errors = [], 0, 0
     with httpx.Client() as client, concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         t0 = time.perf_counter()
-        for latency, body in pool.map(lambda i: completion(client, url, i, tokens), range(requests)):
+        for latency, body in pool.map(lambda i: completion(client, url, i, tokens, method), range(requests)):
             latencies.append(latency)
             if body is None:
                 errors += 1
@@ -66,7 +70,13 @@ def load(url: str, concurrency: int, requests: int, tokens: int) -> None:
                 generated += body["usage"]["completion_tokens"]
         wall = time.perf_counter() - t0
     q = statistics.quantiles(latencies, n=20)
-    print(f"{concurrency:>8}{requests:>10}{requests / wall:>12.2f}{generated / wall:>10.1f}{statistics.median(latencies) * 1e3:>10.0f}{q[18] * 1e3:>10.0f}{errors:>8}")
+    rate = generated / wall
+    one.setdefault(method, rate)
+    print(
+        f"{method:<10}{concurrency:>8}{requests:>10}{requests / wall:>12.2f}{rate:>10.1f}{rate / one[method]:>7.2f}x"
+        f"{statistics.median(latencies) * 1e3:>10.0f}{q[18] * 1e3:>10.0f}{errors:>8}",
+        flush=True,
+    )
 
 
 def overhead(url: str, requests: int, tokens: int) -> None:
@@ -132,6 +142,11 @@ def stress(url: str, n: int, seed: int) -> dict[str, int]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", help="A,B (default: the synthetic demo pair)")
+    p.add_argument("--preset", help="a models.toml preset instead (e.g. coder-we)")
+    p.add_argument("--method", default="cos", help="the server's method (the ensemble is measured too)")
+    p.add_argument("--gamma", default=None)
+    p.add_argument("--parallel", type=int, default=8, help="the server's --parallel (default 8)")
+    p.add_argument("--levels", default="1,2,4,8,16", help="concurrent clients (default 1,2,4,8,16)")
     p.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
     p.add_argument("--tokens", type=int, default=32, help="tokens per completion")
     p.add_argument("--stress", type=int, default=300, help="requests in each stress round")
@@ -143,11 +158,14 @@ def main() -> None:
         models = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
         print(f"localcos serve: {models['id']} ({models['localcos']['combiner']}, method {models['localcos']['method']}), {url}")
         completion(httpx.Client(), url, 0, 4)  # warm up
-        print(f"\n{'clients':>8}{'requests':>10}{'req/s':>12}{'tok/s':>10}{'p50 ms':>10}{'p95 ms':>10}{'errors':>8}")
-        for concurrency in (1, 4, 16):
-            load(url, concurrency, args.requests, args.tokens)
+        print(f"\n{'method':<10}{'clients':>8}{'requests':>10}{'req/s':>12}{'tok/s':>10}{'vs 1':>8}{'p50 ms':>10}{'p95 ms':>10}{'errors':>8}")
+        one: dict[str, float] = {}
+        for method in dict.fromkeys([args.method, "ensemble"]):
+            for concurrency in (int(c) for c in args.levels.split(",")):
+                load(url, concurrency, max(args.requests, concurrency), args.tokens, method, one)
         overhead(url, args.requests, args.tokens)
-
+        if not args.stress:
+            return
         before = rss_mib(server.proc.pid)
         print(f"\nstress: {args.stress} requests x 2 rounds from 8 threads ...", flush=True)
         rounds = []

@@ -14,19 +14,19 @@ import codecs
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Generator, Iterator, Sequence
 
 import numpy as np
 
 from .backend import Model, RemoteModel, shared_vocab_size, tokenize_alike
 from .backend.worker import layers_to_offload
 from .core.combiners import Combiner, WeightedEnsemble
-from .core.decoding import METHODS, Decoder, Origin, make_strategy
+from .core.decoding import METHODS, Decoder, Evaluate, Origin, make_strategy
 from .core.hostmem import keep_freed_memory
 from .core.sampling import Sampler
 from .core.speedmodel import AutoGammaControllers, CallCosts
 from .core.text import TextAssembler
-from .errors import Cancelled, ConfigError, PromptTooLongError
+from .errors import ConfigError, PromptTooLongError
 from .scoring import Loglikelihood, Scores, loglikelihood, score_tokens
 from .stats import GenerationStats, ModelRunStats
 
@@ -118,11 +118,16 @@ class Chunk:
     tokens: tuple[TokenEvent, ...]
 
 
+# A generation as the decoding core runs it: it yields a model's `Evaluate` request wherever it
+# needs logits (and receives them), and a `Chunk` after every round; it returns the Completion.
+Work = Generator["Evaluate | Chunk", "np.ndarray | None", "Completion"]
+
+
 class Stream:
     """Iterates over final text pieces of a generation; `completion` is set when it ends.
 
     `chunks()` iterates over `Chunk`s instead (text plus per-token origins); `cancel()` makes the
-    generation stop after the current round with finish reason "cancelled".
+    generation stop at its next llama.cpp call or round, with finish reason "cancelled".
     """
 
     def __init__(self, run: Callable[["Stream"], Iterator[Chunk]]) -> None:
@@ -164,6 +169,7 @@ class Ensemble:
         for m in self.models:
             m.logits_vocab = self.n_vocab
         self.n_ctx = min(m.n_ctx for m in self.models)
+        self.parallel = min(len(m.slots) for m in self.models)  # sequences decoded at once
         first = self.models[0]
         self.end_tokens = {t for t in range(self.n_vocab) if first.is_eog(t)}
         self._combiner = self.bind(combiner or WeightedEnsemble())
@@ -187,9 +193,14 @@ class Ensemble:
         max_logit_rows: int = 64,
         rpc: Sequence[Sequence["Endpoint"]] = (),
         rpc_timeout: float = 120.0,
+        parallel: int = 1,
         progress: Callable[[int, int, str], None] | None = None,
     ) -> "Ensemble":
         """Load every model (each into its own llama.cpp context) and check their tokenizers.
+
+        `parallel` sequences decode at once (`generate_many`, `batch`): each model's KV cache holds
+        that many sequences of `n_ctx` tokens, and their rows share llama_decode calls (models on
+        RPC servers decode one sequence at a time).
 
         `n_gpu_layers` is one value for all models or one per model (-1 = all layers; default:
         all for a model on RPC servers, none for a local one);
@@ -207,6 +218,10 @@ class Ensemble:
         servers = list(rpc) or [()] * len(paths)
         if len(servers) != len(paths):
             raise ConfigError(f"got {len(servers)} --rpc entries for {len(paths)} models")
+        if parallel < 1:
+            raise ConfigError(f"parallel must be >= 1, got {parallel}")
+        if any(servers) and parallel > 1:
+            raise ConfigError("models on RPC servers decode one sequence at a time: leave --parallel at 1 with --rpc")
         layers = [layers_to_offload(s, x, i) for i, (s, x) in enumerate(zip(servers, layers))]
         models: list[Model] = []
         single_calls: list[list[float]] = []
@@ -227,7 +242,7 @@ class Ensemble:
                 if servers[i]:
                     models.append(RemoteModel(path, rpc=servers[i], timeout=rpc_timeout, **options))
                 else:
-                    models.append(Model(path, **options))
+                    models.append(Model(path, n_seq=parallel, **options))
                 single_calls.append(models[-1].warm_up())
             ens = cls(models, combiner)
             # the single-token call times price the standard ensemble in the speedup estimate
@@ -328,19 +343,36 @@ class Ensemble:
     ) -> list[Completion]:
         """`n` independent completions of one prompt; the prompt is evaluated once.
 
-        With a seed the whole list is reproducible (one random stream runs through all of them).
+        Up to `parallel` of them decode at once (their rows share llama_decode calls). With a
+        seed the whole list is reproducible, however many run at once: completion k draws from
+        its own random stream, spawned from the seed.
         """
+        from .batch import Batch
+
         config = _config(config, settings)
-        rng = np.random.default_rng(config.seed)
         tokens = self._prompt_tokens(prompt)
-        out = []
-        for _ in range(n):
-            stream = Stream(lambda s: self._run(tokens, config, combiner, rng, s))
-            for _ in stream.chunks():
-                pass
-            assert stream.completion is not None
-            out.append(stream.completion)
-        return out
+        streams = np.random.SeedSequence(config.seed).spawn(n)
+        if self.parallel == 1 or n == 1:
+            out = []
+            for k in range(n):
+                stream = Stream(lambda s, k=k: self._run(self._work(tokens, config, combiner, np.random.default_rng(streams[k]), 0, lambda: s.cancelled), 0))
+                for _ in stream.chunks():
+                    pass
+                assert stream.completion is not None
+                out.append(stream.completion)
+            return out
+        for m in self.models:  # the prompt once, in slot 0: the others share its cells
+            m.slots[0].prefill(tokens)
+        batch = Batch(self)
+        done: list[Completion | None] = [None] * n
+        queue = list(range(n))
+        while queue or batch.live:
+            while queue and batch.free:
+                k = queue.pop(0)
+                batch.add(tokens, config, combiner, np.random.default_rng(streams[k]), key=k)
+            for finished in batch.round():
+                done[finished.key] = finished.completion
+        return [c for c in done if c is not None]
 
     def stream(
         self, prompt: str | Sequence[int], *, config: GenerationConfig | None = None, combiner: Combiner | None = None, **settings: object
@@ -349,7 +381,7 @@ class Ensemble:
         config = _config(config, settings)
         rng = np.random.default_rng(config.seed)
         tokens = self._prompt_tokens(prompt)
-        return Stream(lambda s: self._run(tokens, config, combiner, rng, s))
+        return Stream(lambda s: self._run(self._work(tokens, config, combiner, rng, 0, lambda: s.cancelled), 0))
 
     def _prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -365,27 +397,61 @@ class Ensemble:
             raise ConfigError(f"token id {bad[0]} is outside the shared vocabulary of {self.n_vocab}")
         return tokens
 
-    def _run(
+    def _run(self, work: Work, slot: int) -> Generator[Chunk, None, Completion]:
+        """Drive one generation by itself (slot `slot` of every model): each request is evaluated
+        at once, in calls of up to n_batch tokens."""
+        slots = [m.slots[slot] for m in self.models]
+        value = None
+        while True:
+            try:
+                item = work.send(value)
+            except StopIteration as stop:
+                return stop.value
+            if isinstance(item, Evaluate):
+                t0 = time.perf_counter()
+                value = slots[item.model].evaluate(item.tokens, item.n_logits)
+                self.call_costs.observe(item.model, len(item.tokens), time.perf_counter() - t0)
+            else:
+                value = None
+                yield item
+
+    def _work(
         self,
         prompt: list[int],
         config: GenerationConfig,
         combiner: Combiner | None,
         rng: np.random.Generator,
-        stream: Stream,
-    ) -> Iterator[Chunk]:
+        slot: int,
+        cancelled: Callable[[], bool],
+        prompt_chunk: int | None = None,
+    ) -> Work:
+        """One generation in slot `slot` of every model, as a coroutine (see `Work`): the prompt
+        in requests of up to `prompt_chunk` tokens (default n_batch), then one decoding round
+        after another. `cancelled()` is checked between requests of the prompt and between
+        rounds; a cancelled generation leaves every cache holding exactly what it committed."""
         combiner = self._combiner if combiner is None else self.bind(combiner)
         sampler = config.sampler()
+        slots = [m.slots[slot] for m in self.models]
+        chunk = prompt_chunk or min(m.n_batch for m in self.models)
         t_prompt = time.perf_counter()
-        try:  # a long prompt goes in several calls: a cancel stops between two of them
-            prompt_rows = [m.prefill(prompt, cancelled=lambda: stream.cancelled) for m in self.models]
-        except Cancelled:
-            models = [ModelRunStats(m.name) for m in self.models]
-            stats = GenerationStats(config.method, combiner.describe(), models, tokens=0, prompt_tokens=len(prompt),
-                                    prompt_seconds=time.perf_counter() - t_prompt, seed=config.seed,
-                                    finish_reasons={"cancelled": 1})  # fmt: skip
-            return Completion("", [], "cancelled", [], stats)
+        prompt_rows = []
+        for i, s in enumerate(slots):
+            row = s.known_row(prompt)
+            if row is None:
+                todo = prompt[len(s.tokens) :]
+                while todo:
+                    if cancelled():  # a long prompt goes in several calls: a cancel stops between two
+                        stats = GenerationStats(config.method, combiner.describe(), [ModelRunStats(x.name) for x in slots],
+                                                prompt_tokens=len(prompt), prompt_seconds=time.perf_counter() - t_prompt,
+                                                seed=config.seed, finish_reasons={"cancelled": 1})  # fmt: skip
+                        return Completion("", [], "cancelled", [], stats)
+                    part, todo = todo[:chunk], todo[chunk:]
+                    logits = yield Evaluate(i, part, 0 if todo else 1, prefill=True)
+                row = logits[0]
+                s.remember_row(prompt, row)
+            prompt_rows.append(row)
         t0 = time.perf_counter()
-        before = [m.stats.snapshot() for m in self.models]
+        before = [s.stats.snapshot() for s in slots]
 
         first = self.models[0]
         text = TextAssembler(first.piece, config.stop)
@@ -397,7 +463,7 @@ class Ensemble:
 
         auto = config.gamma == "auto" and config.method != "ensemble"
         dec = Decoder(
-            self.models,
+            slots,
             combiner,
             sampler,
             rng,
@@ -409,32 +475,31 @@ class Ensemble:
             text=text,
             on_commit=on_commit,
             observer=self._auto.get((config.method, combiner.describe(), sampler), combiner.uses(len(self.models))) if auto else None,
-            costs=self.call_costs,
         )
         strategy, gammas, proposer = make_strategy(dec, config.method, config.gamma, config.proposer, self.n_params)
         while not dec.finished:
-            if stream.cancelled:
+            if cancelled():
                 # drafts in flight leave every cache, which then holds exactly prompt + completion
                 dec.finish_reason = "cancelled"
                 dec.pending.clear()
                 dec.rollback(len(dec.committed))
                 break
-            strategy.step()
+            yield from strategy.step()
             if config.check_invariants:
                 dec.check_invariants()
             if dec.finished:
                 text.finish()
-            chunk = Chunk(text.take_final(), tuple(events))
+            chunk_out = Chunk(text.take_final(), tuple(events))
             events.clear()
-            if chunk.text or chunk.tokens:
-                yield chunk
+            if chunk_out.text or chunk_out.tokens:
+                yield chunk_out
         text.finish()
         tail = text.take_final()
         if tail:
             yield Chunk(tail, ())
         seconds = time.perf_counter() - t0
         finish_reason = dec.finish_reason or "cancelled"
-        work = [m.stats.minus(b) for m, b in zip(self.models, before)]
+        work = [s.stats.minus(b) for s, b in zip(slots, before)]
         spec = dec.spec
         stats = GenerationStats(
             method=config.method,

@@ -11,6 +11,7 @@ the text. `Ensemble.score`, `Ensemble.loglikelihood`, `localcos score` and the s
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -49,6 +50,51 @@ class Scores:
         return self.combined[0]
 
 
+@dataclass(frozen=True)
+class _Scored:
+    tokens: tuple[int, ...]
+    start: int  # scores cover positions start .. len(tokens) - 1
+    logprobs: np.ndarray
+    greedy: np.ndarray
+    top: list[list[tuple[int, float]]]
+
+
+class ScoreCache:
+    """What earlier scorings under r computed, for later ones that share a prefix with them (an
+    evaluation harness's choices after one context, each sent as its own request): position p's
+    score depends only on the tokens up to p, so those of a shared prefix are taken from here and
+    only the rest is evaluated. Bounded: at most `max_positions` positions in all, the least
+    recently used go first. For scoring under one combiner without the members (a server's)."""
+
+    def __init__(self, max_positions: int = 1 << 16) -> None:
+        self.max_positions = max_positions
+        self._entries: OrderedDict[tuple, _Scored] = OrderedDict()
+        self.reused = 0  # positions taken from here (for statistics)
+
+    def _size(self) -> int:
+        return sum(len(e.tokens) - e.start for e in self._entries.values())
+
+    def lookup(self, kind: tuple, tokens: Sequence[int], start: int) -> tuple[int, _Scored] | None:
+        """(k, entry): positions start .. k - 1 of `tokens` are scored in `entry` (k > start)."""
+        best: tuple[int, _Scored] | None = None
+        for key, entry in self._entries.items():
+            if key[0] != kind or entry.start > start:
+                continue
+            k = common_prefix(entry.tokens, tokens)  # position p < k saw the same tokens
+            if k > start and (best is None or k > best[0]):
+                best = (k, entry)
+        if best is not None:
+            self._entries.move_to_end((kind, best[1].tokens, best[1].start))
+        return best
+
+    def store(self, kind: tuple, tokens: Sequence[int], start: int, scores: Scores) -> None:
+        key = (kind, tuple(tokens), start)
+        self._entries[key] = _Scored(key[1], start, scores.logprobs, scores.greedy[0], list(scores.top or []))
+        self._entries.move_to_end(key)
+        while len(self._entries) > 1 and self._size() > self.max_positions:
+            self._entries.popitem(last=False)
+
+
 def score_tokens(
     ens: "Ensemble",
     tokens: Sequence[int],
@@ -59,6 +105,8 @@ def score_tokens(
     top: int = 0,
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    slot: int = 0,
+    reuse: ScoreCache | None = None,
 ) -> Scores:
     """Scores of tokens[start:], each given the tokens before it (start >= 1).
 
@@ -66,7 +114,12 @@ def score_tokens(
     mu costs the models nothing more. `members` adds each model's own log-probabilities; `top`
     the `top` most likely tokens of r at each scored position. When `cancelled()` turns true
     between two llama_decode calls, `Cancelled` is raised (every cache holds what it evaluated).
+    The models evaluate in their slot `slot` (a server scores in a slot of its own). With `reuse`
+    (one combiner, no members), the scores of a prefix scored before are taken from it and only
+    the rest is evaluated; what is scored is added to it.
     """
+    if reuse is not None:
+        return _score_reusing(ens, tokens, start, combiners, top, progress, cancelled, slot, reuse)
     tokens = [int(t) for t in tokens]
     n = len(tokens)
     if not 1 <= start <= n:
@@ -79,21 +132,22 @@ def score_tokens(
     bound = [ens.bind(c) for c in combiners] if combiners is not None else [ens.combiner]
     n_models = len(ens.models)
     needed = [members or any(c.uses(n_models)[i] for c in bound) for i in range(n_models)]
-    models = [m for m, need in zip(ens.models, needed) if need]
+    slots = [m.slots[slot] for m in ens.models]
+    used = [s for s, need in zip(slots, needed) if need]
 
     # every needed model resumes from what it shares with tokens[:start - 1]: the row at position
     # start - 1 (which predicts tokens[start]) must come from this evaluation
-    keep = min(min(common_prefix(m.tokens, tokens), start - 1) for m in models)
-    for m in models:
-        m.truncate(keep)
-    evaluated = [len(m.tokens) for m in ens.models]
+    keep = min(min(common_prefix(s.tokens, tokens), start - 1) for s in used)
+    for s in used:
+        s.truncate(keep)
+    evaluated = [len(s.tokens) for s in slots]
 
     combined: list[list[np.ndarray]] = [[] for _ in bound]
     greedy: list[list[np.ndarray]] = [[] for _ in bound]
     member_parts: list[np.ndarray] = []
     top_rows: list[list[tuple[int, float]]] = []
-    n_batch = min(m.n_batch for m in models)
-    max_rows = min(m.max_logit_rows for m in models)
+    n_batch = min(s.model.n_batch for s in used)
+    max_rows = min(s.model.max_logit_rows for s in used)
     # rows at positions p in [start - 1, n - 2] score tokens[p + 1]; the last token is evaluated
     # too (without a row), so each cache ends holding the whole sequence. A call takes up to
     # n_batch tokens and ends early after max_rows rows (llama.cpp's output buffer holds no more)
@@ -108,7 +162,7 @@ def score_tokens(
         if end - first > max_rows:
             end = first + max_rows
             hi = lo + end
-        views = [m.evaluate_view(tokens[lo:hi], first, end) if need else None for m, need in zip(ens.models, needed)]
+        views = [s.evaluate_view(tokens[lo:hi], first, end) if need else None for s, need in zip(slots, needed)]
         for s in range(0, end - first, SLICE_ROWS):
             e = min(end - first, s + SLICE_ROWS)
             targets = np.asarray(tokens[lo + first + s + 1 : lo + first + e + 1])
@@ -129,8 +183,48 @@ def score_tokens(
         greedy=[np.concatenate(x) if x else np.zeros(0, bool) for x in greedy],
         members=np.concatenate(member_parts, axis=1) if member_parts else (np.zeros((n_models, 0)) if members else None),
         top=top_rows if top > 0 else None,
-        evaluated=[len(m.tokens) - e for m, e in zip(ens.models, evaluated)],
+        evaluated=[len(s.tokens) - e for s, e in zip(slots, evaluated)],
     )
+
+
+def _score_reusing(
+    ens: "Ensemble",
+    tokens: Sequence[int],
+    start: int,
+    combiners: Sequence[Combiner] | None,
+    top: int,
+    progress: Callable[[int, int], None] | None,
+    cancelled: Callable[[], bool] | None,
+    slot: int,
+    reuse: ScoreCache,
+) -> Scores:
+    """`score_tokens` of one combiner without members, through a `ScoreCache`."""
+    tokens = [int(t) for t in tokens]
+    combiner = ens.bind(combiners[0]) if combiners else ens.combiner
+    kind = (combiner.describe(), top)
+    hit = reuse.lookup(kind, tokens, start)
+    if hit is None:
+        scores = score_tokens(ens, tokens, start, combiners=[combiner], members=False, top=top, progress=progress, cancelled=cancelled, slot=slot)
+    else:
+        k, entry = hit
+        k = min(k, len(tokens))
+        lo, hi = start - entry.start, k - entry.start
+        head = Scores(tokens[start:k], [entry.logprobs[lo:hi]], [entry.greedy[lo:hi]], None, entry.top[lo:hi] if top > 0 else None)
+        reuse.reused += k - start
+        if k == len(tokens):
+            scores = head
+        else:
+            tail = score_tokens(ens, tokens, k, combiners=[combiner], members=False, top=top, progress=progress, cancelled=cancelled, slot=slot)
+            scores = Scores(
+                tokens[start:],
+                [np.concatenate([head.combined[0], tail.combined[0]])],
+                [np.concatenate([head.greedy[0], tail.greedy[0]])],
+                None,
+                (head.top or []) + (tail.top or []) if top > 0 else None,
+                tail.evaluated,
+            )
+    reuse.store(kind, tokens, start, scores)
+    return scores
 
 
 @dataclass(frozen=True)

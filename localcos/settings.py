@@ -337,6 +337,10 @@ _OPTIONS = [
             "seconds a model on an RPC server may take to answer one call before its server is taken as lost",
             default=120.0, metavar="S"),
     _option("threads", "--threads", "hardware", "load", _at_least(1), "CPU threads per model (default: physical cores)", attr="n_threads", metavar="N"),
+    _option("parallel", "--parallel", "hardware", "load", _at_least(1),
+            "sequences decoded at once, their rows sharing llama_decode calls (generate --n, concurrent server requests); "
+            "each takes --ctx tokens of KV cache (default: serve and generate --n choose from the context size, else 1)",
+            metavar="N"),
     _option("verbose", "--verbose", "hardware", "load", parse_bool, "show llama.cpp's own log lines", default=False, switch=True),
     # how to combine
     _option("combine", "--combine", "combination", "combine", parse_combine,
@@ -396,6 +400,7 @@ class LoadSpec:
     n_ctx: int = 4096
     n_batch: int = 512
     n_threads: int | None = None
+    parallel: int | None = None  # sequences decoded at once (None: the front end's default)
     main_gpu: int = 0
     split_mode: str = "layer"
     flash_attn: str = "auto"
@@ -406,17 +411,26 @@ class LoadSpec:
         combiner: Combiner | None = None,
         progress: Callable[[int, int, str], None] | None = None,
         max_logit_rows: int = 64,
+        extra_slots: int = 0,
     ) -> "Ensemble":
         """Load the ensemble (`progress(i, n, name)` before model i of n; `max_logit_rows` as in
-        `Ensemble.load`: decoding needs a few rows a call, scoring more)."""
+        `Ensemble.load`: decoding needs a few rows a call, scoring more; `extra_slots` sequences
+        beyond `parallel`, a server's slot for scoring)."""
         from .backend import set_verbose
         from .ensemble import Ensemble
 
         if self.verbose:
             set_verbose(True)
         # every other field is an argument of Ensemble.load of the same name
-        options = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("paths", "labels", "verbose")}
-        return Ensemble.load(self.paths, combiner, progress=progress, max_logit_rows=max_logit_rows, **options)
+        options = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("paths", "labels", "verbose", "parallel")}
+        parallel = (self.parallel or 1) + extra_slots
+        return Ensemble.load(self.paths, combiner, progress=progress, max_logit_rows=max_logit_rows, parallel=parallel, **options)
+
+
+def default_parallel(n_ctx: int, wanted: int = 8) -> int:
+    """Sequences to decode at once when the user did not say: up to `wanted` (at most 8), as
+    many as keep the KV cache at 16k tokens per model (each sequence takes n_ctx)."""
+    return max(1, min(wanted, 8, 16384 // n_ctx))
 
 
 @dataclass(frozen=True)
@@ -607,6 +621,8 @@ def resolve(
         from .backend.rpc import require_rpc
 
         require_rpc()
+        if (given.get("parallel") or 1) > 1:
+            raise ConfigError("models on RPC servers decode one sequence at a time: leave out --parallel with --rpc", param="parallel")
     layers = given.get("n_gpu_layers")
     if layers is None:
         layers = tuple(per_model_layers)
@@ -646,6 +662,7 @@ __all__ = [
     "Option",
     "Settings",
     "check_for_models",
+    "default_parallel",
     "format_gamma",
     "format_rpc",
     "parse_gamma",

@@ -14,9 +14,10 @@ from typing import Sequence
 import numpy as np
 
 from localcos.backend import ModelStats
+from localcos.testing import OwnSlot
 
 
-class FakeModel:
+class FakeModel(OwnSlot):
     """Same interface as `Model` as far as the ensemble and the decoder use it."""
 
     def __init__(self, seed: int, n_vocab: int = 10, n_params: int = 1000, sharpness: float = 1.5, n_ctx: int = 256) -> None:
@@ -25,7 +26,7 @@ class FakeModel:
         self.n_vocab = n_vocab
         self.logits_vocab = n_vocab
         self.n_params = n_params
-        self.n_ctx = n_ctx
+        self.n_ctx = self.n_batch = n_ctx
         self.name = f"fake{seed}"
         self.path = Path(f"/fake/{self.name}.gguf")
         self.bos = n_vocab  # outside the vocabulary: never sampled
@@ -49,13 +50,6 @@ class FakeModel:
         self.stats.tokens += len(tokens)
         return np.array(rows, dtype=np.float32).reshape(n_logits, self.n_vocab)[:, : self.logits_vocab]
 
-    def prefill(self, prompt: Sequence[int], *, cancelled: object = None) -> np.ndarray:
-        """The row after `prompt`, evaluated afresh (cheap here; `Model` reuses its cache)."""
-        self.truncate(0)
-        return self.evaluate(prompt, 1)[0]
-
-    def truncate(self, n: int) -> None:
-        del self.tokens[n:]
 
     def reset(self) -> None:
         self.tokens.clear()

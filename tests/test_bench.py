@@ -234,7 +234,7 @@ def test_bench_command(models, tmp_path):
         assert r["of_largest"] > 0
         if r["method"] == "alone":  # model 1 (the last of two equal sizes) by itself: only it is evaluated
             assert r["member"] == 1 and r["of_largest"] == pytest.approx(1.0) and r["acceptance"] is None
-            assert r["calls_per_token"][0] == 0 and r["calls_per_token"][1] > 0.9
+            assert r["calls_per_token"][0] == 0 and r["calls_per_token"][1] == pytest.approx(7 / 8)  # a call a token but the first
         elif r["method"] == "ensemble":
             assert r["speedup"] == pytest.approx(1.0)
         elif r["gamma"] == "auto" and r["acceptance"] is None:  # chose the ensemble's own step throughout
@@ -328,3 +328,24 @@ def test_host_loop_script_prints_a_row_per_method_and_temperature():
     assert sorted((r[0], r[1]) for r in rows) == sorted((m, t) for m in ("ensemble", "sd", "naive-cos", "cos") for t in ("0", "1"))
     assert all(float(r[2]) > 0 for r in rows)
     assert all(r[3].endswith("%") for r in rows if r[0] != "ensemble")
+
+
+def test_bench_sequences_reports_aggregate_throughput_per_level(models, tmp_path):
+    out_json = tmp_path / "t.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "localcos", "bench", "--models", f"{models['base']},{models['sibling']}", "--sequences", "1,2,4",
+         "--methods", "ensemble,cos", "--gamma", "2", "--temperature", "1", "--limit-prompts", "4", "--max-tokens", "8", "--json", str(out_json)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "sequences decoded together: 1, 2, 4" in proc.stdout and "vs 1" in proc.stdout
+    rows = json.loads(out_json.read_text())["throughput"]
+    assert {(r["method"], r["sequences"]) for r in rows} == {(m, k) for m in ("ensemble", "cos") for k in (1, 2, 4)}
+    per_token = {(r["method"], r["sequences"]): sum(r["calls"]) / r["tokens"] for r in rows}
+    for r in rows:
+        assert r["tokens"] == 8 * r["sequences"] and r["seconds"] > 0
+    # sequences decoded together share calls: the ensemble's one call per model and token is
+    # divided among them (a prompt's call aside), cos's fall too
+    for k in (2, 4):
+        assert per_token[("ensemble", k)] <= per_token[("ensemble", 1)] / (0.8 * k), per_token
+    assert per_token[("cos", 4)] < per_token[("cos", 2)] < per_token[("cos", 1)], per_token

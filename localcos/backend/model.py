@@ -1,11 +1,14 @@
 """One GGUF model in its own llama.cpp context, driven through the low-level batch API.
 
-A `Model` owns a llama.cpp model and context with a single sequence (id 0) in its KV cache, and
-always knows exactly which tokens that cache holds (`Model.tokens`). `evaluate` appends tokens and
-returns the logits of just the positions asked for, copied out of llama.cpp's output rows
-(`llama_get_logits`); nothing proportional to n_ctx x n_vocab is ever allocated (the high-level
-`Llama(logits_all=True)` keeps such a buffer). `truncate` removes KV entries with `seq_rm`, which
-is how speculative decoding rolls back rejected drafts.
+A `Model` owns a llama.cpp model and a context whose KV cache holds `n_seq` sequences (llama.cpp's
+seq_id), one `Slot` each; a slot always knows exactly which tokens its sequence holds
+(`Slot.tokens`). `Slot.evaluate` appends tokens and returns the logits of just the positions asked
+for, copied out of llama.cpp's output rows (`llama_get_logits`); nothing proportional to n_ctx x
+n_vocab is ever allocated (the high-level `Llama(logits_all=True)` keeps such a buffer).
+`Slot.truncate` removes KV entries with `seq_rm`, which is how speculative decoding rolls back
+rejected drafts. `Model.decode` puts several slots' tokens into one llama_decode call (batched
+decoding of many sequences). Slot 0 is the model's own: `Model.evaluate`, `Model.tokens` and the
+rest act on it, as for a model with one sequence.
 """
 
 from __future__ import annotations
@@ -174,7 +177,10 @@ class Model:
 
     Args:
         path: the GGUF file.
-        n_ctx: context length in tokens (KV cache size).
+        n_ctx: context length in tokens, of each sequence.
+        n_seq: sequences the KV cache holds at once (slots; batched decoding of many sequences).
+            They share one cache (llama.cpp's unified KV cache) of n_ctx x n_seq cells, so any
+            mix of their tokens goes into one llama_decode call and a shared prefix is shared.
         n_gpu_layers: layers to offload to the GPU; -1 offloads all (needs a GPU build).
         n_threads: CPU threads for llama.cpp (default: `default_threads()`).
         n_batch: the largest number of tokens passed to one llama_decode call.
@@ -198,6 +204,7 @@ class Model:
         path: str | os.PathLike[str],
         *,
         n_ctx: int = 4096,
+        n_seq: int = 1,
         n_gpu_layers: int = 0,
         n_threads: int | None = None,
         n_batch: int = 512,
@@ -214,6 +221,8 @@ class Model:
         self.name = self.path.name
         if n_ctx < MIN_CTX:
             raise ValueError(f"n_ctx must be at least {MIN_CTX}")
+        if n_seq < 1:
+            raise ValueError("n_seq must be at least 1")
         if split_mode not in SPLIT_MODES:
             raise ValueError(f"split_mode must be one of {', '.join(SPLIT_MODES)}")
         if flash_attn not in FLASH_ATTN:
@@ -266,33 +275,33 @@ class Model:
         self.bos: int = llama_cpp.llama_vocab_bos(self._vocab)
         self.eos: int = llama_cpp.llama_vocab_eos(self._vocab)
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
-        self.tokens: list[int] = []
-        self.stats = ModelStats()
+        self.stats = ModelStats()  # every call, whichever slots took part
+        self.last_call_seconds = 0.0
         # Logits are returned for ids below this bound: an ensemble lowers it to the vocabulary
         # its members share when one of them pads its embedding matrix.
         self.logits_vocab: int = self.n_vocab
         # token -> its bytes: filled by whichever thread asks first (a server tokenises off the
         # engine thread); llama.cpp's vocabulary is read-only and safe to read from any thread
         self._pieces: dict[int, bytes] = {}
-        # (tokens in the cache, llama.cpp's KV positions) after the last call that changed the
-        # cache, published by the thread that drives this model for other threads to read
-        self.cache_state: tuple[int, int] = (0, 0)
-        self._prefill_row: tuple[tuple[int, ...], np.ndarray] | None = None  # see prefill()
         self.n_ctx = 0
+        self.slots = [Slot(self, 0)]
         if vocab_only:
             return
 
         self.n_batch = max(1, min(n_batch, n_ctx))
         self.n_threads = n_threads or default_threads()
         cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = n_ctx
+        cparams.n_ctx = n_ctx * n_seq
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = self.n_batch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = n_seq
+        # one cache for every sequence: a call mixes any sequences' rows in one ubatch (separate
+        # caches split a call by sequence), and seq_cp shares a prefix's cells instead of copying
+        cparams.kv_unified = True
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
         self.max_logit_rows = max(1, min(max_logit_rows, self.n_batch))
-        cparams.n_outputs_max = self.max_logit_rows
+        cparams.n_outputs_max = max(self.max_logit_rows, n_seq)  # llama.cpp reserves a row per sequence
         cparams.no_perf = True
         cparams.flash_attn_type = FLASH_ATTN[flash_attn]
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
@@ -300,18 +309,28 @@ class Model:
             detail = _last_llama_error() or "llama.cpp could not create a context"
             self.close()
             raise ModelFileError(f"cannot create a context for {self.path}: {_clean_llama_error(detail)}")
-        self.n_ctx: int = min(n_ctx, llama_cpp.llama_n_ctx(self._ctx))
+        self.n_ctx: int = min(n_ctx, llama_cpp.llama_n_ctx(self._ctx) // n_seq)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self.slots = [Slot(self, i) for i in range(n_seq)]
 
-        # One reusable batch; numpy views over its arrays make filling it cheap.
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        b = self._batch
-        self._batch_token = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
-        self._batch_pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
-        self._batch_logits = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
-        np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))[:] = 1
-        for i in range(self.n_batch):
-            b.seq_id[i][0] = 0
+        # One reusable batch over NumPy arrays (one sequence id per row), so filling it is a few
+        # vectorised assignments; the arrays live as long as the model.
+        n = self.n_batch
+        self._batch_token = np.zeros(n, dtype=np.int32)
+        self._batch_pos = np.zeros(n, dtype=np.int32)
+        self._batch_seq = np.zeros(n, dtype=np.int32)
+        self._batch_n_seq = np.ones(n, dtype=np.int32)
+        self._batch_logits = np.zeros(n, dtype=np.int8)
+        seq_ptr = ctypes.POINTER(llama_cpp.llama_seq_id)
+        self._batch_seq_ptrs = (seq_ptr * n)(
+            *[ctypes.cast(self._batch_seq.ctypes.data + 4 * i, seq_ptr) for i in range(n)]
+        )
+        self._batch = llama_cpp.llama_batch()
+        self._batch.token = self._batch_token.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
+        self._batch.pos = self._batch_pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
+        self._batch.n_seq_id = self._batch_n_seq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self._batch.seq_id = self._batch_seq_ptrs
+        self._batch.logits = self._batch_logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
 
 
     # --- metadata -------------------------------------------------------------------------------
@@ -385,117 +404,127 @@ class Model:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
-    # --- evaluation -------------------------------------------------------------------------------
-    def evaluate(
-        self, tokens: Sequence[int], n_logits: int | None = None, *, cancelled: Callable[[], bool] | None = None
-    ) -> np.ndarray:
-        """Append `tokens` to the KV cache and return logits for the last `n_logits` of them.
+    # --- evaluation: slot 0, as a model with one sequence ---------------------------------------
+    @property
+    def slot0(self) -> "Slot":
+        return self.slots[0]
 
-        Row i of the result is the model's next-token logits after the i-th of those tokens, as a
-        float32 array of shape [n_logits, logits_vocab]. `n_logits` defaults to all tokens; 0
-        evaluates without returning logits. Tokens go in calls of up to `n_batch`; when
-        `cancelled()` turns true between two calls, `Cancelled` is raised and the cache holds
-        the tokens evaluated so far (`tokens` stays exact).
-        """
-        n = len(tokens)
-        n_logits = n if n_logits is None else n_logits
-        if not 0 <= n_logits <= n:
-            raise ValueError("n_logits must be between 0 and len(tokens)")
-        self._check_room(n)
-        out = np.empty((n_logits, self.logits_vocab), dtype=np.float32)
-        first_logit = n - n_logits
-        done = 0
-        while done < n:
-            if cancelled is not None and cancelled():
-                raise Cancelled(f"{self.name}: cancelled after {done} of {n} tokens")
-            chunk = min(self.n_batch, n - done)
-            lo = min(max(first_logit - done, 0), chunk)
-            if chunk - lo > self.max_logit_rows:  # llama.cpp returns at most that many rows a call
-                chunk = lo + self.max_logit_rows
-            rows = self._decode(tokens[done : done + chunk], lo, chunk)
-            out[done + lo - first_logit : done + chunk - first_logit] = rows[:, : self.logits_vocab]
-            done += chunk
-        return out
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens slot 0's sequence holds."""
+        return self.slots[0].tokens
+
+    @property
+    def cache_state(self) -> tuple[int, int]:
+        """(tokens, llama.cpp's KV positions) summed over the slots, as the thread that drives the
+        model published them after its last call (for other threads: never a call into a busy
+        context)."""
+        states = [slot.cache_state for slot in self.slots]
+        return sum(t for t, _ in states), sum(k for _, k in states)
+
+    def evaluate(self, tokens: Sequence[int], n_logits: int | None = None, *, cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+        """`Slot.evaluate` on slot 0."""
+        return self.slots[0].evaluate(tokens, n_logits, cancelled=cancelled)
 
     def evaluate_view(self, tokens: Sequence[int], first: int, end: int) -> np.ndarray:
-        """Append `tokens` (at most `n_batch`) in one llama_decode call and return llama.cpp's own
-        logits rows after tokens[first:end], without copying them: a read-only view of shape
-        [end - first, logits_vocab], valid until this model's next call. For scoring long texts
-        with host memory bounded by what the caller takes of it at a time."""
-        n = len(tokens)
-        if n > self.n_batch:
-            raise ValueError(f"evaluate_view takes at most n_batch = {self.n_batch} tokens, got {n}")
-        if not 0 <= first <= end <= n:
-            raise ValueError("need 0 <= first <= end <= len(tokens)")
-        if end - first > self.max_logit_rows:
-            raise ValueError(f"evaluate_view returns at most max_logit_rows = {self.max_logit_rows} rows, asked {end - first}")
-        self._check_room(n)
-        rows = self._decode(tokens, first, end)[:, : self.logits_vocab]
-        rows.flags.writeable = False
-        return rows
-
-    def _check_room(self, n: int) -> None:
-        if self.n_ctx == 0:
-            raise RuntimeError(f"{self.name} was loaded with vocab_only")
-        if len(self.tokens) + n > self.n_ctx:
-            raise ValueError(
-                f"{self.name}: evaluating {n} tokens at position {len(self.tokens)} exceeds the context of {self.n_ctx}"
-            )
-
-    def _decode(self, tokens: Sequence[int], out_from: int, out_to: int) -> np.ndarray:
-        """One llama_decode of `tokens` (at most n_batch) after the cache, with logits for the
-        tokens in [out_from, out_to): returns those rows, [out_to - out_from, n_vocab], as a view
-        valid until the next call. Counts the call and keeps `self.tokens` exact."""
-        start = len(self.tokens)
-        t0 = time.perf_counter()
-        try:
-            rows = self._run_batch(start, tokens, out_from, out_to)
-        except BaseException:
-            self._publish()  # a failed call removed what it added
-            raise
-        self.tokens.extend(int(t) for t in tokens)
-        self._publish()
-        self.stats.calls += 1
-        self.stats.tokens += len(tokens)
-        self.stats.seconds += time.perf_counter() - t0
-        return rows
-
-    def _run_batch(self, start: int, tokens: Sequence[int], out_from: int, out_to: int) -> np.ndarray:
-        """llama_decode of `tokens` at positions start.. ; llama.cpp's own output rows, in place."""
-        chunk = len(tokens)
-        self._batch.n_tokens = chunk
-        self._batch_token[:chunk] = tokens
-        self._batch_pos[:chunk] = np.arange(start, start + chunk)
-        flags = self._batch_logits[:chunk]
-        flags[:] = 0
-        flags[out_from:out_to] = 1
-        rc = llama_cpp.llama_decode(self._ctx, self._batch)
-        if rc != 0:
-            # the cache may hold part of the batch now: drop it, keep `tokens` exact
-            llama_cpp.llama_memory_seq_rm(self._memory, 0, start, -1)
-            raise RuntimeError(f"{self.name}: llama_decode failed with status {rc}")
-        if out_to == out_from:
-            return np.empty((0, self.n_vocab), dtype=np.float32)
-        ptr = llama_cpp.llama_get_logits(self._ctx)  # the output rows, in batch order
-        return np.ctypeslib.as_array(ptr, shape=(out_to - out_from, self.n_vocab))
+        """`Slot.evaluate_view` on slot 0."""
+        return self.slots[0].evaluate_view(tokens, first, end)
 
     def prefill(self, prompt: Sequence[int], *, cancelled: Callable[[], bool] | None = None) -> np.ndarray:
-        """Bring the KV cache to exactly `prompt` and return the logits row after it.
+        """`Slot.prefill` on slot 0."""
+        return self.slots[0].prefill(prompt, cancelled=cancelled)
 
-        What the cache already holds of the prompt is kept (a chat's earlier turns, the same
-        prompt again); at least the last token is evaluated again for its row, unless the row of
-        this very prompt is still known from the last call. `cancelled` as in `evaluate`.
-        """
-        key = tuple(prompt)
-        keep = common_prefix(self.tokens, prompt)
-        if keep == len(prompt) and self._prefill_row is not None and self._prefill_row[0] == key:
-            self.truncate(keep)
-            return self._prefill_row[1]
-        keep = min(keep, len(prompt) - 1)
-        self.truncate(keep)
-        row = self.evaluate(prompt[keep:], 1, cancelled=cancelled)[0]
-        self._prefill_row = (key, row)
-        return row
+    def truncate(self, n: int) -> None:
+        """`Slot.truncate` on slot 0."""
+        self.slots[0].truncate(n)
+
+    def reset(self) -> None:
+        """Empty every slot."""
+        for slot in self.slots:
+            slot.truncate(0)
+
+    def kv_length(self) -> int:
+        """How many positions llama.cpp's KV cache holds for slot 0 (equals len(self.tokens)
+        unless something went wrong: a consistency check)."""
+        return self.slots[0].kv_length()
+
+    # --- evaluation: any slots, one call ---------------------------------------------------------
+    def decode(self, parts: Sequence[tuple["Slot", Sequence[int], int, int]]) -> list[np.ndarray]:
+        """One llama_decode call over several slots: each part (slot, tokens, out_from, out_to)
+        appends `tokens` to its slot and asks for the logits after tokens[out_from:out_to].
+        Returns each part's rows, [out_to - out_from, logits_vocab], as views of llama.cpp's
+        output buffer valid until the model's next call. At most `n_batch` tokens and
+        `max_logit_rows` rows in all; each slot at most once; the call and its tokens are counted
+        for the model and for each slot."""
+        n = sum(len(tokens) for _, tokens, _, _ in parts)
+        n_rows = sum(out_to - out_from for _, _, out_from, out_to in parts)
+        if n > self.n_batch or n_rows > self.max_logit_rows:
+            raise ValueError(f"{self.name}: a call of {n} tokens and {n_rows} rows exceeds n_batch {self.n_batch} or {self.max_logit_rows} rows")
+        for slot, tokens, _, _ in parts:
+            slot._check_room(len(tokens))
+        t0 = time.perf_counter()
+        try:
+            rows = self._run_batch(parts)
+        except BaseException:
+            for slot, _, _, _ in parts:
+                slot._publish()  # a failed call removed what it added
+            raise
+        seconds = self.last_call_seconds = time.perf_counter() - t0
+        out = []
+        offset = 0
+        for slot, tokens, out_from, out_to in parts:
+            out.append(rows[offset : offset + out_to - out_from, : self.logits_vocab])
+            offset += out_to - out_from
+            slot.tokens.extend(int(t) for t in tokens)
+            slot._publish()
+            slot.stats.calls += 1
+            slot.stats.tokens += len(tokens)
+            slot.stats.seconds += seconds
+        self.stats.calls += 1
+        self.stats.tokens += n
+        self.stats.seconds += seconds
+        return out
+
+    def _run_batch(self, parts: Sequence[tuple["Slot", Sequence[int], int, int]]) -> np.ndarray:
+        """llama_decode of every part's tokens at its slot's next positions; llama.cpp's own output
+        rows (every part's asked rows, in order), in place."""
+        row = 0
+        for slot, tokens, out_from, out_to in parts:
+            k = len(tokens)
+            start = len(slot.tokens)
+            self._batch_token[row : row + k] = tokens
+            self._batch_pos[row : row + k] = np.arange(start, start + k)
+            self._batch_seq[row : row + k] = slot.seq_id
+            flags = self._batch_logits[row : row + k]
+            flags[:] = 0
+            flags[out_from:out_to] = 1
+            row += k
+        self._batch.n_tokens = row
+        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            # the cache may hold part of the batch now: drop it, keep every slot's tokens exact
+            for slot, _, _, _ in parts:
+                llama_cpp.llama_memory_seq_rm(self._memory, slot.seq_id, len(slot.tokens), -1)
+            raise RuntimeError(f"{self.name}: llama_decode failed with status {rc}")
+        n_rows = sum(out_to - out_from for _, _, out_from, out_to in parts)
+        if n_rows == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = llama_cpp.llama_get_logits(self._ctx)  # the output rows, in batch order
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+
+    def _remove(self, seq_id: int, n: int) -> None:
+        """Remove slot `seq_id`'s positions from n on from llama.cpp's cache."""
+        if not llama_cpp.llama_memory_seq_rm(self._memory, seq_id, n, -1):
+            raise RuntimeError(f"{self.name}: llama.cpp could not remove cache entries from position {n}")
+
+    def _share(self, source: int, target: int, n: int) -> None:
+        """Let slot `target` hold slot `source`'s first n positions (the same cells: no copy)."""
+        llama_cpp.llama_memory_seq_cp(self._memory, source, target, 0, n)
+
+    def _kv_positions(self, seq_id: int) -> int:
+        if self._ctx is None:
+            return 0
+        return int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
 
     def warm_up(self, timed_calls: int = 3) -> list[float]:
         """Run one throw-away call, as llama.cpp's own tools do after loading (the first call pays
@@ -512,35 +541,8 @@ class Model:
             seconds.append(time.perf_counter() - t0)
         self.reset()
         self.stats.reset()
+        self.slots[0].stats.reset()
         return seconds
-
-    def kv_length(self) -> int:
-        """How many positions llama.cpp's KV cache holds (equals len(self.tokens) unless
-        something went wrong: a consistency check)."""
-        if self._ctx is None:
-            return 0
-        return int(llama_cpp.llama_memory_seq_pos_max(self._memory, 0)) + 1
-
-    def truncate(self, n: int) -> None:
-        """Remove every token at position >= n from the KV cache."""
-        if n >= len(self.tokens):
-            return
-        if n < 0:
-            raise ValueError("n must be >= 0")
-        self._remove_from(n)
-        del self.tokens[n:]
-        self._publish()
-
-    def _publish(self) -> None:
-        self.cache_state = (len(self.tokens), self.kv_length())
-
-    def _remove_from(self, n: int) -> None:
-        if not llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1):
-            raise RuntimeError(f"{self.name}: llama.cpp could not remove cache entries from position {n}")
-
-    def reset(self) -> None:
-        """Empty the KV cache."""
-        self.truncate(0)
 
     # --- lifetime ----------------------------------------------------------------------------------
     def __enter__(self) -> "Model":
@@ -551,9 +553,7 @@ class Model:
 
     def close(self) -> None:
         """Free the llama.cpp context and model (also done when the object is collected)."""
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
+        self._batch = None
         if self._ctx:
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
@@ -569,6 +569,152 @@ class Model:
 
     def __repr__(self) -> str:
         return f"Model({self.name!r}, n_vocab={self.n_vocab}, n_params={self.n_params}, n_ctx={self.n_ctx})"
+
+
+class Slot:
+    """One sequence of a model's KV cache (llama.cpp's seq_id `seq_id`) and exactly the tokens it
+    holds. Evaluated, rolled back and prefilled on its own, or in one call with other slots
+    (`Model.decode`); `stats` counts the calls it took part in."""
+
+    def __init__(self, model: Model, seq_id: int) -> None:
+        self.model = model
+        self.seq_id = seq_id
+        self.tokens: list[int] = []
+        self.stats = ModelStats()
+        # (tokens, llama.cpp's KV positions) after the last call that changed the sequence,
+        # published by the thread that drives the model for other threads to read
+        self.cache_state: tuple[int, int] = (0, 0)
+        self._prefill_row: tuple[tuple[int, ...], np.ndarray] | None = None  # see prefill()
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    def evaluate(
+        self, tokens: Sequence[int], n_logits: int | None = None, *, cancelled: Callable[[], bool] | None = None
+    ) -> np.ndarray:
+        """Append `tokens` to this sequence and return logits for the last `n_logits` of them.
+
+        Row i of the result is the model's next-token logits after the i-th of those tokens, as a
+        float32 array of shape [n_logits, logits_vocab]. `n_logits` defaults to all tokens; 0
+        evaluates without returning logits. Tokens go in calls of up to `n_batch`; when
+        `cancelled()` turns true between two calls, `Cancelled` is raised and the sequence holds
+        the tokens evaluated so far (`tokens` stays exact).
+        """
+        model = self.model
+        n = len(tokens)
+        n_logits = n if n_logits is None else n_logits
+        if not 0 <= n_logits <= n:
+            raise ValueError("n_logits must be between 0 and len(tokens)")
+        self._check_room(n)
+        out = np.empty((n_logits, model.logits_vocab), dtype=np.float32)
+        first_logit = n - n_logits
+        done = 0
+        while done < n:
+            if cancelled is not None and cancelled():
+                raise Cancelled(f"{self.name}: cancelled after {done} of {n} tokens")
+            chunk = min(model.n_batch, n - done)
+            lo = min(max(first_logit - done, 0), chunk)
+            if chunk - lo > model.max_logit_rows:  # llama.cpp returns at most that many rows a call
+                chunk = lo + model.max_logit_rows
+            (rows,) = model.decode([(self, tokens[done : done + chunk], lo, chunk)])
+            out[done + lo - first_logit : done + chunk - first_logit] = rows
+            done += chunk
+        return out
+
+    def evaluate_view(self, tokens: Sequence[int], first: int, end: int) -> np.ndarray:
+        """Append `tokens` (at most `n_batch`) in one llama_decode call and return llama.cpp's own
+        logits rows after tokens[first:end], without copying them: a read-only view of shape
+        [end - first, logits_vocab], valid until the model's next call. For scoring long texts
+        with host memory bounded by what the caller takes of it at a time."""
+        n = len(tokens)
+        if not 0 <= first <= end <= n:
+            raise ValueError("need 0 <= first <= end <= len(tokens)")
+        (rows,) = self.model.decode([(self, tokens, first, end)])
+        rows.flags.writeable = False
+        return rows
+
+    def _check_room(self, n: int) -> None:
+        if self.model.n_ctx == 0:
+            raise RuntimeError(f"{self.name} was loaded with vocab_only")
+        if len(self.tokens) + n > self.model.n_ctx:
+            raise ValueError(
+                f"{self.name}: evaluating {n} tokens at position {len(self.tokens)} exceeds the context of {self.model.n_ctx}"
+            )
+
+    def prefill(self, prompt: Sequence[int], *, cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+        """Bring this sequence to exactly `prompt` and return the logits row after it.
+
+        What it already holds of the prompt is kept (a chat's earlier turns, the same prompt
+        again), and a longer prefix another slot of the model holds is shared (`share_prefix`); at
+        least the last token is evaluated again for its row, unless the row of this very prompt
+        is still known from the last call. `cancelled` as in `evaluate`.
+        """
+        row = self.known_row(prompt)
+        if row is not None:
+            return row
+        keep = min(len(self.tokens), len(prompt) - 1)
+        row = self.evaluate(prompt[keep:], 1, cancelled=cancelled)[0]
+        self.remember_row(prompt, row)
+        return row
+
+    def known_row(self, prompt: Sequence[int]) -> np.ndarray | None:
+        """Prepare a prefill of `prompt`: the sequence keeps (or shares) the longest prefix of it
+        it can, but never the whole prompt (its last token is evaluated for the row after it);
+        returns that row instead when it is still known from the last prefill of this prompt."""
+        key = tuple(prompt)
+        keep = common_prefix(self.tokens, prompt)
+        if keep == len(prompt) and self._prefill_row is not None and self._prefill_row[0] == key:
+            self.truncate(keep)
+            return self._prefill_row[1]
+        self.share_prefix(prompt)
+        self.truncate(min(common_prefix(self.tokens, prompt), len(prompt) - 1))
+        return None
+
+    def remember_row(self, prompt: Sequence[int], row: np.ndarray) -> None:
+        self._prefill_row = (tuple(prompt), row)
+
+    def share_prefix(self, tokens: Sequence[int]) -> None:
+        """Take over the longest prefix of `tokens` that another slot of the model holds, when it
+        is longer than what this one holds: the cache cells are shared, not evaluated again (the
+        `n` completions of one prompt, a conversation's earlier turns served in another slot)."""
+        own = common_prefix(self.tokens, tokens)
+        donor, best = None, own
+        for other in self.model.slots:
+            if other is not self:
+                k = common_prefix(other.tokens, tokens)
+                if k > best:
+                    donor, best = other, k
+        if donor is None:
+            return
+        self.truncate(0)
+        self.model._share(donor.seq_id, self.seq_id, best)
+        self.tokens.extend(donor.tokens[:best])
+        self._publish()
+
+    def kv_length(self) -> int:
+        """How many positions llama.cpp's KV cache holds for this sequence (equals
+        len(self.tokens) unless something went wrong: a consistency check)."""
+        return self.model._kv_positions(self.seq_id)
+
+    def truncate(self, n: int) -> None:
+        """Remove every token at position >= n from this sequence."""
+        if n >= len(self.tokens):
+            return
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        self.model._remove(self.seq_id, n)
+        del self.tokens[n:]
+        self._publish()
+
+    def reset(self) -> None:
+        self.truncate(0)
+
+    def _publish(self) -> None:
+        self.cache_state = (len(self.tokens), self.kv_length())
+
+    def __repr__(self) -> str:
+        return f"Slot({self.name!r}, seq {self.seq_id}, {len(self.tokens)} tokens)"
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

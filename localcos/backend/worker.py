@@ -204,7 +204,7 @@ class RemoteModel(Model):
         self._worker: WorkerProcess | None = None
         self._rows: np.ndarray | None = None
         self._rows_map: mmap.mmap | None = None
-        self._kv_positions = 0  # the worker's KV cache length, as its last answer gave it
+        self._worker_kv = 0  # the worker's KV cache length, as its last answer gave it
         self._connect()
 
     @property
@@ -254,10 +254,11 @@ class RemoteModel(Model):
 
     def _forget(self) -> None:
         """The worker's KV cache is gone (or new): so is ours."""
-        self.tokens.clear()
-        self._prefill_row = None
-        self._kv_positions = 0
-        self._publish()
+        slot = self.slot0
+        slot.tokens.clear()
+        slot._prefill_row = None
+        self._worker_kv = 0
+        slot._publish()
 
     @property
     def connected(self) -> bool:
@@ -273,23 +274,25 @@ class RemoteModel(Model):
                 f"{self.label}: {e}; the other models and the conversation are kept, and the next request loads it again"
             ) from None
 
-    def _run_batch(self, start: int, tokens: Sequence[int], out_from: int, out_to: int) -> np.ndarray:
+    def _run_batch(self, parts: Sequence[tuple[Any, Sequence[int], int, int]]) -> np.ndarray:
+        (slot, tokens, out_from, out_to), = parts  # one sequence: a remote model has one slot
+        start = len(slot.tokens)
         if not self.connected:
             # after a loss the cache is empty (`_forget`), so this batch starts at 0: load again
             if start:
                 raise RuntimeError(f"{self.name}: a batch at position {start} after its worker was lost")
             self._disconnect()
             self._connect()
-        self._kv_positions = self._request("decode", [int(t) for t in tokens], start, out_from, out_to)
+        self._worker_kv = self._request("decode", [int(t) for t in tokens], start, out_from, out_to)
         return self._rows[: out_to - out_from]  # type: ignore[index]
 
-    def _remove_from(self, n: int) -> None:
-        self._kv_positions = self._request("truncate", n)
+    def _remove(self, seq_id: int, n: int) -> None:
+        self._worker_kv = self._request("truncate", n)
 
-    def kv_length(self) -> int:
+    def _kv_positions(self, seq_id: int) -> int:
         """The worker's llama.cpp KV cache length as of its last answer (0 when disconnected):
         read without a round trip, so /health never waits for a running call."""
-        return self._kv_positions if self.connected else 0
+        return self._worker_kv if self.connected else 0
 
     def close(self) -> None:
         if self.connected:
@@ -331,7 +334,7 @@ def _serve(conn: Connection) -> None:
         model = models[key]
         if start != len(model.tokens):
             raise RuntimeError(f"{model.name}: a batch at position {start}, but the cache holds {len(model.tokens)}")
-        rows[key][: out_to - out_from] = model._decode(tokens, out_from, out_to)
+        rows[key][: out_to - out_from] = model.decode([(model.slot0, tokens, out_from, out_to)])[0]
         return model.kv_length()
 
     def truncate(key: int, n: int) -> int:

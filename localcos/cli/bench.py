@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "speedup the CoS paper's cost model expects; and each configuration's speed as a fraction of the largest "
         "model decoding alone (/big: what the ensemble costs over the big model).",
     )
-    add_options(p, ["models", "hardware", "combination"], defaults=DEFAULTS)
+    add_options(p, ["models", "hardware", "combination"], defaults=DEFAULTS, exclude={"parallel"})
     g = p.add_argument_group("what to compare")
     g.add_argument("--methods", default="ensemble,sd,naive-cos,cos", help="default: all four")
     g.add_argument("--alone", default="largest", help="models that also decode alone: largest (default), all, none, or indices (0,1)")
@@ -34,6 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--repeat", default="1", help="runs per prompt and setting (default 1)")
     g.add_argument("--seed", default="0", help="seed of the first run (default 0)")
     g.add_argument("--per-task", action="store_true", help="also print a table per task")
+    g.add_argument(
+        "--sequences", default=None, metavar="N,N",
+        help="instead: aggregate tokens/s with this many sequences decoded together (e.g. 1,2,4,8), each method and gamma",
+    )  # fmt: skip
     g = p.add_argument_group("output")
     g.add_argument("--json", help="write every run and the summary as JSON")
     g.add_argument("--csv", help="write the summary as CSV")
@@ -46,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ..core.decoding import METHODS, cheapest
-    from ..settings import parse_choice, parse_float, parse_gamma, parse_int
+    from dataclasses import replace
+
+    from ..settings import parse_choice, parse_float, parse_gamma, parse_int, parse_ints
     from ..tools import bench
     from ..tools.prompts import load_prompts
 
@@ -69,6 +75,11 @@ def run(args: argparse.Namespace) -> int:
     if limit:
         prompts = prompts[:limit]
     settings = resolve(args, DEFAULTS)
+    levels = sorted(set(parse_ints(args.sequences, "--sequences", minimum=1))) if args.sequences else None
+    if levels:
+        if any(settings.load.rpc):
+            raise ConfigError("--sequences needs every model here: models on RPC servers decode one sequence at a time")
+        settings = replace(settings, load=replace(settings.load, parallel=max(levels)))
     n_models = len(settings.load.paths)
     members = _members(args.alone, n_models)
     proposer = parse_int(args.proposer, "--proposer", minimum=0) if args.proposer is not None else None
@@ -82,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         proposer = cheapest(ens.n_params) if proposer is None else proposer
         big = bench.largest(ens.n_params)
         alone = [big] if members == "largest" else members
-        configs = bench.configurations(methods, gammas, members=alone)
+        configs = bench.configurations(methods, gammas, members=[] if levels else alone)
         console = Console(stderr=True)
         columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
         with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
@@ -92,19 +103,34 @@ def run(args: argparse.Namespace) -> int:
                 bar.update(task_id, completed=done, total=total, description=what)
 
             with bench.RssSampler() as rss:
-                runs = bench.run_benchmark(
-                    ens,
-                    prompts,
-                    configs,
-                    temperatures,
-                    max_tokens=max_tokens,
-                    repeat=repeat,
-                    seed=seed,
-                    proposer=proposer,
-                    progress=progress,
-                )
-        rows = bench.summarize(runs, proposer, n_models, largest_model=big)
+                if levels:
+                    throughput = bench.run_throughput(
+                        ens, prompts, configs, temperatures, levels, max_tokens=max_tokens, rounds=repeat, seed=seed, proposer=proposer,
+                        progress=progress,
+                    )  # fmt: skip
+                else:
+                    runs = bench.run_benchmark(
+                        ens,
+                        prompts,
+                        configs,
+                        temperatures,
+                        max_tokens=max_tokens,
+                        repeat=repeat,
+                        seed=seed,
+                        proposer=proposer,
+                        progress=progress,
+                    )
         names = [Path(p).name for p in settings.load.paths]
+        if levels:
+            print(
+                f"localcos bench: {', '.join(names)} | combine {ens.combiner.describe()} | sequences decoded together: "
+                f"{', '.join(map(str, levels))} | {len(prompts)} prompts in turn | max {max_tokens} tokens | {repeat} pass(es)"
+            )
+            print(bench.format_throughput(throughput, names))
+            if args.json:
+                bench.write_json(args.json, {"machine": bench.machine(), "throughput": [asdict(r) for r in throughput]})
+            return 0
+        rows = bench.summarize(runs, proposer, n_models, largest_model=big)
         tasks = sorted({t for t, _ in prompts})
         shown = rows if args.per_task else [r for r in rows if r.task == "all"]
         print(

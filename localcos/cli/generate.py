@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..chat import ChatFormatter, Message
-    from ..settings import parse_int
+    from ..settings import default_parallel, parse_int
     from ..stats import GenerationStats
 
     prompt = args.prompt
@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     if args.system is not None and not args.chat:
         raise ConfigError("--system needs --chat")
     settings = resolve(args, DEFAULTS)
+    if settings.load.parallel is None and n > 1 and not any(settings.load.rpc):  # --n: decode them together
+        settings = replace(settings, load=replace(settings.load, parallel=default_parallel(settings.load.n_ctx, n)))
     config = settings.generation
     if config.seed is None:  # a seed the user can repeat: printed with the stats
         config = replace(config, seed=int.from_bytes(os.urandom(4), "little"))

@@ -20,8 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "/health, /tokenize, /detokenize, /tokenizer_info): any OpenAI client can use it. The options below are "
         "every request's defaults; a request may change the sampling ones and, in extra_body, method, gamma, "
         "combine (we, cd or logit-mix: a request never names code; --combine FILE.py:FUNCTION here makes a custom "
-        "combiner every request's default), weights and mu. One generation runs at a time; the others wait in "
-        "arrival order. Safe to leave running: it answers only requests whose Host names this server "
+        "combiner every request's default), weights and mu. Up to --parallel generations decode together, their "
+        "rows sharing llama_decode calls; a new request joins as soon as one ends (arrival order). Safe to leave running: it answers only requests whose Host names this server "
         "(--allowed-hosts adds names) and, from web pages, only the origins given with --cors; bodies must be "
         "application/json.",
     )
@@ -48,8 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from ..chat import ChatFormatter
-    from ..settings import parse_int
+    from ..settings import default_parallel, parse_int
 
     try:
         import uvicorn
@@ -78,7 +80,11 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         settings = resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
-        ens = settings.load.load(settings.combiner(), loading_progress)
+        remote = any(settings.load.rpc)  # models on RPC servers decode one sequence at a time
+        parallel = settings.load.parallel or (1 if remote else default_parallel(settings.load.n_ctx))
+        settings = replace(settings, load=replace(settings.load, parallel=parallel))
+        # one more slot, for scoring (echo, logprobs): what it evaluated stays for the next request
+        ens = settings.load.load(settings.combiner(), loading_progress, extra_slots=0 if remote else 1)
     except BaseException:
         listener.close()
         raise
@@ -96,7 +102,10 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(served, engine, api_key=api_key, policy=policy)
         shown = f"[{args.host}]" if ":" in args.host else args.host
         url = f"http://{shown}:{port}"
-        say(f"localcos serve: {alias} ({ens.combiner.describe()}, method {settings.generation.method}) at {url}/v1")
+        say(
+            f"localcos serve: {alias} ({ens.combiner.describe()}, method {settings.generation.method}, "
+            f"{parallel} sequence{'s' if parallel > 1 else ''} at once) at {url}/v1"
+        )
         if formatter is None:
             say("  the models carry no chat template: /v1/chat/completions answers 400, /v1/completions works")
         auth = ' -H "Authorization: Bearer $LOCALCOS_API_KEY"' if api_key else ""

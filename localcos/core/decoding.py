@@ -6,6 +6,12 @@ distribution r at given positions, proposing a draft token, verifying pending dr
 verifier in `verify.py`), committing tokens (stop conditions, text), and rolling every KV cache
 back after a rejection. Each strategy is a small class whose `step()` is one round of its loop.
 
+The core never calls llama.cpp itself: a step is a generator that yields an `Evaluate` (model i,
+these tokens, logits for the last n) wherever it needs a model's logits, and receives them. A
+driver fulfils the request: at once for one completion (`Ensemble.stream`), or together with
+other completions' requests to the same model in one llama_decode call (`core.batch`). Which rows
+share a call never changes what is sampled.
+
 Positions: the token at position p is predicted by the logits a model computes after evaluating
 token p-1; we call those logits the model's *row* at p. A model whose cache holds n tokens has
 its row at every position up to n that decoding still needs.
@@ -19,23 +25,36 @@ The algorithms are stated in docs/algorithm.md (sections 2-5; CoS paper, Fu et a
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Generator, Sequence
 
 import numpy as np
 
 from ..errors import ConfigError
 from .combiners import Combiner
 from .sampling import Sampler, softmax
-from .speedmodel import AutoGamma, CallCosts
+from .speedmodel import AutoGamma
 from .text import TextAssembler
 from .verify import verify
 
-if TYPE_CHECKING:  # the core drives models through this interface only
-    from ..backend import Model
+if TYPE_CHECKING:  # a model's sequence, as the core reads it: its tokens, truncate(n), name
+    from ..backend import Slot
 
 METHODS = ("ensemble", "sd", "naive-cos", "cos")
+
+
+@dataclass(frozen=True)
+class Evaluate:
+    """A request to the driver: model `model` appends `tokens` to its sequence and answers with
+    the logits after the last `n_logits` of them ([n_logits, vocab])."""
+
+    model: int
+    tokens: list[int]
+    n_logits: int
+    prefill: bool = False  # a chunk of the prompt (before decoding starts)
+
+
+Step = Generator[Evaluate, np.ndarray, None]  # a round of decoding: its requests, their logits
 
 
 @dataclass(frozen=True)
@@ -75,11 +94,12 @@ class SpeculationStats:
 
 
 class Decoder:
-    """State of one completion, shared by all strategies."""
+    """State of one completion, shared by all strategies; `slots` are the completion's sequence
+    in each model's KV cache."""
 
     def __init__(
         self,
-        models: Sequence[Model],
+        slots: Sequence[Slot],
         combiner: Combiner,
         sampler: Sampler,
         rng: np.random.Generator,
@@ -91,9 +111,8 @@ class Decoder:
         on_commit: Callable[[int, Origin], None] | None = None,
         observer: AutoGamma | None = None,
         banned: Sequence[int] = (),
-        costs: CallCosts | None = None,
     ) -> None:
-        self.models = list(models)
+        self.slots = list(slots)
         self.combiner = combiner
         self.sampler = sampler
         self.rng = rng
@@ -107,19 +126,18 @@ class Decoder:
         self.rows: list[dict[int, np.ndarray]] = [{len(prompt): self._ban(row.copy())} for row in prompt_rows]
         # probs[i][p]: softmax of rows[i][p] at the sampling temperature, once computed: a draft
         # token's proposal and the combination at its position share it (see Combiner.mixes_probs)
-        self.probs: list[dict[int, np.ndarray]] = [{} for _ in self.models]
+        self.probs: list[dict[int, np.ndarray]] = [{} for _ in self.slots]
         self.max_length = max_length
         self.end_tokens = end_tokens
         self.text = text
         self.on_commit = on_commit
         self.observer = observer
-        self.costs = costs  # every llama_decode call's time is recorded here, by batch size
         self.origins: list[Origin] = []
         self.finish_reason: str | None = None
         self.end_token: int | None = None  # the end-of-generation token that ended the completion
         self.spec = SpeculationStats()
         # models r depends on; the others are evaluated only to draft (see Combiner.uses)
-        self.used = combiner.uses(len(self.models))
+        self.used = combiner.uses(len(self.slots))
         if len(self.committed) >= max_length:
             self.finish_reason = "length"
 
@@ -149,7 +167,7 @@ class Decoder:
         softmax belongs to its model's current row."""
         seq = self.sequence()
         assert len(seq) <= self.max_length, f"{len(seq)} committed+pending tokens exceed the limit {self.max_length}"
-        for m in self.models:
+        for m in self.slots:
             n = len(m.tokens)
             assert n <= len(seq), f"{m.name} holds {n} tokens, more than the {len(seq)} committed+pending"
             assert m.tokens == seq[:n], f"{m.name}'s KV cache holds tokens that are neither committed nor pending"
@@ -160,22 +178,18 @@ class Decoder:
                 assert np.array_equal(kept, fresh), f"the softmax kept for position {p} is stale"
 
     # --- model work ----------------------------------------------------------------------------
-    def catch_up(self, i: int, upto: int | None = None) -> None:
+    def catch_up(self, i: int, upto: int | None = None) -> Step:
         """Model i evaluates, in one batched call, every token of sequence()[:upto] its cache lacks
         (by default all of them, except a final end token: nothing follows it)."""
         seq = self.sequence()
         if upto is None:
             upto = len(seq) - (1 if self.draft_room() == 0 and self.pending else 0)
-        model = self.models[i]
-        have = len(model.tokens)
+        have = len(self.slots[i].tokens)
         if have >= upto:
             return
         # rows are needed for positions >= len(committed): the token at index k gives row k+1
         n_logits = upto - max(have, len(self.committed) - 1)
-        t0 = time.perf_counter()
-        logits = model.evaluate(seq[have:upto], n_logits)
-        if self.costs is not None:
-            self.costs.observe(i, upto - have, time.perf_counter() - t0)
+        logits = yield Evaluate(i, seq[have:upto], n_logits)
         first = upto - n_logits + 1
         self._ban(logits)
         rows, probs = self.rows[i], self.probs[i]
@@ -190,19 +204,19 @@ class Decoder:
 
     def rollback_model(self, i: int, length: int) -> None:
         """Drop model i's cache entries and rows beyond `length` tokens."""
-        self.models[i].truncate(length)
+        self.slots[i].truncate(length)
         for cache in (self.rows[i], self.probs[i]):
             for p in [p for p in cache if p > length]:
                 del cache[p]
 
     def rollback(self, length: int) -> None:
         """Roll every model back to the first `length` tokens (a rejection at position `length`)."""
-        for i in range(len(self.models)):
+        for i in range(len(self.slots)):
             self.rollback_model(i, length)
 
     def scored_by_all(self) -> int:
         """How many of the oldest pending tokens every model r uses has a row for."""
-        last = min(len(m.tokens) for m, used in zip(self.models, self.used) if used)  # rows up to here
+        last = min(len(m.tokens) for m, used in zip(self.slots, self.used) if used)  # rows up to here
         return max(0, min(last - len(self.committed) + 1, len(self.pending)))
 
     # --- distributions -------------------------------------------------------------------------
@@ -244,11 +258,11 @@ class Decoder:
         self.pending.append(Draft(token, i, q, bonus))
         return token
 
-    def draft(self, i: int, n: int, bonus: bool = False) -> None:
+    def draft(self, i: int, n: int, bonus: bool = False) -> Step:
         """Model i proposes up to n draft tokens, one at a time, catching up on each; it stops
         after an end token. With `bonus`, the first one counts as a bonus token."""
         for j in range(n):
-            self.catch_up(i)
+            yield from self.catch_up(i)
             if self.is_end(self.propose(i, bonus=bonus and j == 0)):
                 break
 
@@ -323,18 +337,18 @@ class Decoder:
 
 
 class Strategy:
-    """One decoding method; `step()` runs one round of its loop."""
+    """One decoding method; `step()` is one round of its loop (a generator of its requests)."""
 
     name = "strategy"
 
     def __init__(self, dec: Decoder) -> None:
         self.dec = dec
 
-    def step(self) -> None:
+    def step(self) -> Step:
         raise NotImplementedError
 
 
-def ensemble_step(dec: Decoder) -> None:
+def ensemble_step(dec: Decoder) -> Step:
     """One token the standard way: every model r uses evaluates it; the token is drawn from r.
 
     Under --gamma auto (an observer is set) this also measures, for free, how often each model
@@ -344,7 +358,7 @@ def ensemble_step(dec: Decoder) -> None:
     position = len(dec.committed)
     for i, used in enumerate(dec.used):
         if used:
-            dec.catch_up(i)
+            yield from dec.catch_up(i)
     r = dec.combined([position])[0]
     token = dec.sampler.draw(r, dec.rng)
     if dec.observer is not None:
@@ -364,8 +378,8 @@ class EnsembleDecoding(Strategy):
 
     name = "ensemble"
 
-    def step(self) -> None:
-        ensemble_step(self.dec)
+    def step(self) -> Step:
+        yield from ensemble_step(self.dec)
 
 
 class _DrafterStrategy(Strategy):
@@ -383,7 +397,6 @@ class _DrafterStrategy(Strategy):
         if self.auto and self.dec.observer is not None:
             self.drafter, self.gamma = self.dec.observer.choose(self.name)
             if self.gamma == 0:
-                ensemble_step(self.dec)
                 return False
         return True
 
@@ -397,18 +410,19 @@ class SpeculativeDecoding(_DrafterStrategy):
 
     name = "sd"
 
-    def step(self) -> None:
+    def step(self) -> Step:
         if not self.choose():
+            yield from ensemble_step(self.dec)
             return
         dec, d = self.dec, self.drafter
         n0 = len(dec.committed)
-        dec.draft(d, min(self.gamma, dec.budget() - 1))
+        yield from dec.draft(d, min(self.gamma, dec.budget() - 1))
         if dec.used[d]:
             # target pass: the drafter forgets its draft and scores it again, batched, like the others
             dec.rollback_model(d, n0)
         for i, used in enumerate(dec.used):
             if used:
-                dec.catch_up(i)
+                yield from dec.catch_up(i)
         if dec.verify_pending(len(dec.pending)) or dec.finished:
             return
         r = dec.combined([len(dec.committed)])[0]
@@ -421,15 +435,16 @@ class NaiveCoS(_DrafterStrategy):
 
     name = "naive-cos"
 
-    def step(self) -> None:
+    def step(self) -> Step:
         if not self.choose():
+            yield from ensemble_step(self.dec)
             return
         dec, d = self.dec, self.drafter
-        dec.draft(d, min(self.gamma, dec.budget()))
+        yield from dec.draft(d, min(self.gamma, dec.budget()))
         upto = len(dec.committed) + len(dec.pending) - 1  # rows at the draft positions, no further
         for i, used in enumerate(dec.used):
             if i != d and used:
-                dec.catch_up(i, upto)
+                yield from dec.catch_up(i, upto)
         dec.verify_pending(len(dec.pending))
 
 
@@ -455,25 +470,26 @@ class CoS(Strategy):
         self.turn = 0
         self.auto = auto
 
-    def step(self) -> None:
+    def step(self) -> Step:
         dec = self.dec
+        n = len(dec.slots)
         if self.auto and self.turn == 0 and not dec.pending and dec.observer is not None:
             proposer, gamma = dec.observer.choose("cos")
             if gamma == 0:
-                ensemble_step(dec)
+                yield from ensemble_step(dec)
                 return
-            self.order = [proposer] + [m for m in range(len(dec.models)) if m != proposer]
-            self.gammas = [gamma if m == proposer else 1 for m in range(len(dec.models))]
+            self.order = [proposer] + [m for m in range(n) if m != proposer]
+            self.gammas = [gamma if m == proposer else 1 for m in range(n)]
         i = self.order[self.turn]
         scored_others = bool(dec.pending)
-        dec.catch_up(i)
+        yield from dec.catch_up(i)
         k = dec.scored_by_all()
         if k and dec.verify_pending(k):
             self.turn = 0
             return
         if dec.finished:
             return
-        dec.draft(i, min(self.gammas[i], dec.draft_room()), bonus=scored_others)
+        yield from dec.draft(i, min(self.gammas[i], dec.draft_room()), bonus=scored_others)
         self.turn = (self.turn + 1) % len(self.order)
 
 

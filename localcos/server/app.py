@@ -76,7 +76,7 @@ async def health(request: Request) -> dict:
     return {
         "status": "ok",
         "model": s.served.alias,
-        "queue": {"running": s.engine.running is not None, "waiting": s.engine.waiting, "served": s.engine.served},
+        "queue": {"running": s.engine.running, "waiting": s.engine.waiting, "served": s.engine.served, "sequences": s.engine.sequences, "parallel": s.engine.parallel},
         "models": [_model_health(m) for m in s.served.ensemble.models],
     }
 
@@ -166,9 +166,12 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
 # --- answering ---------------------------------------------------------------------------------
 
 
-def _submit(engine: Engine, run: Any, finished: Any) -> Job:
+def _submit(s: ServerState, plan: protocol.Plan, finished: Any, on_text: Any = None) -> Job:
+    engine = s.engine
     try:
-        return engine.submit(run, finished)
+        slot = engine.scoring_slot
+        prepare = (lambda job: protocol.prepare(s.served, plan, job, slot)) if plan.echo and plan.max_tokens > 0 else None
+        return engine.submit(protocol.generations(plan), lambda job: protocol.finish(s.served, plan, job, slot), on_text, finished, prepare)
     except QueueFull as e:
         raise APIError(503, str(e), type="server_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
 
@@ -183,12 +186,10 @@ async def _answer(request: Request, s: ServerState, plan: protocol.Plan) -> Any:
         def emit(index: int, text: str) -> None:
             loop.call_soon_threadsafe(items.put_nowait, ("text", index, text))
 
-        job = _submit(
-            s.engine, lambda job: protocol.run(served, plan, job, emit), lambda: loop.call_soon_threadsafe(items.put_nowait, ("end", 0, ""))
-        )
+        job = _submit(s, plan, lambda: loop.call_soon_threadsafe(items.put_nowait, ("end", 0, "")), emit)
         return StreamingResponse(_events(request, served, plan, job, items), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     done = asyncio.Event()
-    job = _submit(s.engine, lambda job: protocol.run(served, plan, job), lambda: loop.call_soon_threadsafe(done.set))
+    job = _submit(s, plan, lambda: loop.call_soon_threadsafe(done.set))
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     try:
         await done.wait()
@@ -230,8 +231,16 @@ async def _events(request: Request, served: Served, plan: protocol.Plan, job: Jo
 
 
 def _model_health(model: Model) -> dict[str, Any]:
-    cached, kv = model.cache_state  # published by the engine thread: never a call into a busy context
-    health: dict[str, Any] = {"name": model.label, "cached_tokens": cached, "kv_positions": kv}
+    # published by the engine thread after its last call: never a call into a busy context
+    slots = [slot.cache_state for slot in model.slots]
+    health: dict[str, Any] = {
+        "name": model.label,
+        "cached_tokens": sum(t for t, _ in slots),  # every sequence's
+        "kv_positions": sum(k for _, k in slots),
+        "sequences": [t for t, _ in slots],
+        "calls": model.stats.calls,  # llama_decode calls so far, and the tokens they evaluated
+        "evaluated_tokens": model.stats.tokens,
+    }
     if isinstance(model, RemoteModel):
         health.update(rpc=model.servers, connected=model.connected)
     return health

@@ -13,10 +13,10 @@ from typing import Any, Callable, Sequence
 from ..chat import ChatFormatter, Message
 from ..ensemble import Completion, Ensemble, GenerationConfig
 from ..errors import Cancelled, ConfigError, LocalcosError, PromptTooLongError, RemoteError, TokenizerMismatchError
-from ..scoring import score_tokens
+from ..scoring import ScoreCache, score_tokens
 from ..settings import Settings
 from ..stats import GenerationStats
-from .engine import Job
+from .engine import Generation, Job
 from .requests import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationRequest
 
 
@@ -61,6 +61,7 @@ class Served:
     alias: str
     formatter: ChatFormatter | None  # None: the models carry no chat template
     created: int = field(default_factory=lambda: int(time.time()))
+    scores: ScoreCache = field(default_factory=ScoreCache)  # echo scoring's shared prefixes
 
 
 # --- planning requests ---------------------------------------------------------------------------
@@ -208,33 +209,45 @@ class Choice:
     logprobs: dict | None = None
 
 
-def run(served: Served, plan: Plan, job: Job, emit: Callable[[int, str], None] | None = None) -> list[Choice]:
-    """Generate every choice of `plan` (in the engine's thread); `emit(index, text)` hears each
-    piece of text as it becomes final (streaming)."""
-    ens = served.ensemble
+def generations(plan: Plan) -> list[Generation]:
+    """What the engine generates for `plan`: every prompt times n choices, in choice order."""
+    if plan.max_tokens == 0:
+        return []
+    out = []
+    for p, tokens in enumerate(plan.prompts):
+        for j in range(plan.n):
+            config = plan.config
+            if plan.n > 1 and config.seed is not None:
+                config = replace(config, seed=config.seed + j)  # n choices: n different draws
+            out.append(Generation(p * plan.n + j, tokens, config, plan.combiner))
+    return out
+
+
+def prepare(served: Served, plan: Plan, job: Job, slot: int) -> None:
+    """Before an echo request's generations (in the engine's thread): score its prompts, so the
+    generations share the prompts' cells and `finish` takes their scores from the cache,
+    evaluating only what was generated. A prompt that starts like one scored before (the same
+    context, another choice) costs only its new tokens."""
+    for tokens in plan.prompts:
+        if len(tokens) > 1:
+            score_tokens(served.ensemble, tokens, 1, combiners=[plan.combiner], members=False, top=max(plan.logprobs or 0, 1),
+                         cancelled=lambda: job.cancelled, slot=slot, reuse=served.scores)  # fmt: skip
+
+
+def finish(served: Served, plan: Plan, job: Job, slot: int) -> list[Choice]:
+    """The choices of a job whose generations are done (in the engine's thread): with echo or
+    logprobs, scored under r in slot `slot`. A cancelled job's choices are whatever was done."""
     choices = []
     for p, tokens in enumerate(plan.prompts):
         for j in range(plan.n):
             index = p * plan.n + j
-            if job.cancelled:
-                return choices
-            completion = None
-            config = plan.config
-            if plan.n > 1 and config.seed is not None:
-                config = replace(config, seed=config.seed + j)  # n choices: n different draws
-            if plan.max_tokens > 0:
-                stream = ens.stream(tokens, config=config, combiner=plan.combiner)
-                job.stream = stream
-                if job.cancelled:  # cancelled before job.stream was set: Job.cancel missed it
-                    stream.cancel()
-                for chunk in stream.chunks():
-                    if emit is not None and chunk.text:
-                        emit(index, chunk.text)
-                completion = stream.completion
+            completion = job.completions.get(index)
+            if plan.max_tokens > 0 and completion is None:
+                continue  # cancelled before it started
             choice = Choice(index, p, completion)
-            if plan.logprobs is not None or plan.echo:
+            if (plan.logprobs is not None or plan.echo) and not job.cancelled:
                 try:
-                    choice.logprobs = _logprobs(ens, plan, tokens, completion, lambda: job.cancelled)
+                    choice.logprobs = _logprobs(served, plan, tokens, completion, lambda: job.cancelled, slot)
                 except Cancelled:
                     return choices
             choices.append(choice)
@@ -252,16 +265,17 @@ def _piece(ens: Ensemble, token: int) -> str:
     return ens.models[0].piece(token, special=True).decode("utf-8", errors="replace")
 
 
-def _logprobs(ens: Ensemble, plan: Plan, prompt: list[int], completion: Completion | None, cancelled: Callable[[], bool]) -> dict:
+def _logprobs(served: Served, plan: Plan, prompt: list[int], completion: Completion | None, cancelled: Callable[[], bool], slot: int) -> dict:
     """Log-probabilities under r at temperature 1: of the prompt's tokens too with echo (the
     first one has none), and of the generated ones; `top` alternatives per position. Raises
     `Cancelled` when `cancelled()` turns true between two llama.cpp calls."""
+    ens = served.ensemble
     generated = _generated(completion)
     tokens = prompt + generated
     start = 1 if plan.echo else len(prompt)
     top = plan.logprobs or 0
     if len(tokens) > start:
-        scores = score_tokens(ens, tokens, start, combiners=[plan.combiner], members=False, top=max(top, 1), cancelled=cancelled)
+        scores = score_tokens(ens, tokens, start, combiners=[plan.combiner], members=False, top=max(top, 1), cancelled=cancelled, slot=slot, reuse=served.scores)
         values = [float(x) for x in scores.logprobs]
         tops = scores.top or []
     else:

@@ -16,9 +16,12 @@ import os
 import platform
 import resource
 import sys
+import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Sequence
+
+import numpy as np
 
 from ..core.combiners import WeightedEnsemble
 from ..core.speedmodel import expected_speedup
@@ -157,6 +160,93 @@ def run_benchmark(
     if progress:
         progress(done, total, "done")
     return runs
+
+
+@dataclass
+class ThroughputRow:
+    """Aggregate speed of `sequences` generations decoded together (`Batch`), one configuration."""
+
+    method: str
+    gamma: int | str | None
+    temperature: float
+    sequences: int
+    tokens: int
+    seconds: float
+    calls: list[int]  # llama_decode calls per model
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def run_throughput(
+    ens: Ensemble,
+    prompts: Sequence[tuple[str, str | Sequence[int]]],
+    configs: Sequence[Config],
+    temperatures: Sequence[float],
+    levels: Sequence[int],
+    *,
+    max_tokens: int = 64,
+    rounds: int = 2,
+    seed: int = 0,
+    proposer: int | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> list[ThroughputRow]:
+    """Aggregate tokens/s with 1, 2, 4, ... sequences decoded together (`levels`; the ensemble is
+    loaded with parallel >= max(levels)): each level decodes as many sequences as it allows, over
+    `rounds` passes in which every level runs once, interleaved, so the ratios are measured side
+    by side. Every sequence takes its own prompt (the prompts in turn)."""
+    from ..batch import Batch
+    from ..ensemble import GenerationConfig
+
+    ens.generate(prompts[0][1], method="ensemble", max_tokens=8, temperature=0, ignore_eos=True)  # warm up
+    rows: dict[tuple, ThroughputRow] = {}
+    total = rounds * len(temperatures) * len(configs) * len(levels)
+    done = 0
+    for r in range(rounds):
+        for temperature in temperatures:
+            for config in configs:
+                for level in levels:
+                    if progress:
+                        progress(done, total, f"T={temperature:g} {config.label} x{level}")
+                    batch = Batch(ens, slots=range(level))
+                    calls0 = [m.stats.calls for m in ens.models]
+                    queue = list(range(level))
+                    tokens = 0
+                    t0 = time.perf_counter()
+                    while queue or batch.live:
+                        while queue and batch.free:
+                            k = queue.pop(0)
+                            prompt = prompts[(k + r) % len(prompts)][1]
+                            tokenized = ens.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+                            settings = GenerationConfig(method=config.method, gamma=config.gamma, proposer=proposer, temperature=temperature,
+                                                        max_tokens=max_tokens, seed=seed + k, ignore_eos=True)  # fmt: skip
+                            batch.add(tokenized, settings, None, np.random.default_rng(seed + k + 1000 * r))
+                        for finished in batch.round():
+                            tokens += len(finished.completion.token_ids)
+                    seconds = time.perf_counter() - t0
+                    key = (config.method, config.gamma, temperature, level)
+                    row = rows.setdefault(key, ThroughputRow(config.method, config.gamma, temperature, level, 0, 0.0, [0] * len(ens.models)))
+                    row.tokens += tokens
+                    row.seconds += seconds
+                    row.calls = [c + m.stats.calls - c0 for c, m, c0 in zip(row.calls, ens.models, calls0)]
+                    done += 1
+    if progress:
+        progress(done, total, "done")
+    return list(rows.values())
+
+
+def format_throughput(rows: Sequence[ThroughputRow], names: Sequence[str]) -> str:
+    """The throughput table: aggregate tokens/s per number of sequences, and its ratio to one."""
+    lines = [f"{'method':<11}{'gamma':>6}{'T':>5}{'seqs':>6}{'tok/s':>9}{'vs 1':>7}{'calls/tok':>16}"]
+    one = {(r.method, r.gamma, r.temperature): r.tokens_per_second for r in rows if r.sequences == 1}
+    for r in sorted(rows, key=lambda r: (r.temperature, r.method != "ensemble", r.method, str(r.gamma), r.sequences)):
+        base = one.get((r.method, r.gamma, r.temperature))
+        calls = "/".join(f"{c / r.tokens:.2f}" if r.tokens else "-" for c in r.calls)
+        ratio = f"{r.tokens_per_second / base:.2f}x" if base else "-"
+        lines.append(f"{r.method:<11}{'-' if r.gamma is None else str(r.gamma):>6}{r.temperature:>5g}{r.sequences:>6}{r.tokens_per_second:>9.1f}{ratio:>7}{calls:>16}")
+    lines.append(f"(calls/tok: llama_decode calls per generated token, {' / '.join(names)})")
+    return "\n".join(lines)
 
 
 def summarize(runs: Sequence[Run], proposer: int, n_models: int, largest_model: int | None = None) -> list[Row]:

@@ -51,7 +51,7 @@ class ServeProcess:
     answers) when the constructor returns, within `start_timeout` seconds. Its stdout and stderr
     are pipes, read when it stops."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, start_timeout: float = 90.0) -> None:
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, start_timeout: float = 90.0, cwd: str | None = None) -> None:
         import httpx
 
         self.port = free_port()
@@ -62,6 +62,7 @@ class ServeProcess:
             stderr=subprocess.PIPE,
             text=True,
             env=None if env is None else {**os.environ, **env},
+            cwd=cwd,
         )
         deadline = time.monotonic() + start_timeout
         while True:  # bounded: until /health answers, the process exits, or the deadline
