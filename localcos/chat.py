@@ -10,8 +10,8 @@ Models of one ensemble may carry different templates; one designated model's tem
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 from .backend import tokenize_alike
 from .errors import ConfigError, PromptTooLongError
@@ -19,18 +19,39 @@ from .errors import ConfigError, PromptTooLongError
 
 @dataclass(frozen=True)
 class Message:
-    role: str  # "system" | "user" | "assistant"
+    role: str  # "system" | "user" | "assistant" | "tool"
     content: str
+    # an assistant's tool calls ({"name", "arguments"} each), a tool result's call id
+    tool_calls: tuple[dict[str, Any], ...] = field(default=())
+    tool_call_id: str | None = None
+
+    def as_template_input(self) -> dict[str, Any]:
+        """The message as chat templates read it (Hugging Face's convention)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [{"type": "function", "function": call} for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
-def render(template: str, messages: Sequence[Message], *, bos_token: str, eos_token: str, add_generation_prompt: bool = True) -> str:
-    """Render a chat template (Jinja2) for `messages`, as llama-cpp-python does."""
+def render(
+    template: str,
+    messages: Sequence[Message],
+    *,
+    bos_token: str,
+    eos_token: str,
+    add_generation_prompt: bool = True,
+    tools: Sequence[dict[str, Any]] | None = None,
+) -> str:
+    """Render a chat template (Jinja2) for `messages` (and the `tools` it may describe, OpenAI's
+    function definitions), as llama-cpp-python does."""
     import jinja2
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     try:
         formatter = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=add_generation_prompt)
-        return formatter(messages=[{"role": m.role, "content": m.content} for m in messages]).prompt
+        return formatter(messages=[m.as_template_input() for m in messages], tools=list(tools) if tools else None).prompt
     except jinja2.TemplateError as e:
         raise ConfigError(f"cannot render the chat template: {e}") from None
     except ValueError as e:  # the template's raise_exception(...)
@@ -66,16 +87,16 @@ class ChatFormatter:
         self.bos = self.model.token_text(self.model.bos).decode("utf-8", errors="replace") if self.model.bos >= 0 else ""
         self.eos = self.model.token_text(self.model.eos).decode("utf-8", errors="replace") if self.model.eos >= 0 else ""
 
-    def text(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        return render(self.template, messages, bos_token=self.bos, eos_token=self.eos, add_generation_prompt=add_generation_prompt)
+    def text(self, messages: Sequence[Message], add_generation_prompt: bool = True, tools: Sequence[dict[str, Any]] | None = None) -> str:
+        return render(self.template, messages, bos_token=self.bos, eos_token=self.eos, add_generation_prompt=add_generation_prompt, tools=tools)
 
-    def tokens(self, messages: Sequence[Message]) -> list[int]:
+    def tokens(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
         """Prompt tokens for the conversation; identical for every model or an error.
 
         Special tokens in the rendered text (<|im_start|> ...) are parsed as special tokens; BOS
         is added as each model's metadata says unless the template already wrote it.
         """
-        text = self.text(messages)
+        text = self.text(messages, tools=tools)
         add_bos = None if not (self.bos and text.startswith(self.bos)) else False
         return tokenize_alike(self.ensemble.models, text, what="the chat prompt", add_bos=add_bos, special=True)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Generator, Iterator, Sequence
@@ -22,11 +23,13 @@ from .backend import Model, RemoteModel, shared_vocab_size, tokenize_alike
 from .backend.worker import layers_to_offload
 from .core.combiners import Combiner, WeightedEnsemble
 from .core.decoding import METHODS, Decoder, Evaluate, Origin, make_strategy
+from .core.lookup import LOOKUP_MODES, ContextIndex, LookupOutcomes, LookupSettings, LookupState
 from .core.hostmem import keep_freed_memory
 from .core.sampling import Sampler
-from .core.speedmodel import AutoGammaControllers, CallCosts
+from .core.speedmodel import AutoGammaControllers, CallCosts, PlannedCosts
 from .core.text import TextAssembler
 from .errors import ConfigError, PromptTooLongError
+from .grammar import Constraint, Matcher, Vocabulary, json_object
 from .scoring import Loglikelihood, Scores, loglikelihood, score_tokens
 from .stats import GenerationStats, ModelRunStats
 
@@ -54,7 +57,14 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     gamma: Gamma = None  # None: from the models' size ratio; "auto": chosen online
-    proposer: int | None = None  # None: the model with the fewest parameters
+    proposer: int | str | None = None  # None: the model with the fewest parameters; "lookup": the context
+    lookup: str = "auto"  # drafts looked up in the context: auto, on or off (cos, and proposer "lookup")
+    lookup_ngram: tuple[int, int] = (3, 12)  # the shortest and longest suffix looked up
+    lookup_tokens: int = 16  # the most looked-up tokens a draft takes
+    # structured output (localcos.grammar): at most one of them
+    json_schema: Constraint | None = None
+    grammar: Constraint | None = None
+    json_object: bool = False
     check_invariants: bool = False  # assert the KV-cache invariant every round (tests)
 
     def __post_init__(self) -> None:
@@ -64,8 +74,22 @@ class GenerationConfig:
             raise ConfigError(f"max tokens must be an integer >= 1, got {self.max_tokens!r}")
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
-        if self.proposer is not None and (not _is_int(self.proposer) or self.proposer < 0):
-            raise ConfigError(f"proposer must be a model index >= 0, got {self.proposer!r}")
+        if self.proposer is not None and self.proposer != "lookup" and (not _is_int(self.proposer) or self.proposer < 0):
+            raise ConfigError(f"proposer must be a model index >= 0 or 'lookup', got {self.proposer!r}")
+        if self.lookup not in LOOKUP_MODES:
+            raise ConfigError(f"lookup must be one of {', '.join(LOOKUP_MODES)}, got {self.lookup!r}")
+        if self.proposer == "lookup" and self.lookup == "off":
+            raise ConfigError("the lookup proposer needs lookup on or auto")
+        low, high = self.lookup_ngram
+        if not (_is_int(low) and _is_int(high) and 1 <= low <= high):
+            raise ConfigError(f"lookup n-gram sizes must be integers with 1 <= min <= max, got {self.lookup_ngram}")
+        if not _is_int(self.lookup_tokens) or self.lookup_tokens < 1:
+            raise ConfigError(f"lookup tokens must be an integer >= 1, got {self.lookup_tokens!r}")
+        given = [name for name in ("json_schema", "grammar", "json_object") if getattr(self, name)]
+        if len(given) > 1:
+            raise ConfigError(f"give one constraint, not {' and '.join(given)}")
+        if given and self.ignore_eos:
+            raise ConfigError("a constraint ends the text where it is complete: leave out ignore_eos")
         if not all(isinstance(s, str) for s in self.stop):
             raise ConfigError("stop strings must be strings")
         g = self.gamma
@@ -80,6 +104,13 @@ class GenerationConfig:
 
     def sampler(self) -> Sampler:
         return Sampler(self.temperature, self.top_k, self.top_p, self.min_p)
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """What the text must be (structured output), if anything."""
+        if self.json_object:
+            return json_object()
+        return self.json_schema or self.grammar
 
 
 def _is_int(x: object) -> bool:
@@ -152,6 +183,12 @@ class Stream:
                 yield chunk.text
 
 
+def _on_gpu(model: Model) -> bool:
+    """Whether llama.cpp put some of the model's layers on an accelerator ("N/M" offloaded)."""
+    offloaded = getattr(model, "offloaded", None)
+    return bool(offloaded) and not str(offloaded).startswith("0/")
+
+
 class Ensemble:
     """Two or more GGUF models sharing one tokenizer, decoded together.
 
@@ -175,7 +212,12 @@ class Ensemble:
         self._combiner = self.bind(combiner or WeightedEnsemble())
         # every llama_decode call is timed into this; --gamma auto and the speedup estimate read it
         self.call_costs = CallCosts(self.n_params)
+        # costs decided on without timing (lookup's auto mode when --gamma is not auto)
+        self.planned_costs = PlannedCosts(self.n_params, [_on_gpu(m) for m in self.models])
         self._auto = AutoGammaControllers(self.call_costs)
+        self._lookups: dict[tuple, LookupOutcomes] = {}  # how lookup drafts fare, per setting
+        self._vocabulary: Vocabulary | None = None  # the constraints' view of the vocabulary
+        self._vocabulary_lock = threading.Lock()
 
     @classmethod
     def load(
@@ -296,6 +338,13 @@ class Ensemble:
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.models[0].detokenize(tokens)
+
+    def vocabulary(self) -> Vocabulary:
+        """The vocabulary as constraints see it (built once, on first use; any thread)."""
+        with self._vocabulary_lock:
+            if self._vocabulary is None:
+                self._vocabulary = Vocabulary(self.models[0], self.n_vocab, sorted(self.end_tokens))
+            return self._vocabulary
 
     # --- scoring -----------------------------------------------------------------------------------
     def score(self, text: str | Sequence[int], *, combiner: Combiner | None = None, members: bool = True) -> Scores:
@@ -462,6 +511,13 @@ class Ensemble:
             events.append(TokenEvent(token, token_text(token), origin))
 
         auto = config.gamma == "auto" and config.method != "ensemble"
+        lookup = None
+        if config.lookup != "off" and (config.method == "cos" or (config.method != "ensemble" and config.proposer == "lookup")):
+            lookup_settings = LookupSettings(config.lookup, *config.lookup_ngram, config.lookup_tokens)
+            # learnt across generations only where timing already steers (--gamma auto): otherwise
+            # each completion starts from the prior, so a seed pins it whatever ran before
+            outcomes = self._lookups.setdefault((combiner.describe(), sampler), LookupOutcomes()) if auto else LookupOutcomes()
+            lookup = LookupState(lookup_settings, ContextIndex(prompt, self.n_ctx), outcomes)
         dec = Decoder(
             slots,
             combiner,
@@ -475,6 +531,10 @@ class Ensemble:
             text=text,
             on_commit=on_commit,
             observer=self._auto.get((config.method, combiner.describe(), sampler), combiner.uses(len(self.models))) if auto else None,
+            lookup=lookup,
+            # measured costs only where choices already follow timing: otherwise a seed pins the output
+            costs=self.call_costs if auto else self.planned_costs,
+            constraint=Matcher(self.vocabulary(), config.constraint) if config.constraint is not None else None,
         )
         strategy, gammas, proposer = make_strategy(dec, config.method, config.gamma, config.proposer, self.n_params)
         while not dec.finished:
@@ -514,6 +574,8 @@ class Ensemble:
             rejected=spec.rejected,
             verifications=spec.verifications,
             bonus=spec.bonus,
+            lookup_proposed=spec.lookup_proposed,
+            lookup_accepted=spec.lookup_accepted,
             gamma=gammas,
             proposer=proposer,
             seed=config.seed,

@@ -22,8 +22,10 @@ from .backend import MIN_CTX
 from .backend.worker import layers_to_offload
 from .core.combiners import Combiner, CustomCombiner, custom_name, load_function, make_combiner
 from .core.decoding import METHODS
+from .core.lookup import LOOKUP_MODES
 from .ensemble import Gamma, GenerationConfig
 from .errors import ConfigError
+from .grammar import Constraint
 
 if TYPE_CHECKING:
     from .backend.rpc import Endpoint
@@ -240,6 +242,45 @@ def parse_served_combine(value: Any, what: str) -> str:
     raise ConfigError(f"{what} must be one of {', '.join(COMBINERS)}, got {value!r}")
 
 
+def parse_proposer(value: Any, what: str) -> int | str:
+    """A proposer: a model index >= 0, or "lookup" (drafts looked up in the context)."""
+    if isinstance(value, str) and value.strip() == "lookup":
+        return "lookup"
+    try:
+        return parse_int(value, what, minimum=0)
+    except ConfigError:
+        raise ConfigError(f"{what} must be a model index >= 0 or lookup, got {value!r}") from None
+
+
+def parse_ngram_sizes(value: Any, what: str) -> tuple[int, int]:
+    """MIN,MAX: 1 <= MIN <= MAX (one value: both)."""
+    sizes = parse_ints(value, what, minimum=1)
+    if len(sizes) == 1:
+        sizes = (sizes[0], sizes[0])
+    if len(sizes) != 2 or sizes[0] > sizes[1]:
+        raise ConfigError(f"{what} must be MIN,MAX with 1 <= MIN <= MAX, got {value!r}")
+    return sizes[0], sizes[1]
+
+
+def parse_json_schema(value: Any, what: str) -> Constraint:
+    """A JSON schema: a file, JSON text, or (from JSON) the schema object itself; compiled and
+    checked here, before any model is loaded."""
+    from .grammar import json_schema, read_source
+
+    if isinstance(value, Constraint):
+        return value
+    return json_schema(value if isinstance(value, dict) else read_source(value, what), what)
+
+
+def parse_grammar(value: Any, what: str) -> Constraint:
+    """A GBNF grammar (a file or its text), compiled and checked here."""
+    from .grammar import gbnf, read_source
+
+    if isinstance(value, Constraint):
+        return value
+    return gbnf(read_source(value, what), what)
+
+
 def _str(value: Any, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{what} must be a non-empty string, got {value!r}")
@@ -290,6 +331,8 @@ class Option:
             return format_gamma(value)
         if self.name == "rpc":
             return format_rpc(value)
+        if isinstance(value, Constraint):
+            return value.source
         if isinstance(value, (list, tuple)):
             return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
         if isinstance(value, float):
@@ -361,7 +404,17 @@ _OPTIONS = [
             "proposal length: one value (the proposer's; others 1), one per model, or auto (chosen online from measured "
             "acceptance and call times; the output then depends on timing, not only on --seed). Default: from the models' size ratio",
             metavar="G"),
-    _option("proposer", "--proposer", "method", "generation", _at_least(0), "index of the default proposer (default: the cheapest model)", metavar="I"),
+    _option("proposer", "--proposer", "method", "generation", parse_proposer,
+            "index of the default proposer (default: the cheapest model), or lookup: drafts looked up in the context only",
+            metavar="I|lookup"),
+    _option("lookup", "--lookup", "method", "generation", _choice(LOOKUP_MODES),
+            "cos also verifies drafts looked up in the context (no model call; their rows ride in the calls made anyway): "
+            "on, off, or auto (only when their rows are expected to cost less than the tokens they save)", default="auto",
+            choices=LOOKUP_MODES),
+    _option("lookup_ngram", "--lookup-ngram", "method", "generation", parse_ngram_sizes,
+            "the shortest and the longest suffix of the text looked up earlier in it", default=(3, 12), metavar="MIN,MAX"),
+    _option("lookup_tokens", "--lookup-tokens", "method", "generation", _at_least(1), "the most looked-up tokens one draft takes",
+            default=16, metavar="N"),
     _option("temperature", ("--temperature", "-t"), "sampling", "generation", lambda v, what: parse_float(v, what, minimum=0),
             "0 = greedy", default=1.0, metavar="T"),
     _option("top_k", "--top-k", "sampling", "generation", _at_least(0), "keep the k most likely tokens; 0 = off", default=0, metavar="K"),
@@ -373,6 +426,12 @@ _OPTIONS = [
     _option("max_tokens", "--max-tokens", "output", "generation", _at_least(1), "tokens to generate at most", default=128, metavar="N"),
     _option("stop", "--stop", "output", "generation", parse_strings, "stop at this string (repeatable)", default=(), repeat=True, metavar="STR"),
     _option("ignore_eos", "--ignore-eos", "output", "generation", parse_bool, "never stop at (or sample) end-of-generation tokens",
+            default=False, switch=True),
+    _option("json_schema", "--json-schema", "output", "generation", parse_json_schema,
+            "structured output: only JSON valid under this schema (a file, or the schema itself)", metavar="FILE|JSON"),
+    _option("grammar", "--grammar", "output", "generation", parse_grammar,
+            "structured output: only text of this GBNF grammar, llama.cpp's format (a file, or the grammar itself)", metavar="FILE|GBNF"),
+    _option("json_object", "--json-object", "output", "generation", parse_bool, "structured output: one JSON object, any",
             default=False, switch=True),
     # chat formatting
     _option("chat_template_model", "--chat-template-model", "chat", "chat", _at_least(0),
@@ -518,7 +577,7 @@ def check_for_models(
             what = name if json else OPTIONS[name].flag
             raise ConfigError(f"{what} must be a model index from 0 to {n - 1}, got {value}", param=name)
 
-    index("proposer", generation.proposer)
+    index("proposer", generation.proposer if isinstance(generation.proposer, int) else None)
     index("expert", combine.expert)
     index("chat_template_model", chat_template_model)
     if generation.method != "ensemble" and n < 2:

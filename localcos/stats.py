@@ -12,6 +12,8 @@ Words, the same in code, JSON and the README:
                  one token from the residual distribution)
   verifications  verification passes
   bonus          bonus tokens committed (sampled by a model right after scoring others' drafts)
+  lookup_proposed, lookup_accepted
+                 of the draft tokens: those looked up in the context (no model call)
   calls          llama_decode calls, per model
 """
 
@@ -48,6 +50,8 @@ class GenerationStats:
     rejected: int = 0
     verifications: int = 0
     bonus: int = 0
+    lookup_proposed: int = 0
+    lookup_accepted: int = 0
     gamma: list[int] | None = None  # proposal length per model (None: ensemble, or chosen online)
     proposer: int | None = None
     seed: int | None = None
@@ -91,6 +95,11 @@ class GenerationStats:
         return self.accepted / self.tested if self.tested else None
 
     @property
+    def lookup_acceptance(self) -> float | None:
+        """Looked-up draft tokens accepted / proposed."""
+        return self.lookup_accepted / self.lookup_proposed if self.lookup_proposed else None
+
+    @property
     def mean_accepted(self) -> float | None:
         """Accepted draft tokens per verification pass."""
         return self.accepted / self.verifications if self.verifications else None
@@ -132,7 +141,10 @@ class GenerationStats:
         for s in stats:
             for k, v in s.finish_reasons.items():
                 reasons[k] = reasons.get(k, 0) + v
-        counters = ("completions", "tokens", "seconds", "prompt_tokens", "prompt_seconds", "proposed", "accepted", "rejected", "verifications", "bonus")
+        counters = (
+            "completions", "tokens", "seconds", "prompt_tokens", "prompt_seconds", "proposed", "accepted", "rejected", "verifications",
+            "bonus", "lookup_proposed", "lookup_accepted",
+        )  # fmt: skip
         totals = {k: sum(getattr(s, k) for s in stats) for k in counters}
         ensemble = None if any(s.ensemble_llama_seconds is None for s in stats) else sum(s.ensemble_llama_seconds or 0.0 for s in stats)
         return replace(first, models=models, finish_reasons=reasons, ensemble_llama_seconds=ensemble, **totals)
@@ -149,6 +161,7 @@ class GenerationStats:
             "calls",
             "tokens_per_second",
             "acceptance_rate",
+            "lookup_acceptance",
             "mean_accepted",
             "calls_per_token",
             "speedup_estimate",
@@ -166,6 +179,8 @@ class GenerationStats:
         if self.acceptance_rate is not None:
             parts.append(f"acceptance {self.acceptance_rate:.0%} ({self.accepted}/{self.tested})")
             parts.append(f"mean accepted {self.mean_accepted:.2f}")
+        if self.lookup_proposed:
+            parts.append(f"looked up {self.lookup_accepted}/{self.lookup_proposed}")
         parts.append("calls " + "/".join(str(c) for c in self.calls))
         if self.host_fraction is not None:
             parts.append(f"host {self.host_fraction:.0%}")

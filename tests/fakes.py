@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -59,7 +59,8 @@ class FakeModel(OwnSlot):
         return token == self.eos
 
     def token_text(self, token: int) -> bytes:
-        return f"<{token}>".encode()
+        """Letters: token 0 is "a", 1 "b", ... (one byte each: a grammar reads them)."""
+        return bytes([ord("a") + token])
 
     def vocab_fingerprint(self, n: int | None = None) -> str:
         return f"fake-{self.n_vocab if n is None else n}"
@@ -77,15 +78,23 @@ class FakeModel(OwnSlot):
         pass
 
 
-def exact_joint(models: Sequence[FakeModel], combiner, sampler, prompt: Sequence[int], length: int) -> dict[tuple, float]:
-    """Exact probability of every continuation of `length` tokens under r."""
+def exact_joint(
+    models: Sequence[FakeModel], combiner, sampler, prompt: Sequence[int], length: int, allowed: Callable[[tuple, int], bool] | None = None
+) -> dict[tuple, float]:
+    """Exact probability of every continuation of `length` tokens under r; with `allowed`
+    (whether a token may follow a prefix), under r restricted to the allowed tokens and
+    renormalised, as a constraint restricts it."""
     probs: dict[tuple, float] = {}
     for seq in itertools.product(range(models[0].n_vocab), repeat=length):
         p = 1.0
         ctx = list(prompt)
-        for t in seq:
+        for k, t in enumerate(seq):
             rows = [m.logits_after(ctx)[None, :] for m in models]
-            r = sampler.finalize(combiner.combine(rows, sampler.softmax_temperature))[0]
+            r = combiner.combine(rows, sampler.softmax_temperature)[0].astype(np.float64)
+            if allowed is not None:
+                r = np.where([allowed(seq[:k], x) for x in range(len(r))], r, 0.0)
+                r /= r.sum()
+            r = sampler.finalize(r)
             p *= r[t]
             if p == 0:
                 break

@@ -187,7 +187,7 @@ def test_errors_have_openai_shape_and_status(server):
         (post("/v1/completions", content=(b"x" * (1 << 20) for _ in range(17)), headers={"content-type": "application/json"}), 413, None),
         (post("/v1/completions", content=b'{"prompt": "x"}', headers={"content-type": "text/plain"}), 415, None),
         (post("/v1/completions", json={"prompt": "x", "combine": "this:x"}), 400, "combine"),
-        (post("/v1/completions", json={"prompt": "x", "response_format": {"type": "json_object"}}), 400, "response_format"),
+        (post("/v1/completions", json={"prompt": "x", "response_format": {"type": "xml"}}), 400, "response_format"),
         (post("/v1/completions", json={"prompt": "x", "frobnicate": 1}), 400, "frobnicate"),
         (post("/tokenize", json={"prompt": 5}), 400, "prompt"),
         (post("/detokenize", json={"tokens": [1, 10**9]}), 400, "tokens"),

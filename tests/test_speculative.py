@@ -155,11 +155,11 @@ def test_sampled_tokens_follow_the_combined_distribution(models, model_dir, case
     check_sampling(case, paths, comb, sampling, methods)
 
 
-def check_sampling(case, paths, comb, sampling, methods, n_completions=N_COMPLETIONS, **load_options):
+def check_sampling(case, paths, comb, sampling, methods, n_completions=N_COMPLETIONS, generation=None, prompt="The river runs past the old mill", **load_options):
     """N 3-token completions per (method, gamma): token 1, and tokens 2 and 3 after the two most
     common prefixes, each follow r computed from fresh local models (a chi-square bound from
-    `statcheck`). `load_options` go to `Ensemble.load` (such as `rpc`)."""
-    prompt = "The river runs past the old mill"
+    `statcheck`). `generation`: more generation settings (lookup ...); `load_options` go to
+    `Ensemble.load` (such as `rpc`)."""
     sampler = Sampler(**sampling)
     with Ensemble.load(paths, comb, n_ctx=256, **load_options) as ens:
         prompt_tokens = ens.tokenize(prompt)
@@ -171,7 +171,7 @@ def check_sampling(case, paths, comb, sampling, methods, n_completions=N_COMPLET
         for k, (method, gamma) in enumerate(methods):
             what = f"{case}/{method}" + (f"(gamma {gamma})" if gamma else "")
             outs = ens.generate_many(
-                prompt, n_completions, method=method, gamma=gamma, max_tokens=3, seed=1000 + k, ignore_eos=True, **sampling
+                prompt, n_completions, method=method, gamma=gamma, max_tokens=3, seed=1000 + k, ignore_eos=True, **sampling, **(generation or {})
             )
             seqs = [tuple(o.token_ids) for o in outs]
             assert all(len(s) == 3 for s in seqs)
@@ -187,6 +187,7 @@ def check_sampling(case, paths, comb, sampling, methods, n_completions=N_COMPLET
                         continue
                     following = Counter(s[depth] for s in seqs if s[:depth] == prefix)
                     assert_matches(following, exact(prefix), f"{what} token {depth + 1} after {prefix}")
+        return outs
 
 
 # --- rollback ---------------------------------------------------------------------------------------

@@ -28,8 +28,12 @@ FORM = (
     "seed",
     "gamma",
     "proposer",
+    "lookup",
     "max_tokens",
     "ignore_eos",
+    "json_object",
+    "json_schema",
+    "grammar",
 )
 
 

@@ -16,6 +16,7 @@ from localcos.stats import GenerationStats
 # Colours of token origins; drafts take the colour of the model that proposed them.
 MODEL_STYLES = ["green", "cyan", "magenta", "blue"]
 BONUS_STYLE = "bold yellow"
+LOOKUP_STYLE = "underline bright_white"
 RESAMPLE_STYLE = "bold red"
 SAMPLE_STYLE = ""
 
@@ -25,6 +26,8 @@ def origin_style(origin: Origin) -> str:
         return MODEL_STYLES[origin.model % len(MODEL_STYLES)]
     if origin.kind == "bonus":
         return BONUS_STYLE
+    if origin.kind == "lookup":
+        return LOOKUP_STYLE
     if origin.kind == "resample":
         return RESAMPLE_STYLE
     return SAMPLE_STYLE
@@ -124,6 +127,7 @@ class StatsPanel(Static):
             ("tokens", str(tokens)),
             ("acceptance", _fmt(s.acceptance_rate if s else None, ".0%")),
             ("mean accepted", _fmt(s.mean_accepted if s else None, ".2f")),
+            ("looked up", f"{s.lookup_accepted}/{s.lookup_proposed}" if s and s.lookup_proposed else "-"),
             ("calls/token", _fmt(s.calls_per_token if s else None, ".2f")),
             ("speedup (est.)", _fmt(speedup, ".2f", "x")),
             ("context", self.context),
@@ -162,6 +166,8 @@ class Legend(Static):
             text.append(f"draft of {name[:20]}\n")
         text.append("■ ", style=BONUS_STYLE)
         text.append("bonus token\n")
+        text.append("■ ", style=LOOKUP_STYLE)
+        text.append("looked up in the context\n")
         text.append("■ ", style=RESAMPLE_STYLE)
         text.append("resampled after a rejection\n")
         text.append("■ ", style="white")

@@ -29,6 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--sweep", help="a grid: weights=0:1:0.1 (the first model's weight), mu=0,0.05,0.1,0.2 or plausibility=0.05,0.1"
     )
     add_options(p, ["models", "hardware", "combination"], exclude={"synthetic", "synthetic_dtype"})
+    refused = p.add_argument_group("not for score")
+    for flag in ("--json-schema", "--grammar", "--json-object"):
+        refused.add_argument(flag, dest=f"refused_{flag[2:].replace('-', '_')}", nargs="?", const=True, default=None,
+                             help="structured output constrains generation; score measures the models' own distributions")  # fmt: skip
     out = p.add_argument_group("output")
     out.add_argument("--json", help="write every figure as JSON")
     out.add_argument("--csv", help="write the table as CSV")
@@ -40,6 +44,11 @@ def run(args: argparse.Namespace) -> int:
     from ..tools import score
     from ..tools.bench import RssSampler, current_rss_mb
 
+    given = [flag for flag in ("json_schema", "grammar", "json_object") if getattr(args, f"refused_{flag}") is not None]
+    if given:
+        raise ConfigError(
+            f"score measures the models' own distributions, unconstrained: --{given[0].replace('_', '-')} is for generate, chat and serve"
+        )
     if bool(args.file) == bool(args.choices):
         raise ConfigError("give --file TEXT (perplexity) or --choices FILE.jsonl (accuracy)")
     if args.file:

@@ -6,6 +6,11 @@ distribution r at given positions, proposing a draft token, verifying pending dr
 verifier in `verify.py`), committing tokens (stop conditions, text), and rolling every KV cache
 back after a rejection. Each strategy is a small class whose `step()` is one round of its loop.
 
+A constraint (structured output, `localcos.grammar`) is a token mask that depends on the tokens
+so far: it is applied to r (renormalised) and to every proposer's distribution at every draft
+position, the matcher following the committed and pending tokens and rolling back with them, so
+the accept/residual step is exact for the constrained r, for every method.
+
 The core never calls llama.cpp itself: a step is a generator that yields an `Evaluate` (model i,
 these tokens, logits for the last n) wherever it needs a model's logits, and receives them. A
 driver fulfils the request: at once for one completion (`Ensemble.stream`), or together with
@@ -32,6 +37,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .combiners import Combiner
+from .lookup import LookupState, worth_drafting
 from .sampling import Sampler, softmax
 from .speedmodel import AutoGamma
 from .text import TextAssembler
@@ -39,8 +45,10 @@ from .verify import verify
 
 if TYPE_CHECKING:  # a model's sequence, as the core reads it: its tokens, truncate(n), name
     from ..backend import Slot
+    from ..grammar import Matcher
 
 METHODS = ("ensemble", "sd", "naive-cos", "cos")
+LOOKUP = -1  # the proposer of a draft looked up in the context (core/lookup.py)
 
 
 @dataclass(frozen=True)
@@ -63,8 +71,9 @@ class Origin:
 
     kind: "sample" (drawn from r directly), "draft" (a proposer's draft token, accepted),
     "bonus" (sampled by a model from its own distribution right after scoring others' tokens,
-    then accepted; for sd: the bonus drawn from r), "resample" (drawn from the residual after a
-    rejection). model: index of the model that proposed it, if any.
+    then accepted; for sd: the bonus drawn from r), "lookup" (looked up in the context, accepted),
+    "resample" (drawn from the residual after a rejection). model: index of the model that
+    proposed it, if any.
     """
 
     kind: str
@@ -73,11 +82,12 @@ class Origin:
 
 @dataclass
 class Draft:
-    """A pending (not yet verified) token and the distribution its proposer sampled it from."""
+    """A pending (not yet verified) token and the distribution its proposer sampled it from
+    (None for a looked-up token: a point mass, proposer LOOKUP)."""
 
     token: int
     proposer: int
-    q: np.ndarray
+    q: np.ndarray | None
     bonus: bool = False
 
 
@@ -91,6 +101,8 @@ class SpeculationStats:
     rejected: int = 0  # draft tokens rejected (each rolls the caches back and resamples a token)
     verifications: int = 0
     bonus: int = 0  # bonus tokens committed
+    lookup_proposed: int = 0  # of the draft tokens: looked up in the context
+    lookup_accepted: int = 0
 
 
 class Decoder:
@@ -111,6 +123,9 @@ class Decoder:
         on_commit: Callable[[int, Origin], None] | None = None,
         observer: AutoGamma | None = None,
         banned: Sequence[int] = (),
+        lookup: LookupState | None = None,
+        costs: Callable[[int, int], float] | None = None,
+        constraint: Matcher | None = None,
     ) -> None:
         self.slots = list(slots)
         self.combiner = combiner
@@ -132,6 +147,17 @@ class Decoder:
         self.text = text
         self.on_commit = on_commit
         self.observer = observer
+        self.lookup = lookup
+        # costs(model, n_tokens): a call's estimated cost (speedmodel's CallCosts or PlannedCosts);
+        # lookup's auto mode weighs the rows of a draft against the tokens it saves
+        self.costs = costs
+        self.spent = 0.0  # the estimated cost of the calls this completion asked for
+        # the constraint's matcher follows committed + pending (lazily, `_sync`); masks[p]: the
+        # tokens allowed at position p, kept while p can still be verified
+        self.constraint = constraint
+        self.masks: dict[int, np.ndarray] = {}
+        self._allowed: np.ndarray | None = None  # a reused vocabulary-sized buffer
+        self._settled = 0  # tokens after the prompt the matcher consumed that are committed
         self.origins: list[Origin] = []
         self.finish_reason: str | None = None
         self.end_token: int | None = None  # the end-of-generation token that ended the completion
@@ -189,6 +215,8 @@ class Decoder:
             return
         # rows are needed for positions >= len(committed): the token at index k gives row k+1
         n_logits = upto - max(have, len(self.committed) - 1)
+        if self.costs is not None:
+            self.spent += self.costs(i, upto - have)
         logits = yield Evaluate(i, seq[have:upto], n_logits)
         first = upto - n_logits + 1
         self._ban(logits)
@@ -213,6 +241,8 @@ class Decoder:
         """Roll every model back to the first `length` tokens (a rejection at position `length`)."""
         for i in range(len(self.slots)):
             self.rollback_model(i, length)
+        for p in [p for p in self.masks if p > length]:
+            del self.masks[p]
 
     def scored_by_all(self) -> int:
         """How many of the oldest pending tokens every model r uses has a row for."""
@@ -224,17 +254,17 @@ class Decoder:
         """r at the given positions, [len(positions), vocab], sampler transforms applied."""
         single = self.combiner.single_model()
         if single is not None:  # r is one model's own softmax(l / T): no combining, nothing new
-            rows = [self.rows[single][p] for p in positions]
             if self.sampler.greedy:
-                return self.sampler.finalize(np.stack(rows), copy=False)
-            return self.sampler.finalize(np.stack([self.softmax(single, p) for p in positions]), copy=False)
-        if self.combiner.mixes_probs:
+                rows = np.stack([self.rows[single][p] for p in positions])
+                return self.sampler.finalize(self._constrain(rows, positions, logits=True), copy=False)
+            r = np.stack([self.softmax(single, p) for p in positions])
+        elif self.combiner.mixes_probs:
             probs = [np.stack([self.softmax(i, p) for p in positions]) if used else None for i, used in enumerate(self.used)]
             r = self.combiner.mix(probs)
         else:
             logits = [np.stack([rows[p] for p in positions]) if used else None for rows, used in zip(self.rows, self.used)]
             r = self.combiner.combine(logits, self.sampler.softmax_temperature)
-        return self.sampler.finalize(r, copy=False)
+        return self.sampler.finalize(self._constrain(r, positions), copy=False)
 
     def softmax(self, i: int, position: int) -> np.ndarray:
         """softmax(model i's row at `position` / T), computed once per row; do not change it."""
@@ -244,10 +274,83 @@ class Decoder:
         return p
 
     def own(self, i: int, position: int) -> np.ndarray:
-        """Model i's own distribution at `position` (what it proposes from)."""
+        """Model i's own distribution at `position` (what it proposes from), constrained."""
         if self.sampler.greedy:  # one-hot at the argmax, which the logits have already
-            return self.sampler.finalize(self.rows[i][position], copy=True)
-        return self.sampler.finalize(self.softmax(i, position), copy=True)
+            row = self.rows[i][position]
+            if self.constraint is not None:
+                row = self._constrain(row[None, :].copy(), [position], logits=True)[0]
+            return self.sampler.finalize(row, copy=True)
+        q = self.softmax(i, position)
+        if self.constraint is not None:
+            q = self._constrain(q[None, :].copy(), [position])[0]
+        return self.sampler.finalize(q, copy=True)
+
+    # --- the constraint -------------------------------------------------------------------------
+    def mask(self, position: int) -> np.ndarray | None:
+        """The constraint's bitmask at `position`: the tokens allowed after sequence()[:position];
+        None past a pending token the constraint refuses (a draft made without it), where r does
+        not matter: verification rejects that token first, as r gives it nothing."""
+        assert self.constraint is not None
+        if position in self.masks:
+            return self.masks[position]
+        if not self._sync(position):
+            return None
+        kept = self.masks[position] = self.constraint.mask()
+        return kept
+
+    def allows(self, token: int, position: int) -> bool:
+        if self.constraint is None:
+            return True
+        mask = self.mask(position)
+        return mask is not None and self.constraint.allows(token, mask)
+
+    def _sync(self, position: int) -> bool:
+        """Bring the matcher to exactly the tokens after the prompt before `position`; False when
+        one of them is refused (the matcher stops before it)."""
+        assert self.constraint is not None
+        want = self.sequence()[self.n_prompt : position]
+        have = self.constraint.consumed
+        n = min(len(want), len(have))
+        k = min(self._settled, n)  # committed tokens it consumed never change
+        while k < n and want[k] == have[k]:
+            k += 1
+        self.constraint.rollback(len(have) - k)
+        self._settled = min(k, len(self.committed) - self.n_prompt)
+        for token in want[k:]:
+            if not self.constraint.consume(token):
+                return False
+        self._settled = min(len(want), len(self.committed) - self.n_prompt)
+        return True
+
+    def _constrain(self, rows: np.ndarray, positions: Sequence[int], logits: bool = False) -> np.ndarray:
+        """Rows (probabilities, renormalised, or logits) with the disallowed tokens removed, in
+        place. A row the constraint leaves without mass (r is zero, in float32, on every allowed
+        token) becomes uniform over the allowed tokens."""
+        if self.constraint is None:
+            return rows
+        from ..grammar import unpack
+
+        vocab = rows.shape[1]
+        if self._allowed is None or len(self._allowed) != vocab:
+            self._allowed = np.empty(vocab, dtype=bool)
+        for row, position in zip(rows, positions):
+            mask = self.mask(position)
+            if mask is None:
+                continue  # past a refused draft token: never sampled from (see `mask`)
+            allowed = unpack(mask, vocab, out=self._allowed)
+            if logits:
+                row[~allowed] = -np.inf
+                continue
+            row[~allowed] = 0.0
+            total = row.sum(dtype=np.float64)
+            if total > 0:
+                row /= np.float32(total)
+                continue
+            n_allowed = int(allowed.sum())
+            if n_allowed == 0:
+                raise ConfigError("the constraint allows no token of this vocabulary here (does it fit these models' tokenizer?)")
+            row[allowed] = np.float32(1.0 / n_allowed)
+        return rows
 
     # --- proposing, verifying, committing ------------------------------------------------------
     def propose(self, i: int, bonus: bool = False) -> int:
@@ -266,6 +369,55 @@ class Decoder:
             if self.is_end(self.propose(i, bonus=bonus and j == 0)):
                 break
 
+    def lookup_draft(self, caller: int | None) -> int:
+        """Append draft tokens looked up in the context (`core.lookup`) after the pending ones;
+        returns how many. In auto mode only as many as pay: their expected saving (at this
+        completion's estimated cost per token) against what their rows add to the next calls
+        of `caller` (the model about to catch up; None: every model r uses) and of the others."""
+        lookup = self.lookup
+        room = self.draft_room()
+        if lookup is None or lookup.settings.mode == "off" or room <= 0:
+            return 0
+        candidate = lookup.index.continuation([d.token for d in self.pending], lookup.settings)[:room]
+        if not candidate:
+            return 0
+        k = len(candidate)
+        if lookup.settings.mode == "auto":
+            k = worth_drafting(candidate, lookup.outcomes.alpha, self._rows_cost(caller), self._token_cost())
+        appended = 0
+        for token in candidate[:k]:
+            if not self.allows(token, len(self.committed) + len(self.pending)):
+                break  # r gives it nothing: the draft ends before it
+            self.pending.append(Draft(token, LOOKUP, None))
+            appended += 1
+            if self.is_end(token):
+                break
+        return appended
+
+    def _rows_cost(self, caller: int | None) -> Callable[[int], float]:
+        """What k more rows add to the calls that will score them (estimated costs)."""
+        costs = self.costs
+        if costs is None:
+            return lambda k: 0.0
+        seq = len(self.committed) + len(self.pending)
+        lacking = [seq - len(slot.tokens) for slot in self.slots]
+        users = [i for i, used in enumerate(self.used) if used or i == caller]
+
+        def extra(k: int) -> float:
+            return sum(costs(i, lacking[i] + k) - costs(i, max(lacking[i], 1)) for i in users)
+
+        return extra
+
+    def _token_cost(self) -> float:
+        """Estimated cost per token of this completion so far (before any: the standard
+        ensemble's, one single-token call of every model r uses)."""
+        made = len(self.committed) - self.n_prompt
+        if made > 0 and self.spent > 0:
+            return self.spent / made
+        if self.costs is None:
+            return 1.0
+        return sum(self.costs(i, 1) for i, used in enumerate(self.used) if used)
+
     def draft_room(self) -> int:
         """How many more draft tokens are worth proposing (none after an end token)."""
         if self.pending and self.is_end(self.pending[-1].token):
@@ -279,19 +431,24 @@ class Decoder:
         drafts = self.pending[:k]
         n0 = len(self.committed)
         r = self.combined(range(n0, n0 + k))
-        q = np.stack([d.q for d in drafts])
-        verdict = verify([d.token for d in drafts], q, r, self.rng)
+        verdict = verify([d.token for d in drafts], [d.q for d in drafts], r, self.rng)
         self.spec.verifications += 1
         self.spec.proposed += k
         self.spec.accepted += verdict.accepted
-        if self.observer is not None:
-            for d in drafts[: verdict.accepted]:
-                self.observer.observe_verdicts(d.proposer, 1, 0)
-            if verdict.resample is not None:
-                self.observer.observe_verdicts(drafts[verdict.accepted].proposer, 0, 1)
+        judged = drafts[: verdict.accepted + (verdict.resample is not None)]
+        for j, d in enumerate(judged):
+            ok = j < verdict.accepted
+            if d.proposer == LOOKUP:
+                assert self.lookup is not None
+                self.lookup.outcomes.observe(int(ok), int(not ok))
+                self.spec.lookup_proposed += 1
+                self.spec.lookup_accepted += int(ok)
+            elif self.observer is not None:
+                self.observer.observe_verdicts(d.proposer, int(ok), int(not ok))
+        self.spec.lookup_proposed += sum(d.proposer == LOOKUP for d in drafts[len(judged) :])
         accepted = drafts[: verdict.accepted]
         tokens = [d.token for d in accepted]
-        origins = [Origin("bonus" if d.bonus else "draft", d.proposer) for d in accepted]
+        origins = [Origin("lookup" if d.proposer == LOOKUP else "bonus" if d.bonus else "draft", None if d.proposer == LOOKUP else d.proposer) for d in accepted]
         if verdict.resample is None:
             del self.pending[:k]
             self.commit(tokens, origins)
@@ -312,6 +469,8 @@ class Decoder:
                 self.end_token = token
                 break
             self.committed.append(token)
+            if self.lookup is not None:
+                self.lookup.index.extend((token,))
             self.origins.append(origin)
             if origin.kind == "bonus":
                 self.spec.bonus += 1
@@ -328,7 +487,7 @@ class Decoder:
             self.pending.clear()
             self.rollback(n)
         # rows before the first uncommitted position are no longer needed
-        for cache in (*self.rows, *self.probs):
+        for cache in (*self.rows, *self.probs, self.masks):
             for p in [p for p in cache if p < n]:
                 del cache[p]
 
@@ -346,6 +505,19 @@ class Strategy:
 
     def step(self) -> Step:
         raise NotImplementedError
+
+
+def verify_with_bonus(dec: Decoder) -> Step:
+    """The target pass of a draft: every model r uses scores the pending tokens (one batched call
+    each), they are verified against r, and a fully accepted draft earns a bonus token from r at
+    the position after it."""
+    for i, used in enumerate(dec.used):
+        if used:
+            yield from dec.catch_up(i)
+    if dec.verify_pending(len(dec.pending)) or dec.finished:
+        return
+    r = dec.combined([len(dec.committed)])[0]
+    dec.commit([dec.sampler.draw(r, dec.rng)], [Origin("bonus")])
 
 
 def ensemble_step(dec: Decoder) -> Step:
@@ -420,13 +592,7 @@ class SpeculativeDecoding(_DrafterStrategy):
         if dec.used[d]:
             # target pass: the drafter forgets its draft and scores it again, batched, like the others
             dec.rollback_model(d, n0)
-        for i, used in enumerate(dec.used):
-            if used:
-                yield from dec.catch_up(i)
-        if dec.verify_pending(len(dec.pending)) or dec.finished:
-            return
-        r = dec.combined([len(dec.committed)])[0]
-        dec.commit([dec.sampler.draw(r, dec.rng)], [Origin("bonus")])
+        yield from verify_with_bonus(dec)
 
 
 class NaiveCoS(_DrafterStrategy):
@@ -481,6 +647,7 @@ class CoS(Strategy):
             self.order = [proposer] + [m for m in range(n) if m != proposer]
             self.gammas = [gamma if m == proposer else 1 for m in range(n)]
         i = self.order[self.turn]
+        dec.lookup_draft(i)  # looked-up tokens ride along in the call this model makes anyway
         scored_others = bool(dec.pending)
         yield from dec.catch_up(i)
         k = dec.scored_by_all()
@@ -491,6 +658,22 @@ class CoS(Strategy):
             return
         yield from dec.draft(i, min(self.gammas[i], dec.draft_room()), bonus=scored_others)
         self.turn = (self.turn + 1) % len(self.order)
+
+
+class LookupDecoding(Strategy):
+    """`--proposer lookup`: the context is the only proposer. When it holds a continuation of the
+    text (`core.lookup`), every model r uses scores those tokens in one batched call and they are
+    verified against r, a fully accepted draft earning a bonus token from r at the position after
+    it; without one (or when it would not pay), the ensemble's own step."""
+
+    name = "lookup"
+
+    def step(self) -> Step:
+        dec = self.dec
+        if dec.lookup_draft(None) == 0:
+            yield from ensemble_step(dec)
+            return
+        yield from verify_with_bonus(dec)
 
 
 # --- choosing a strategy ---------------------------------------------------------------------------
@@ -525,15 +708,18 @@ def proposal_lengths(gamma: int | Sequence[int] | None, proposer: int, n_params:
 
 
 def make_strategy(
-    dec: Decoder, method: str, gamma: int | Sequence[int] | str | None, proposer: int | None, n_params: Sequence[int]
+    dec: Decoder, method: str, gamma: int | Sequence[int] | str | None, proposer: int | str | None, n_params: Sequence[int]
 ) -> tuple[Strategy, list[int] | None, int | None]:
     """The strategy for `method` over `dec`, with its proposal lengths and default proposer
-    (None for the standard ensemble). gamma "auto" lets the decoder's observer choose online."""
+    (None for the standard ensemble and for `proposer` "lookup", the context as the only
+    proposer). gamma "auto" lets the decoder's observer choose online."""
     n = len(n_params)
     if method == "ensemble":
         return EnsembleDecoding(dec), None, None
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if proposer == "lookup":
+        return LookupDecoding(dec), None, None
     if n < 2:
         raise ConfigError(f"method {method} needs at least 2 models; use --method ensemble for one")
     proposer = cheapest(n_params) if proposer is None else proposer

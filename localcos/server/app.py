@@ -182,8 +182,22 @@ async def _answer(request: Request, s: ServerState, plan: protocol.Plan) -> Any:
     loop = asyncio.get_running_loop()
     if plan.stream:
         items: asyncio.Queue = asyncio.Queue()
+        # with tools: whether a choice's reply is a tool call (its JSON goes out whole, in the
+        # closing event), and its first token and the text held back until that is known
+        calling: dict[int, bool | None] = {}
+        held: dict[int, tuple[int, str]] = {}
 
-        def emit(index: int, text: str) -> None:
+        def emit(index: int, chunk: Any) -> None:  # in the engine thread
+            text = chunk.text
+            if plan.tools is not None and calling.get(index) is None and (chunk.tokens or text):
+                first, before = held.get(index, (chunk.tokens[0].token if chunk.tokens else -1, ""))
+                text = before + text
+                calling[index] = protocol.opens_a_call(plan, first, text)
+                if calling[index] is None:
+                    held[index] = (first, text)
+                    return
+            if calling.get(index) or not text:
+                return
             loop.call_soon_threadsafe(items.put_nowait, ("text", index, text))
 
         job = _submit(s, plan, lambda: loop.call_soon_threadsafe(items.put_nowait, ("end", 0, "")), emit)

@@ -53,7 +53,7 @@ class Job:
 
     generations: list[Generation]
     finish: Callable[["Job"], Any]
-    on_text: Callable[[int, str], None] | None = None  # (choice index, text): streaming
+    on_text: Callable[[int, Any], None] | None = None  # (choice index, Chunk) as each round ends: streaming
     finished: Callable[[], None] | None = None  # called (in the worker) once result/error are set
     prepare: Callable[["Job"], None] | None = None  # before the generations, in the scoring slot
     prepared: bool = False
@@ -120,7 +120,7 @@ class Engine:
         self,
         generations: list[Generation],
         finish: Callable[[Job], Any],
-        on_text: Callable[[int, str], None] | None = None,
+        on_text: Callable[[int, Any], None] | None = None,
         finished: Callable[[], None] | None = None,
         prepare: Callable[[Job], None] | None = None,
     ) -> Job:
@@ -209,8 +209,8 @@ class Engine:
                 rng = np.random.default_rng(g.config.seed)
 
                 def on_chunk(chunk: Any, job: Job = job, index: int = g.index) -> None:
-                    if job.on_text is not None and chunk.text:
-                        job.on_text(index, chunk.text)
+                    if job.on_text is not None:
+                        job.on_text(index, chunk)
 
                 job.running.append(self.batch.add(g.prompt, g.config, g.combiner, rng, on_chunk=on_chunk, key=(job, g.index)))
                 job.admitted += 1

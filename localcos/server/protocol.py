@@ -5,12 +5,15 @@ read (`openai` for Python and the rest), with a `localcos` object of statistics.
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from ..chat import ChatFormatter, Message
+from ..grammar import Constraint, ToolCallFormat, tool_call_format, tool_grammar
 from ..ensemble import Completion, Ensemble, GenerationConfig
 from ..errors import Cancelled, ConfigError, LocalcosError, PromptTooLongError, RemoteError, TokenizerMismatchError
 from ..scoring import ScoreCache, score_tokens
@@ -92,14 +95,18 @@ class Plan:
     logprobs: int | None = None  # completions: top-N; chat: top_logprobs (0 with logprobs true)
     include_usage: bool = False
     return_token_ids: bool = False  # vLLM's extra: prompt_token_ids and token_ids on each choice
+    tools: ToolCalls | None = None  # the reply may be tool calls, written in this format
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-def _settings_for(served: Served, request: GenerationRequest, max_tokens: int) -> Settings:
+def _settings_for(served: Served, request: GenerationRequest, max_tokens: int, constraint: Constraint | None = None) -> Settings:
     """The server's settings with the request's options over them (each value was parsed where
-    it entered; what depends on several of them, and on the models, is checked here)."""
+    it entered; what depends on several of them, and on the models, is checked here).
+    `constraint`: the tools' grammar, in place of any other."""
     values = request.settings_values()
+    if constraint is not None:
+        values.update(json_schema=None, json_object=False, grammar=constraint)
     if max_tokens > 0:
         values["max_tokens"] = max_tokens
     try:
@@ -167,20 +174,46 @@ def plan_completion(served: Served, request: CompletionRequest) -> Plan:
 
 
 def messages(request_messages: Sequence[ChatMessage]) -> list[Message]:
-    return [Message(m.role, m.text) for m in request_messages]
+    return [Message(m.role, m.text, tool_calls=m.calls(), tool_call_id=m.tool_call_id) for m in request_messages]
 
 
-def render(served: Served, request_messages: Sequence[ChatMessage]) -> list[int]:
-    """The conversation's prompt tokens, through the models' chat template (400 without one)."""
+def render(served: Served, request_messages: Sequence[ChatMessage], tools: Sequence[dict] | None = None) -> list[int]:
+    """The conversation's prompt tokens, through the models' chat template (400 without one),
+    which also describes `tools` (OpenAI's function definitions) to the models."""
     if served.formatter is None:
         raise APIError(400, "these models carry no chat template; use /v1/completions", param="messages")
     conversation = messages(request_messages)
     if served.settings.system and conversation[0].role != "system":
         conversation = [Message("system", served.settings.system), *conversation]
     try:
-        return served.formatter.tokens(conversation)
+        return served.formatter.tokens(conversation, tools=tools)
     except LocalcosError as e:
         raise APIError(400, str(e), param="messages") from None
+
+
+@dataclass(frozen=True)
+class ToolCalls:
+    """How this request's reply may call tools: the template's format and its markers' ids."""
+
+    format: ToolCallFormat
+    open_id: int | None  # the markers as single special tokens, when they are
+    close_id: int | None
+
+
+def _tools(served: Served, request: ChatCompletionRequest) -> tuple[ToolCalls, Constraint, list[dict]]:
+    """The tools of a request: the format the models write calls in, the grammar the reply must
+    follow (text and/or calls, as tool_choice says), and the definitions for the template."""
+    model = served.ensemble.models[served.settings.chat_template_model]
+    fmt = tool_call_format(model)
+    if fmt is None:
+        raise APIError(400, "these models' chat template does not describe tool calls (localcos knows <tool_call> ones, as Qwen2.5's)", param="tools")
+    definitions = [t.model_dump(exclude_none=True) for t in request.tools or ()]
+    try:
+        constraint = tool_grammar(fmt, definitions, request.choice, request.parallel_tool_calls)
+    except ConfigError as e:
+        raise APIError(400, str(e), param="tool_choice" if "tool_choice" in str(e) else "tools", code="invalid_value") from None
+    ids = [model.tokenize(m, add_bos=False, special=True)[0] if fmt.special else None for m in (fmt.open, fmt.close)]
+    return ToolCalls(fmt, ids[0], ids[1]), constraint, definitions
 
 
 def plan_chat(served: Served, request: ChatCompletionRequest) -> Plan:
@@ -188,13 +221,14 @@ def plan_chat(served: Served, request: ChatCompletionRequest) -> Plan:
     check_model(served, request.model)
     limit = request.token_limit
     max_tokens = served.settings.generation.max_tokens if limit is None else limit
-    settings = _settings_for(served, request, max_tokens)
-    tokens = render(served, request.messages)
+    tools, constraint, definitions = _tools(served, request) if request.tools else (None, None, None)
+    settings = _settings_for(served, request, max_tokens, constraint)
+    tokens = render(served, request.messages, definitions)
     _check_length(served, tokens, "messages")
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     return Plan(
         "chat", [tokens], [""], settings.generation, _combiner(served, settings), request.n, request.stream, max_tokens, False,
-        logprobs, include_usage=request.include_usage, return_token_ids=request.return_token_ids,
+        logprobs, include_usage=request.include_usage, return_token_ids=request.return_token_ids, tools=tools,
     )  # fmt: skip
 
 
@@ -207,6 +241,7 @@ class Choice:
     prompt: int
     completion: Completion | None
     logprobs: dict | None = None
+    calls: list[dict] | None = None  # the tool calls the reply made (OpenAI's tool_calls)
 
 
 def generations(plan: Plan) -> list[Generation]:
@@ -244,7 +279,7 @@ def finish(served: Served, plan: Plan, job: Job, slot: int) -> list[Choice]:
             completion = job.completions.get(index)
             if plan.max_tokens > 0 and completion is None:
                 continue  # cancelled before it started
-            choice = Choice(index, p, completion)
+            choice = Choice(index, p, completion, calls=tool_calls(served, plan, completion))
             if (plan.logprobs is not None or plan.echo) and not job.cancelled:
                 try:
                     choice.logprobs = _logprobs(served, plan, tokens, completion, lambda: job.cancelled, slot)
@@ -314,10 +349,55 @@ def _logprobs(served: Served, plan: Plan, prompt: list[int], completion: Complet
 # --- answering -------------------------------------------------------------------------------------
 
 
-def _finish(completion: Completion | None) -> str:
-    if completion is None:
+def tool_calls(served: Served, plan: Plan, completion: Completion | None) -> list[dict] | None:
+    """The tool calls a reply made, in OpenAI's shape (None: a text reply): each call's JSON
+    between the format's markers (the grammar made it valid; a call cut short by max_tokens is
+    left out)."""
+    if plan.tools is None or completion is None:
+        return None
+    fmt = plan.tools.format
+    segments: list[str] = []
+    if fmt.special:
+        current: list[int] | None = None
+        for token in completion.token_ids:
+            if token == plan.tools.open_id:
+                current = []
+            elif token == plan.tools.close_id and current is not None:
+                segments.append(served.ensemble.detokenize(current))
+                current = None
+            elif current is not None:
+                current.append(token)
+    else:
+        segments = re.findall(re.escape(fmt.open) + r"(.*?)" + re.escape(fmt.close), completion.text, re.S)
+    calls = []
+    for text in segments:
+        try:
+            call = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        function = {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}
+        calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function", "function": function})
+    return calls or None
+
+
+def opens_a_call(plan: Plan, first_token: int, text: str) -> bool | None:
+    """Whether a reply that starts with `first_token` and `text` is a tool call (whose JSON is
+    then not streamed as text); None while the text could still become the call's marker."""
+    assert plan.tools is not None
+    if plan.tools.format.special:
+        return first_token == plan.tools.open_id
+    start, marker = text.lstrip(), plan.tools.format.open
+    if start.startswith(marker):
+        return True
+    return None if marker.startswith(start) else False
+
+
+def _finish(c: Choice) -> str:
+    if c.completion is None:
         return "length"
-    return "stop" if completion.finish_reason == "stop" else "length"
+    if c.calls:
+        return "tool_calls"
+    return "stop" if c.completion.finish_reason == "stop" else "length"
 
 
 def _stop_reason(completion: Completion | None) -> int | None:
@@ -353,9 +433,9 @@ def response(served: Served, plan: Plan, choices: Sequence[Choice]) -> dict:
         body["choices"] = [
             {
                 "index": c.index,
-                "message": {"role": "assistant", "content": c.completion.text if c.completion else ""},
+                "message": _message(c),
                 "logprobs": c.logprobs,
-                "finish_reason": _finish(c.completion),
+                "finish_reason": _finish(c),
                 **_extras(plan, c),
             }
             for c in choices
@@ -367,7 +447,7 @@ def response(served: Served, plan: Plan, choices: Sequence[Choice]) -> dict:
                 "index": c.index,
                 "text": (plan.prompt_texts[c.prompt] if plan.echo else "") + (c.completion.text if c.completion else ""),
                 "logprobs": c.logprobs,
-                "finish_reason": _finish(c.completion),
+                "finish_reason": _finish(c),
                 **_extras(plan, c),
             }
             for c in choices
@@ -375,6 +455,12 @@ def response(served: Served, plan: Plan, choices: Sequence[Choice]) -> dict:
     body["usage"] = usage(plan, choices)
     body["localcos"] = statistics(choices)
     return body
+
+
+def _message(c: Choice) -> dict[str, Any]:
+    if c.calls:
+        return {"role": "assistant", "content": None, "tool_calls": c.calls}
+    return {"role": "assistant", "content": c.completion.text if c.completion else ""}
 
 
 def chunk(served: Served, plan: Plan, index: int, text: str | None, finish: str | None = None, first: bool = False) -> dict:
@@ -395,9 +481,11 @@ def chunk(served: Served, plan: Plan, index: int, text: str | None, finish: str 
 def final_chunks(served: Served, plan: Plan, choices: Sequence[Choice]) -> list[dict]:
     """The closing events: each choice's finish reason (the last one with the statistics), then,
     if the client asked (stream_options.include_usage), a usage event without choices."""
-    out = [chunk(served, plan, c.index, None, _finish(c.completion)) for c in choices]
+    out = [chunk(served, plan, c.index, None, _finish(c)) for c in choices]
     for event, c in zip(out, choices):
         event["choices"][0].update(_extras(plan, c))
+        if c.calls:  # the calls whole, in the closing event (their text was not streamed)
+            event["choices"][0]["delta"]["tool_calls"] = [{"index": k, **call} for k, call in enumerate(c.calls)]
     if out:
         out[-1]["localcos"] = statistics(choices)
     if plan.include_usage:

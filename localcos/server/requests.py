@@ -12,6 +12,8 @@ A validation failure becomes a 400 in OpenAI's error shape naming the field (`ap
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictStr, ValidationInfo, model_validator
@@ -19,6 +21,7 @@ from pydantic_core import PydanticCustomError
 
 from ..errors import ConfigError
 from ..ensemble import Gamma
+from ..grammar import Constraint, gbnf, json_object, json_schema
 from ..settings import OPTIONS, parse_int, parse_served_combine
 
 MAX_CHOICES = 16
@@ -26,7 +29,7 @@ MAX_TOP_LOGPROBS = 20
 # request fields that are options of the settings layer (localcos's extras included)
 SETTINGS_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "seed", "stop", "method", "gamma", "combine", "weights", "mu",
-    "plausibility", "expert", "proposer", "ignore_eos",
+    "plausibility", "expert", "proposer", "ignore_eos", "lookup", "lookup_ngram", "lookup_tokens",
 )  # fmt: skip
 
 
@@ -130,7 +133,10 @@ class GenerationRequest(_Body):
     mu: Annotated[float | None, _option("mu")] = None
     plausibility: Annotated[float | None, _option("plausibility")] = None
     expert: Annotated[int | None, _option("expert")] = None
-    proposer: Annotated[int | None, _option("proposer")] = None
+    proposer: Annotated[int | Literal["lookup"] | None, _option("proposer")] = None
+    lookup: Annotated[str | None, _option("lookup")] = None
+    lookup_ngram: Annotated[tuple[int, int] | None, _option("lookup_ngram")] = None
+    lookup_tokens: Annotated[int | None, _option("lookup_tokens")] = None
     # vLLM's extra: prompt_token_ids and token_ids on each choice
     return_token_ids: StrictBool = False
     # OpenAI fields without an effect on what is generated
@@ -140,13 +146,61 @@ class GenerationRequest(_Body):
     frequency_penalty: Annotated[float | None, _neutral(0, 0.0)] = None
     logit_bias: Annotated[dict | None, _neutral({})] = None
 
+    # structured output: OpenAI's response_format, and llama.cpp's grammar (GBNF text)
+    response_format: Annotated[ResponseFormat | None, _checked(parse_response_format)] = None
+    grammar: Annotated[Constraint | None, _checked(lambda v, what: gbnf(v, what) if isinstance(v, str) else _not_text(what))] = None
+
     def settings_values(self) -> dict[str, Any]:
         """The settings-layer options this request sets, parsed (for `Settings.with_values`)."""
-        return {name: getattr(self, name) for name in SETTINGS_FIELDS if name in self.model_fields_set}
+        values = {name: getattr(self, name) for name in SETTINGS_FIELDS if name in self.model_fields_set}
+        if self.response_format is not None:  # "text" lifts a constraint the server starts with
+            constraint = self.response_format.constraint
+            values.update(json_schema=None, json_object=False, grammar=None)
+            if constraint is not None and constraint.kind == "json_object":
+                values["json_object"] = True
+            elif constraint is not None:
+                values["json_schema"] = constraint
+        if self.grammar is not None:
+            values["grammar"] = self.grammar
+        return values
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """OpenAI's response_format, checked: its type and the constraint it makes (None: text)."""
+
+    type: str
+    constraint: Constraint | None
+
+
+def parse_response_format(value: Any, what: str) -> ResponseFormat:
+    """{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema":
+    {"name": ..., "schema": {...}, "strict": ...}}; the schema compiled and checked now, before
+    any model call. Nothing here reads a file: a request gives the schema itself."""
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise ConfigError(f'{what} must be an object with a type: "text", "json_object" or "json_schema"')
+    kind = value["type"]
+    extra = set(value) - {"type", "json_schema"}
+    if extra:
+        raise ConfigError(f"{what} has fields localcos does not know: {', '.join(sorted(extra))}")
+    if kind == "text":
+        return ResponseFormat(kind, None)
+    if kind == "json_object":
+        return ResponseFormat(kind, json_object())
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise ConfigError(f'{what}.json_schema must be an object with a schema: {{"name": ..., "schema": {{...}}}}')
+        return ResponseFormat(kind, json_schema(spec["schema"], f"{what}.json_schema.schema"))
+    raise ConfigError(f'{what}.type must be "text", "json_object" or "json_schema", got {kind!r}')
+
+
+def _not_text(what: str) -> Any:
+    raise ConfigError(f"{what} must be a GBNF grammar's text")
 
 
 class StreamOptions(_Body):
@@ -177,16 +231,64 @@ class TextPart(_Body):
     text: StrictStr
 
 
+class FunctionCall(_Body):
+    name: StrictStr
+    arguments: StrictStr  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Body):
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
     role: StrictStr
     content: StrictStr | list[TextPart] = ""
     name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls, sent back with their results
+    tool_call_id: StrictStr | None = None  # a tool message: the call it answers
 
     @property
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+    def calls(self) -> tuple[dict[str, Any], ...]:
+        """The tool calls as chat templates read them: arguments as an object where they parse."""
+        out = []
+        for call in self.tool_calls or ():
+            try:
+                arguments: Any = json.loads(call.function.arguments)
+            except json.JSONDecodeError:
+                arguments = call.function.arguments
+            out.append({"name": call.function.name, "arguments": arguments})
+        return tuple(out)
+
+
+class FunctionDefinition(_Body):
+    name: StrictStr
+    description: StrictStr | None = None
+    parameters: dict | None = None  # a JSON schema (checked when the tools' grammar is compiled)
+    strict: StrictBool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: dict
+
+    @property
+    def name(self) -> str:
+        name = self.function.get("name")
+        if not isinstance(name, str):
+            raise PydanticCustomError("invalid_value", "tool_choice.function.name must be a string")
+        return name
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -196,11 +298,10 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: Annotated[int | None, _integer(1)] = None
     logprobs: StrictBool = False
     top_logprobs: Annotated[int | None, _integer(0, MAX_TOP_LOGPROBS)] = None
-    tools: Annotated[list | None, _neutral([])] = None
-    tool_choice: Annotated[str | None, _neutral("none")] = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     functions: Annotated[list | None, _neutral([])] = None
-    parallel_tool_calls: StrictBool | None = None
-    response_format: Annotated[dict | None, _neutral({"type": "text"})] = None
+    parallel_tool_calls: StrictBool = True
     modalities: Annotated[list | None, _neutral(["text"])] = None
 
     @model_validator(mode="after")
@@ -211,7 +312,18 @@ class ChatCompletionRequest(GenerationRequest):
             raise _field_error("stream", "logprobs are not supported with stream")
         if self.max_tokens == 0:
             raise _field_error("max_tokens", "max_tokens must be >= 1")
+        if self.tool_choice is not None and not self.tools and self.tool_choice != "none":
+            raise _field_error("tool_choice", "tool_choice needs tools")
+        if self.tools and (self.response_format is not None and self.response_format.constraint is not None or self.grammar is not None):
+            raise _field_error("tools", "tools and a response_format or grammar together: give one constraint")
         return self
+
+    @property
+    def choice(self) -> str:
+        """tool_choice as a name: none, auto (the default with tools), required, or a tool's name."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.name
+        return self.tool_choice or "auto"
 
     @property
     def token_limit(self) -> int | None:

@@ -1,0 +1,138 @@
+"""A free proposer: draft tokens looked up in the context itself.
+
+Code, chat about a text, edits and retrieval answers repeat what is already in the context. The
+lookup proposer finds the longest suffix of the tokens so far (prompt included, the pending draft
+too) that occurred before, at most `ngram_max` and at least `ngram_min` tokens long, the most
+recent occurrence among the longest, and proposes the tokens that followed it (at most
+`max_tokens`, never past the current end). It costs no model call: its tokens are verified in
+the calls the models make anyway, as extra rows.
+
+Its draft distribution is a point mass q = 1{x}: verification accepts x with probability r(x) and
+on a rejection samples r with x removed and renormalised (`verify.verify`), which keeps the output
+distributed exactly as r for any combiner and temperature; at T = 0 it accepts exactly when x is
+r's argmax. (llama.cpp's ngram-simple looks up a fixed 12-gram and drafts up to 48 tokens; vLLM's
+n-gram proposer tries sizes from a maximum down to a minimum, as here.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+LOOKUP_MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class LookupSettings:
+    """`mode`: off, on (draft whenever the context has a match) or auto (only when the extra
+    verification rows are expected to cost less than the tokens they save)."""
+
+    mode: str = "auto"
+    ngram_min: int = 3
+    ngram_max: int = 12
+    max_tokens: int = 16
+
+
+class ContextIndex:
+    """The tokens of one completion so far, searchable for earlier occurrences of their suffix."""
+
+    def __init__(self, tokens: Sequence[int], capacity: int) -> None:
+        self._tokens = np.zeros(max(capacity, len(tokens), 1), dtype=np.int64)
+        self.n = 0
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        k = len(tokens)
+        if self.n + k > len(self._tokens):
+            grown = np.zeros(max(2 * len(self._tokens), self.n + k), dtype=np.int64)
+            grown[: self.n] = self._tokens[: self.n]
+            self._tokens = grown
+        self._tokens[self.n : self.n + k] = tokens
+        self.n += k
+
+    def truncate(self, n: int) -> None:
+        self.n = min(self.n, n)
+
+    def continuation(self, tail: Sequence[int], settings: LookupSettings) -> list[int]:
+        """The tokens that followed the longest earlier occurrence of the suffix of
+        tokens + `tail` (the pending draft), at most `settings.max_tokens` of them."""
+        seq = self._tokens[: self.n]
+        if tail:
+            seq = np.concatenate([seq, np.asarray(tail, dtype=np.int64)])
+        n = len(seq)
+        lo = settings.ngram_min
+        if n <= lo:
+            return []
+        # every earlier start j whose lo tokens equal the last lo tokens (vectorised over j)
+        last = seq[n - lo :]
+        hits = np.ones(n - lo, dtype=bool)
+        for k in range(lo):
+            hits &= seq[k : n - lo + k] == last[k]
+        starts = np.flatnonzero(hits)
+        if len(starts) == 0:
+            return []
+        # extend each match backwards, up to ngram_max; the longest, then the most recent, wins
+        best_start, best_len = -1, 0
+        for j in starts[::-1][:64]:  # the most recent first; a few dozen candidates at most
+            length = lo
+            while length < settings.ngram_max and j - (length - lo) - 1 >= 0 and seq[j - (length - lo) - 1] == seq[n - length - 1]:
+                length += 1
+            if length > best_len:
+                best_start, best_len = int(j), length
+                if length == settings.ngram_max:
+                    break
+        follow = best_start + lo
+        return [int(t) for t in seq[follow : min(n, follow + settings.max_tokens)]]
+
+
+@dataclass
+class LookupOutcomes:
+    """How lookup drafts fare: acceptance of their tokens, forgetting slowly. One completion's,
+    or with --gamma auto shared by the generations of one setting, like its controllers."""
+
+    decay: float = 0.995
+    prior_alpha: float = 0.5
+    prior_weight: float = 4.0
+    accepted: float = 0.0
+    tested: float = 0.0
+
+    def observe(self, accepted: int, rejected: int) -> None:
+        d = self.decay ** (accepted + rejected)
+        self.accepted = d * self.accepted + accepted
+        self.tested = d * self.tested + accepted + rejected
+
+    @property
+    def alpha(self) -> float:
+        return (self.accepted + self.prior_alpha * self.prior_weight) / (self.tested + self.prior_weight)
+
+
+def worth_drafting(
+    candidate: Sequence[int],
+    alpha: float,
+    extra_cost: Callable[[int], float],
+    token_cost: float,
+) -> int:
+    """How many of `candidate`'s tokens are worth verifying (0: none): the k that maximises the
+    expected cost saved, sum_{j<=k} alpha^j token_cost (an accepted prefix of j tokens saves
+    their decoding), minus `extra_cost(k)`, what k more rows add to the models' calls."""
+    best_k, best_gain, saved, p = 0, 0.0, 0.0, 1.0
+    for k in range(1, len(candidate) + 1):
+        p *= alpha
+        saved += p * token_cost
+        gain = saved - extra_cost(k)
+        if gain > best_gain:
+            best_k, best_gain = k, gain
+    return best_k
+
+
+@dataclass
+class LookupState:
+    """One completion's lookup: its context index and the counters its statistics report."""
+
+    settings: LookupSettings
+    index: ContextIndex
+    outcomes: LookupOutcomes = field(default_factory=LookupOutcomes)
+    proposed: int = 0
+    accepted: int = 0
