@@ -212,7 +212,7 @@ class Ensemble:
         self._combiner = self.bind(combiner or WeightedEnsemble())
         # every llama_decode call is timed into this; --gamma auto and the speedup estimate read it
         self.call_costs = CallCosts(self.n_params)
-        # costs decided on without timing (lookup's auto mode when --gamma is not auto)
+        # costs decided on without timing (lookup's auto mode)
         self.planned_costs = PlannedCosts(self.n_params, [_on_gpu(m) for m in self.models])
         self._auto = AutoGammaControllers(self.call_costs)
         self._lookups: dict[tuple, LookupOutcomes] = {}  # how lookup drafts fare, per setting
@@ -532,8 +532,9 @@ class Ensemble:
             on_commit=on_commit,
             observer=self._auto.get((config.method, combiner.describe(), sampler), combiner.uses(len(self.models))) if auto else None,
             lookup=lookup,
-            # measured costs only where choices already follow timing: otherwise a seed pins the output
-            costs=self.call_costs if auto else self.planned_costs,
+            # planned, not measured: lookup's choices then depend on nothing timed (a seed pins the
+            # output), and a batch size never measured is not guessed cheap
+            costs=self.planned_costs,
             constraint=Matcher(self.vocabulary(), config.constraint) if config.constraint is not None else None,
         )
         strategy, gammas, proposer = make_strategy(dec, config.method, config.gamma, config.proposer, self.n_params)

@@ -20,7 +20,7 @@ import pytest
 from conftest import assert_same_or_near_tie
 from fakes import FakeModel
 from localcos import Contrastive, Ensemble, WeightedEnsemble
-from localcos.core.lookup import ContextIndex, LookupSettings, worth_drafting
+from localcos.core.lookup import ContextIndex, LookupSettings, LookupState, worth_drafting
 from localcos.core.verify import verify
 from statcheck import assert_matches
 from test_fake_decoding import joint_test
@@ -56,6 +56,25 @@ def test_auto_takes_only_the_rows_that_pay():
     assert worth_drafting([1, 2, 3, 4], alpha=0.9, extra_cost=cost, token_cost=1.0) == 4
     assert worth_drafting([1, 2, 3, 4], alpha=0.2, extra_cost=cost, token_cost=1.0) == 0
     assert 0 < worth_drafting([1, 2, 3, 4], alpha=0.6, extra_cost=cost, token_cost=1.0) < 4
+
+
+def test_a_continuation_left_out_is_judged_by_what_is_committed():
+    """auto learns the acceptance of looked-up tokens without drafting them: the committed tokens
+    after a watched continuation are its verdicts (a match is an acceptance, the first difference
+    a rejection), and nothing is counted when a pending model draft before it was not kept."""
+    state = LookupState(LookupSettings(), ContextIndex([1, 2, 3], 64))
+    state.watch(10, [7], [4, 5, 6])
+    state.watch(10, [], [8])  # one at a time: ignored while the first is watched
+    for position, token in [(9, 2), (10, 7), (11, 4), (12, 5), (13, 9)]:
+        state.committed(position, token)
+    assert (state.outcomes.accepted, state.outcomes.tested) == pytest.approx((2, 3))
+    state.watch(20, [], [4, 5])
+    state.committed(20, 4)
+    state.committed(21, 5)  # the whole continuation came true
+    assert state.outcomes.accepted == pytest.approx(2 * 0.995**2 + 2)
+    state.watch(30, [7], [4])
+    state.committed(30, 3)  # the model's draft was replaced: no verdict on the continuation
+    assert state.outcomes.tested == pytest.approx(3 * 0.995**2 + 2) and not state.watched
 
 
 # --- 2. exactness ----------------------------------------------------------------------------------

@@ -384,6 +384,8 @@ class Decoder:
         k = len(candidate)
         if lookup.settings.mode == "auto":
             k = worth_drafting(candidate, lookup.outcomes.alpha, self._rows_cost(caller), self._token_cost())
+            if k == 0:
+                lookup.watch(len(self.committed), [d.token for d in self.pending], candidate)
         appended = 0
         for token in candidate[:k]:
             if not self.allows(token, len(self.committed) + len(self.pending)):
@@ -468,9 +470,10 @@ class Decoder:
                 self.finish_reason = "stop"
                 self.end_token = token
                 break
-            self.committed.append(token)
             if self.lookup is not None:
+                self.lookup.committed(len(self.committed), token)
                 self.lookup.index.extend((token,))
+            self.committed.append(token)
             self.origins.append(origin)
             if origin.kind == "bonus":
                 self.spec.bonus += 1

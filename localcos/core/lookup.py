@@ -136,3 +136,29 @@ class LookupState:
     outcomes: LookupOutcomes = field(default_factory=LookupOutcomes)
     proposed: int = 0
     accepted: int = 0
+    # A continuation auto left out, watched against what gets committed. Every committed token is
+    # a sample of r, so it equals a looked-up x with probability r(x), the probability that x's
+    # verification would accept it: these verdicts cost nothing, and auto learns from them when
+    # drafting would pay before it drafts.
+    watched: list[int] = field(default_factory=list)  # the pending drafts' tokens, then the continuation
+    watched_from: int = 0  # the position of watched[0]
+    watched_drafts: int = 0  # how many of watched are pending drafts (their outcome is not lookup's)
+
+    def watch(self, position: int, drafts: Sequence[int], continuation: Sequence[int]) -> None:
+        """Watch `continuation`, which would follow `drafts` from `position` on (one at a time)."""
+        if not self.watched:
+            self.watched, self.watched_from, self.watched_drafts = [*drafts, *continuation], position, len(drafts)
+
+    def committed(self, position: int, token: int) -> None:
+        """`token` was committed at `position`: a verdict on the watched continuation, maybe."""
+        i = position - self.watched_from
+        if not self.watched or i < 0:
+            return
+        looked_up = i - self.watched_drafts  # tokens of the continuation before this one
+        if i >= len(self.watched) or token != self.watched[i]:
+            if looked_up >= 0 and i < len(self.watched):
+                self.outcomes.observe(looked_up, 1)
+            self.watched = []
+        elif i + 1 == len(self.watched):
+            self.outcomes.observe(len(self.watched) - self.watched_drafts, 0)
+            self.watched = []
