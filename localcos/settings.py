@@ -559,7 +559,8 @@ class Settings:
             changes[opt.target][opt.attr] = value
         combine = replace(self.combine, **changes["combine"])
         if combine.combine != self.combine.combine:
-            combine = replace(combine, function=None).loaded()
+            # another combiner: the old one's parameters (a we preset's weights) do not carry over
+            combine = CombineSpec(**changes["combine"]).loaded()
         generation = replace(self.generation, **changes["generation"])
         new = replace(self, combine=combine, generation=generation, **changes["chat"])
         check_for_models(new.combine, new.generation, len(new.load.paths), new.chat_template_model, json=json)

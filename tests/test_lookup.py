@@ -162,7 +162,10 @@ def test_a_seed_pins_sampled_text_with_lookup_auto():
     """auto decides on planned costs and on this completion's own outcomes: the same seed gives
     the same sampled text however many generations ran before (a fake model's repetitive text
     makes lookup drafts and rejections frequent)."""
-    ens = Ensemble([FakeModel(seed=80, n_params=1000), FakeModel(seed=81, n_params=3000)], WeightedEnsemble())
+    models = [FakeModel(seed=80, n_params=1000), FakeModel(seed=81, n_params=3000)]
+    for m in models:
+        m.offloaded = "1/1"  # planned as on a GPU, where verification rows are cheap and auto drafts
+    ens = Ensemble(models, WeightedEnsemble())
     prompt = [1, 2, 3, 1, 2, 4, 1, 2]
     first = ens.generate(prompt, method="cos", gamma=2, lookup="auto", temperature=1.0, seed=11, max_tokens=60, ignore_eos=True)
     ens.generate(prompt, method="cos", gamma=2, lookup="auto", temperature=1.0, seed=12, max_tokens=60, ignore_eos=True)

@@ -206,6 +206,17 @@ def test_errors_have_openai_shape_and_status(server):
     assert server.health()["status"] == "ok"
 
 
+def test_a_request_for_another_combiner_leaves_the_servers_parameters_behind(pair):
+    """A server started with we weights (as a preset gives them) answers a request for cd: the
+    weights belong to we, so they do not follow the request to cd (they made it a 400)."""
+    from localcos.settings import resolve
+
+    served = resolve({"models": [str(p) for p in pair], "weights": [0.3, 0.7]}, json=True)
+    cd = served.with_values({"combine": "cd", "mu": 0.2}, json=True, parsed=True)
+    assert (cd.combine.combine, cd.combine.weights, cd.combine.mu) == ("cd", None, 0.2)
+    assert served.with_values({"mu": 0.2}, json=True, parsed=True).combine.weights == (0.3, 0.7)
+
+
 def test_queue_full_is_503_with_retry_after_and_the_api_key_guards(pair):
     models = ",".join(map(str, pair))
     with serving(["--models", models, "--ctx", "1024", "--max-queue", "0"], env={"LOCALCOS_API_KEY": "s3cret"}) as s:

@@ -139,9 +139,11 @@ class CallCosts:
 
 
 # What an extra token in a batch costs, in single-token calls, where a plan cannot wait for
-# measurements: on a CPU the step from a matrix-vector to a matrix-matrix call is steep (measured
-# 0.3 to 0.7 per token on the CPUs tried), on a GPU it is nearly free.
-PLANNED_EXTRA_TOKEN_CPU = 0.5
+# measurements: on a CPU the step from a matrix-vector to a matrix-matrix call is steep and each
+# later row still costs much (0.6-0.7 a row for a Q4_K_M model on an AVX2 CPU, benchmarks/
+# batch_cost.py; less with BF16 instructions); planning with the dear end keeps lookup drafts to
+# what pays there too. On a GPU an extra row is nearly free.
+PLANNED_EXTRA_TOKEN_CPU = 0.7
 PLANNED_EXTRA_TOKEN_GPU = PRIOR_EXTRA_TOKEN
 
 
