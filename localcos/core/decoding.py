@@ -371,9 +371,12 @@ class Decoder:
 
     def lookup_draft(self, caller: int | None) -> int:
         """Append draft tokens looked up in the context (`core.lookup`) after the pending ones;
-        returns how many. In auto mode only as many as pay: their expected saving (at this
-        completion's estimated cost per token) against what their rows add to the next calls
-        of `caller` (the model about to catch up; None: every model r uses) and of the others."""
+        returns how many. In auto mode only as many as pay: their expected saving against what
+        their rows add to the next calls of `caller` (the model about to catch up and draft on
+        after them; None: every model r uses, no model drafting) and of the others. An accepted
+        looked-up token saves what the alternative would spend on it: in cos, a single-token
+        draft call of `caller` (every model scores a row for it either way); with no model
+        drafting, this completion's cost per token."""
         lookup = self.lookup
         room = self.draft_room()
         if lookup is None or lookup.settings.mode == "off" or room <= 0:
@@ -383,7 +386,8 @@ class Decoder:
             return 0
         k = len(candidate)
         if lookup.settings.mode == "auto":
-            k = worth_drafting(candidate, lookup.outcomes.alpha, self._rows_cost(caller), self._token_cost())
+            saved = self._token_cost() if caller is None or self.costs is None else self.costs(caller, 1)
+            k = worth_drafting(candidate, lookup.outcomes.alpha, self._rows_cost(caller), saved)
             if k == 0:
                 lookup.watch(len(self.committed), [d.token for d in self.pending], candidate)
         appended = 0
