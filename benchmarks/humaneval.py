@@ -7,7 +7,8 @@ decoding under four combinations of the same two models, chosen per request: the
 the 1.5B alone (weights 1,0 and 0,1: r is one model's distribution and the other is never run),
 WE 0.5/0.5 and CD (mu 0.1, the 1.5B the expert), the two combinations decoded with cos (its
 greedy output is the ensemble's, up to llama.cpp's batch noise). Each program (prompt, completion,
-the problem's tests) runs in its own Python subprocess with a timeout.
+the problem's tests) runs in its own Python subprocess with a timeout. tok/s is completion tokens
+over each request's wall time, prompt included.
 
 This RUNS CODE THE MODELS WROTE, as every HumanEval harness does: run it on a machine you do not
 mind a stray program touching.
