@@ -112,15 +112,15 @@ def worth_drafting(
     candidate: Sequence[int],
     alpha: float,
     extra_cost: Callable[[int], float],
-    token_cost: float,
+    saving: float,
 ) -> int:
     """How many of `candidate`'s tokens are worth verifying (0: none): the k that maximises the
-    expected cost saved, sum_{j<=k} alpha^j token_cost (an accepted prefix of j tokens saves
-    their decoding), minus `extra_cost(k)`, what k more rows add to the models' calls."""
+    expected cost saved, sum_{j<=k} alpha^j saving (`saving`: what one accepted token saves),
+    minus `extra_cost(k)`, what k more rows add to the models' calls."""
     best_k, best_gain, saved, p = 0, 0.0, 0.0, 1.0
     for k in range(1, len(candidate) + 1):
         p *= alpha
-        saved += p * token_cost
+        saved += p * saving
         gain = saved - extra_cost(k)
         if gain > best_gain:
             best_k, best_gain = k, gain
@@ -129,13 +129,12 @@ def worth_drafting(
 
 @dataclass
 class LookupState:
-    """One completion's lookup: its context index and the counters its statistics report."""
+    """One completion's lookup: its context index, how its drafts fare, and the continuation it
+    watches."""
 
     settings: LookupSettings
     index: ContextIndex
     outcomes: LookupOutcomes = field(default_factory=LookupOutcomes)
-    proposed: int = 0
-    accepted: int = 0
     # A continuation auto left out, watched against what gets committed. Every committed token is
     # a sample of r, so it equals a looked-up x with probability r(x), the probability that x's
     # verification would accept it: these verdicts cost nothing, and auto learns from them when
