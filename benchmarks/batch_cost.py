@@ -16,8 +16,8 @@ import time
 import numpy as np
 
 from localcos.backend import Model
-from localcos.tools.synthetic import SETS, ensure_set
-from localcos.tools.testmodels import DTYPES
+from localcos.models.synthetic import SETS, ensure_set
+from localcos.models.weights import WEIGHT_TYPES as DTYPES
 
 
 def call_times(models: list[Model], n: int, reps: int) -> float:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from localcos.tools.loopback import ServeProcess
+from localcos.testing.loopback import ServeProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the river runs past the old mill and the village by the sea where the market opens in the morning".split()
@@ -73,7 +73,7 @@ def main() -> None:
     server_args = [*models, "--ctx", "2048"]
 
     from localcos import Ensemble
-    from localcos.settings import resolve
+    from localcos.config import resolve
 
     settings = resolve({"models": args.models} if args.models else {"preset": args.preset} if args.preset else {}, defaults={"synthetic": "demo"})
     with Ensemble.load(settings.load.paths, n_ctx=64) as ens:

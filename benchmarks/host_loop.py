@@ -21,7 +21,7 @@ import numpy as np
 
 from localcos import Ensemble
 from localcos.backend import ModelStats
-from localcos.testing import OwnSlot
+from localcos.testing.fakes import OwnSlot
 
 POOL = 256  # distinct logits rows per model: enough that rows are not all in the CPU cache
 

@@ -28,7 +28,7 @@ import tempfile
 import time
 from importlib import resources
 
-from localcos.tools.loopback import ServeProcess
+from localcos.testing.loopback import ServeProcess
 
 CONFIGS = {
     "0.5B alone": {"method": "ensemble", "combine": "we", "weights": [1, 0]},

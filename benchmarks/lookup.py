@@ -22,9 +22,9 @@ from collections import defaultdict
 from localcos import Ensemble, WeightedEnsemble
 from localcos.chat import ChatFormatter, Message
 from localcos.core import lookup as lookup_module
-from localcos.settings import parse_gamma
+from localcos.config import parse_gamma
 from localcos.stats import GenerationStats
-from localcos.tools.registry import Registry
+from localcos.models.registry import Registry
 
 CODE = '''def moving_average(values, window):
     result = []

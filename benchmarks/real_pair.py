@@ -22,10 +22,10 @@ from dataclasses import asdict
 
 from localcos import Contrastive, Ensemble, WeightedEnsemble
 from localcos.chat import ChatFormatter, Message
-from localcos.settings import parse_gamma
+from localcos.config import parse_gamma
 from localcos.tools import bench
 from localcos.tools.prompts import BUILTIN_PROMPTS
-from localcos.tools.registry import Registry
+from localcos.models.registry import Registry
 
 CHAT_QUESTIONS = [
     "Explain in two sentences what a Python generator is.",

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 
-from localcos.tools.loopback import RpcServerProcess
+from localcos.testing.loopback import RpcServerProcess
 
 PROMPTS = ["The river flows from the mountains", "Once upon a time there was", "Two plus two makes", "The old mill by the water"]
 METHODS = ("ensemble", "cos")
@@ -115,7 +115,7 @@ class Proxy:
 def load(args: argparse.Namespace, endpoint):
     from localcos import Ensemble
     from localcos.backend.rpc import Endpoint
-    from localcos.settings import resolve
+    from localcos.config import resolve
 
     settings = resolve({"synthetic": args.set, "ctx": 2048})
     where = [()] * len(settings.load.paths)
@@ -214,7 +214,7 @@ def main() -> None:
         print(json.dumps(measure(args)))
         return
 
-    from localcos.tools.synthetic import ensure_set
+    from localcos.models.synthetic import ensure_set
 
     ensure_set(args.set, progress=lambda m: print(m, file=sys.stderr))
     delays = [float(d) for d in args.delays.split(",")]

@@ -28,7 +28,7 @@ import time
 
 import httpx
 
-from localcos.tools.loopback import ServeProcess
+from localcos.testing.loopback import ServeProcess
 
 PROMPTS = ["The river flows from the mountains", "Once upon a time there was", "Two plus two makes", "The old mill by the water"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from localcos.tools.loopback import ServeProcess
+from localcos.testing.loopback import ServeProcess
 
 SCHEMA = {
     "type": "object",

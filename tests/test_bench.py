@@ -144,7 +144,7 @@ def test_during_ensemble_steps_the_controller_learns_acceptance_as_one_minus_tv(
     from localcos.core.speedmodel import AutoGamma
 
     with Ensemble.load([models["base"], models["sibling"]], n_ctx=256) as ens:
-        auto = ens._auto.get(("cos", ens.combiner.describe(), Sampler()), (True, True))
+        auto = ens.auto.get(("cos", ens.combiner.describe(), Sampler()), (True, True))
         auto.ensemble_tokens_per_second = lambda cost=None: float("inf")  # force gamma 0
         out = ens.generate("The river runs", method="cos", gamma="auto", max_tokens=40, seed=0, ignore_eos=True)
         assert out.stats.proposed == 0 and len(out.token_ids) == 40  # no drafts: the ensemble's steps
@@ -184,7 +184,7 @@ def test_auto_gamma_end_to_end(models):
     with Ensemble.load([models["base"], models["larger"]], n_ctx=256) as ens:
         out = ens.generate("The river runs", method="cos", gamma="auto", max_tokens=48, seed=0, ignore_eos=True)
         assert len(out.token_ids) == 48 and out.stats.proposed > 0
-        assert len(ens._auto) == 1, "the controller is kept on the ensemble and learns across calls"
+        assert len(ens.auto) == 1, "the controller is kept on the ensemble and learns across calls"
         greedy = ens.generate("The river runs", method="cos", gamma="auto", max_tokens=48, temperature=0, ignore_eos=True)
         reference = ens.generate("The river runs", method="ensemble", max_tokens=48, temperature=0, ignore_eos=True)
         assert greedy.token_ids == reference.token_ids

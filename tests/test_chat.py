@@ -12,7 +12,7 @@ import pytest
 from localcos import Ensemble
 from localcos.chat import ChatFormatter, Message, render
 from localcos.errors import ConfigError
-from localcos.tools.testmodels import CHAT_TEMPLATE
+from localcos.models.writer import CHAT_TEMPLATE
 
 CONVERSATION = [Message("system", "Be brief."), Message("user", "Where does the river go?")]
 

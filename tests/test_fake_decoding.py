@@ -17,6 +17,7 @@ from fakes import FakeModel, exact_joint
 from localcos import Contrastive, Ensemble, LogitMix, WeightedEnsemble
 from localcos.core.sampling import Sampler
 from localcos.core.speedmodel import AutoGamma, CallCosts
+from localcos.testing.invariants import checked
 from statcheck import assert_matches
 
 LENGTH = 3
@@ -30,7 +31,7 @@ def joint_test(models, combiner, method, gamma, settings, seed, prompt=(1, 2), *
     sampler's, `generation` more generation settings (lookup ...)."""
     ens = Ensemble(models, combiner)
     prompt = list(prompt)
-    outs = ens.generate_many(prompt, N, method=method, gamma=gamma, max_tokens=LENGTH, seed=seed, check_invariants=True, **settings, **generation)
+    outs = checked(ens).generate_many(prompt, N, method=method, gamma=gamma, max_tokens=LENGTH, seed=seed, **settings, **generation)
     seqs = Counter(tuple(o.token_ids) for o in outs)
     probs = exact_joint(models, ens.combiner, Sampler(**settings), prompt, LENGTH)
     index = {s: i for i, s in enumerate(probs)}

@@ -48,7 +48,7 @@ def test_kept_memory_removes_the_page_faults_of_each_token():
 
 def test_an_ensemble_keeps_freed_memory(monkeypatch):
     calls = []
-    monkeypatch.setattr("localcos.ensemble.keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr("localcos.runtime.loaded.keep_freed_memory", lambda: calls.append(1) or True)
     Ensemble([FakeModel(seed=1), FakeModel(seed=2)])
     assert calls == [1]
 

@@ -22,6 +22,7 @@ from fakes import FakeModel
 from localcos import Contrastive, Ensemble, WeightedEnsemble
 from localcos.core.lookup import ContextIndex, LookupSettings, LookupState, worth_drafting
 from localcos.core.verify import verify
+from localcos.testing.invariants import checked
 from statcheck import assert_matches
 from test_fake_decoding import joint_test
 
@@ -138,9 +139,9 @@ def test_greedy_with_lookup_equals_the_ensemble_and_saves_calls(models, combine)
         prompt = ens.tokenize(REPEATING * 2)
         settings = dict(temperature=0, max_tokens=48, ignore_eos=True)
         reference = ens.generate(prompt, method="ensemble", **settings)
-        without = ens.generate(prompt, method="cos", gamma=2, lookup="off", check_invariants=True, **settings)
+        without = checked(ens).generate(prompt, method="cos", gamma=2, lookup="off", **settings)
         for proposer in (None, "lookup"):
-            out = ens.generate(prompt, method="cos", gamma=2, proposer=proposer, lookup="on", lookup_ngram=(2, 12), check_invariants=True, **settings)
+            out = checked(ens).generate(prompt, method="cos", gamma=2, proposer=proposer, lookup="on", lookup_ngram=(2, 12), **settings)
             assert_same_or_near_tie(out.token_ids, reference.token_ids, paths, ens.combiner, prompt, f"lookup {proposer}")
             assert out.stats.lookup_proposed > 0
             assert all(o.kind != "lookup" or o.model is None for o in out.origins)

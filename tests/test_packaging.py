@@ -40,7 +40,7 @@ def test_a_wheel_installs_the_models_toml_and_the_chat_under_localcos(tmp_path):
     check = f"""
 import importlib.util, pathlib
 import localcos
-from localcos.tools import registry
+from localcos.models import registry
 site = pathlib.Path({str(site)!r})
 assert pathlib.Path(localcos.__file__).is_relative_to(site), localcos.__file__
 assert registry.BUILTIN == site / "localcos" / "models.toml", registry.BUILTIN

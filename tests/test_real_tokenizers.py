@@ -20,8 +20,9 @@ from localcos.backend import Model
 from localcos.chat import ChatFormatter, Message
 from localcos.core.sampling import Sampler
 from localcos.core.text import TextAssembler
-from localcos.tools import llamacpp_sdist
-from localcos.tools.testmodels import ModelSpec, cached_model
+from localcos.testing import llamacpp_sdist
+from localcos.models.writer import ModelSpec, cached_model
+from localcos.testing.invariants import checked
 from statcheck import assert_matches
 
 PROMPTS = ["The river runs past the old mill", "日本語のテキストと絵文字 🦙 を書く。Naïve café"]
@@ -87,7 +88,7 @@ def test_greedy_methods_equal_the_ensemble_and_a_llama_cpp_python_reference(real
             reference = reference_greedy(paths, reference_combine, prompt, 32)
             near_ties.add(assert_same_or_near_tie(ensemble.token_ids, reference, paths, ens.combiner, prompt, "ensemble vs llama-cpp-python"))
             for method in ("sd", "naive-cos", "cos"):
-                out = ens.generate(prompt, method=method, gamma=3, temperature=0, max_tokens=32, ignore_eos=True, check_invariants=True)
+                out = checked(ens).generate(prompt, method=method, gamma=3, temperature=0, max_tokens=32, ignore_eos=True)
                 near_ties.add(assert_same_or_near_tie(out.token_ids, ensemble.token_ids, paths, ens.combiner, prompt, method))
                 assert out.stats.proposed > 0
     assert len(near_ties - {None}) <= 1  # near-ties are rare: at most one close call in these prompts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from localcos.errors import ConfigError, ModelFileError, ModelNotAvailableError
-from localcos.tools.registry import BUILTIN, Registry, parse_hf_ref
+from localcos.models.registry import BUILTIN, Registry, parse_hf_ref
 
 
 def write(tmp_path, text, name="models.toml"):

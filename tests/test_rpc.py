@@ -27,8 +27,8 @@ from localcos import Ensemble, RemoteError, WeightedEnsemble
 from localcos.backend import rpc
 from localcos.backend.rpc import Endpoint, probe
 from localcos.errors import ConfigError, RpcUnavailableError
-from localcos.settings import format_rpc, parse_rpc, resolve
-from localcos.tools.testmodels import cached_model
+from localcos.config import format_rpc, parse_rpc, resolve
+from localcos.models.writer import cached_model
 from test_server import serving
 from test_speculative import SAMPLING_CASES, check_sampling
 

@@ -16,7 +16,8 @@ import pytest
 from localcos import Contrastive, CustomCombiner, Ensemble, LogitMix, WeightedEnsemble
 from localcos.backend import Model
 from localcos.errors import ConfigError, PromptTooLongError
-from localcos.tools import score
+from localcos.eval.choices import load_choices, score_choices
+from localcos.eval.perplexity import perplexity
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "examples" / "river.txt").read_text()
@@ -108,7 +109,7 @@ def test_perplexity_windows_and_formula_match_a_numpy_computation(models):
     n_ctx = 64
     with Ensemble.load([models["base"], models["sibling"]], n_ctx=n_ctx) as ens:
         combiner = WeightedEnsemble([0.5, 0.5])
-        result = score.perplexity(ens, TEXT, [combiner])
+        result = perplexity(ens, TEXT, [combiner])
         tokens = ens.tokenize(TEXT)
         m = ens.models[0]
     assert m.add_bos and result.windows == len(tokens) // n_ctx >= 2
@@ -144,10 +145,10 @@ def test_loglikelihood_evaluates_the_context_once_and_matches_numpy(pair, models
 
 
 def test_the_multiple_choice_set_scores_every_choice_like_numpy(pair, models):
-    items = score.load_choices(ROOT / "examples" / "choices.jsonl")
+    items = load_choices(ROOT / "examples" / "choices.jsonl")
     assert len(items) >= 30
     some = items[:6]
-    result = score.score_choices(pair, some, [pair.combiner])
+    result = score_choices(pair, some, [pair.combiner])
     for k, item in enumerate(some):
         ctx = pair.tokenize(item.context)
         for c, choice in enumerate(item.choices):
@@ -163,7 +164,7 @@ def test_scoring_errors(pair):
     with pytest.raises(ConfigError, match="nothing to score"):
         pair.score("")
     with pytest.raises(ConfigError, match="needs at least"):
-        score.perplexity(pair, "a short text", [pair.combiner], n_ctx=64)
+        perplexity(pair, "a short text", [pair.combiner], n_ctx=64)
     with pytest.raises(PromptTooLongError):
         pair.score(TEXT * 3)
 
@@ -226,7 +227,7 @@ def test_scoring_host_memory_stays_bounded_at_a_152k_vocabulary(models):
     2 x 256 x 151936 x 4 bytes = 311 MiB; the scorer asks llama.cpp for SCORING_LOGIT_ROWS rows a
     call and reads them in place, a slice at a time, so the growth is llama.cpp's own output
     buffer (that many rows per model) and a slice's temporaries."""
-    from localcos.scoring import SCORING_LOGIT_ROWS
+    from localcos.runtime.scoring import SCORING_LOGIT_ROWS
     from localcos.tools.bench import RssSampler, current_rss_mb
 
     paths = [models["vocab152k"], models["vocab152k_padded"]]
@@ -235,7 +236,7 @@ def test_scoring_host_memory_stays_bounded_at_a_152k_vocabulary(models):
         ens.score(tokens[:200])  # llama.cpp sizes its output buffer on first use
         base = current_rss_mb()
         with RssSampler(interval=0.005) as rss:
-            result = score.perplexity(ens, ens.detokenize(tokens), [ens.combiner], n_ctx=512)
+            result = perplexity(ens, ens.detokenize(tokens), [ens.combiner], n_ctx=512)
         growth = rss.peak - base
     assert result.windows >= 2
     assert all(m.max_logit_rows == SCORING_LOGIT_ROWS for m in ens.models)

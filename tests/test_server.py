@@ -20,8 +20,8 @@ from conftest import REAL_SPECS, assert_same_or_near_tie
 from localcos import Ensemble, WeightedEnsemble
 from localcos.backend import Model
 from localcos.chat import ChatFormatter, Message
-from localcos.tools.loopback import ServeProcess
-from localcos.tools.testmodels import cached_model
+from localcos.testing.loopback import ServeProcess
+from localcos.models.writer import cached_model
 
 START_TIMEOUT = 90  # seconds for a server to load its models and answer /health
 PROMPTS = [
@@ -209,7 +209,7 @@ def test_errors_have_openai_shape_and_status(server):
 def test_a_request_for_another_combiner_leaves_the_servers_parameters_behind(pair):
     """A server started with we weights (as a preset gives them) answers a request for cd: the
     weights belong to we, so they do not follow the request to cd (they made it a 400)."""
-    from localcos.settings import resolve
+    from localcos.config import resolve
 
     served = resolve({"models": [str(p) for p in pair], "weights": [0.3, 0.7]}, json=True)
     cd = served.with_values({"combine": "cd", "mu": 0.2}, json=True, parsed=True)

@@ -20,8 +20,9 @@ from localcos import Contrastive, Ensemble, LogitMix, WeightedEnsemble
 from localcos.backend import Model
 from localcos.core.decoding import Decoder, Draft
 from localcos.core.sampling import Sampler
-from localcos.tools.testmodels import cached_model
+from localcos.models.writer import cached_model
 from localcos.core.text import TextAssembler
+from localcos.testing.invariants import assert_invariants, checked
 from statcheck import assert_matches
 
 SPECULATIVE = ("sd", "naive-cos", "cos")
@@ -99,8 +100,8 @@ def test_greedy_equals_the_standard_ensemble(ensembles, key):
         assert len(reference.token_ids) == 64
         for method in SPECULATIVE:
             for gamma in gammas:
-                out = ens.generate(
-                    prompt, method=method, gamma=gamma, temperature=0, max_tokens=64, ignore_eos=True, check_invariants=True
+                out = checked(ens).generate(
+                    prompt, method=method, gamma=gamma, temperature=0, max_tokens=64, ignore_eos=True
                 )
                 if out.token_ids == reference.token_ids:
                     continue
@@ -222,7 +223,7 @@ def test_rollback_restores_every_cache(models):
         assert dec.verify_pending(3)  # rejected at the second draft token
         assert dec.committed[n0] == best and len(dec.committed) == n0 + 2
         assert all(len(m.tokens) == n0 + 1 for m in ens.models)
-        dec.check_invariants()
+        assert_invariants(dec)
         for i, path in enumerate(paths):
             run_step(dec.catch_up(i), ens.models)
             expected = fresh_rows([path], dec.committed)[0][0]
@@ -242,7 +243,7 @@ def test_limits_eos_and_stop_strings_end_where_the_ensemble_ends(models, method)
         for text in PROMPTS:  # greedy: the prompt and the limit, not a seed, decide where it ends
             for limit in (3, 40):
                 ref = ens.generate(text, method="ensemble", temperature=0, max_tokens=limit)
-                out = ens.generate(text, method=method, gamma=4, temperature=0, max_tokens=limit, check_invariants=True)
+                out = checked(ens).generate(text, method=method, gamma=4, temperature=0, max_tokens=limit)
                 assert (out.token_ids, out.text, out.finish_reason) == (ref.token_ids, ref.text, ref.finish_reason)
                 finish.add(ref.finish_reason)
         assert finish == {"stop", "length"}, "the prompts must end both ways: by an end token and by the limit"
@@ -255,11 +256,11 @@ def test_limits_eos_and_stop_strings_end_where_the_ensemble_ends(models, method)
         assert (out.text, out.finish_reason) == (ref.text, "stop")
         # max tokens: drafts stop at the limit (check_invariants asserts it every round)
         for max_tokens in (1, 2, 5):
-            out = ens.generate(PROMPTS[0], method=method, gamma=4, max_tokens=max_tokens, ignore_eos=True, seed=1, check_invariants=True)
+            out = checked(ens).generate(PROMPTS[0], method=method, gamma=4, max_tokens=max_tokens, ignore_eos=True, seed=1)
             assert len(out.token_ids) == max_tokens and out.finish_reason == "length"
             full = prompt + out.token_ids
             assert all(len(prompt) <= len(m.tokens) and m.tokens == full[: len(m.tokens)] for m in ens.models)
     # context: the completion fills the context exactly, without an error
     with Ensemble.load([models["base"], models["sibling"]], n_ctx=40) as ens:
-        out = ens.generate(PROMPTS[0], method=method, gamma=4, max_tokens=500, ignore_eos=True, seed=2, check_invariants=True)
+        out = checked(ens).generate(PROMPTS[0], method=method, gamma=4, max_tokens=500, ignore_eos=True, seed=2)
         assert out.finish_reason == "length" and len(ens.tokenize(PROMPTS[0])) + len(out.token_ids) == 40

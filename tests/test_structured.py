@@ -32,7 +32,8 @@ from localcos.core.sampling import Sampler
 from localcos.core.text import TextAssembler
 from localcos.errors import ConfigError
 from localcos.grammar import Matcher, gbnf, json_schema
-from localcos.tools.testmodels import cached_model
+from localcos.models.writer import cached_model
+from localcos.testing.invariants import assert_invariants, checked
 from statcheck import assert_matches
 from test_server import serving
 
@@ -49,7 +50,7 @@ def test_the_joint_law_under_a_grammar_is_the_constrained_r(method, gamma):
     models = [FakeModel(seed=20 + i, n_params=1000 * (i + 1)) for i in range(2)]
     combiner = WeightedEnsemble([0.4, 0.6])
     ens = Ensemble(models, combiner)
-    outs = ens.generate_many([1, 2], 2000, method=method, gamma=gamma, max_tokens=3, seed=17, grammar=gbnf(PARITY), check_invariants=True)
+    outs = checked(ens).generate_many([1, 2], 2000, method=method, gamma=gamma, max_tokens=3, seed=17, grammar=gbnf(PARITY))
     probs = exact_joint(models, ens.combiner, Sampler(), [1, 2], 3, allowed=allowed_next)
     index = {s: i for i, s in enumerate(probs)}
     counts = Counter()
@@ -84,7 +85,7 @@ def test_a_draft_token_the_grammar_refuses_is_rejected_and_the_matcher_rolls_bac
     assert dec.constraint.consumed == []  # the matcher stopped before it
     assert dec.verify_pending(3)  # rejected at once: r, constrained, gives an odd token nothing
     assert len(dec.committed) == len(prompt) + 1 and dec.committed[-1] % 2 == 0  # resampled: even
-    dec.check_invariants()
+    assert_invariants(dec)
     dec.mask(len(dec.committed))
     assert dec.constraint.consumed == dec.committed[len(prompt) :]  # rolled back and moved on
 
@@ -123,8 +124,7 @@ def test_every_sampled_completion_validates_under_the_schema(qwen_pair):
     constraint = json_schema(SCHEMA)
     with Ensemble.load(qwen_pair, n_ctx=512, parallel=4) as ens:
         for method, extra in (("ensemble", {}), ("sd", {}), ("naive-cos", {}), ("cos", {}), ("cos", {"lookup": "on", "lookup_ngram": (1, 4)})):
-            outs = ens.generate_many("A person:", 12, method=method, gamma=3, max_tokens=120, temperature=1.0, seed=5, json_schema=constraint,
-                                     check_invariants=True, **extra)  # fmt: skip
+            outs = checked(ens).generate_many("A person:", 12, method=method, gamma=3, max_tokens=120, temperature=1.0, seed=5, json_schema=constraint, **extra)  # fmt: skip
             for o in outs:
                 assert o.finish_reason == "stop" and valid(o.text), (method, o.finish_reason, o.text)
         # greedy, the four methods agree (a near-tie aside) and stay valid
@@ -160,7 +160,7 @@ def test_a_bad_constraint_is_one_line_before_any_model_is_loaded(models, flag, v
 @pytest.fixture(scope="module")
 def tools_pair(llama_vocab, model_dir):
     """Qwen2's vocabulary with Qwen2.5's chat template, which describes tools."""
-    from localcos.tools import llamacpp_sdist
+    from localcos.testing import llamacpp_sdist
 
     vocab, spec = REAL_SPECS["qwen2"]
     template = llamacpp_sdist.template("Qwen-Qwen2.5-7B-Instruct")

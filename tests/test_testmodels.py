@@ -9,7 +9,7 @@ import numpy as np
 from conftest import BASE
 from localcos.backend import Model
 from localcos.core.sampling import softmax
-from localcos.tools.testmodels import ModelSpec, build_vocab, cached_model, write_model
+from localcos.models.writer import ModelSpec, build_vocab, cached_model, write_model
 
 TEXT = "The small model writes a draft and the large model checks it, one token at a time."
 
@@ -115,7 +115,8 @@ def test_quantised_files_are_smaller(tmp_path):
 
 
 def test_the_settings_offer_exactly_the_writers_weight_types():
-    from localcos.settings import OPTIONS, WEIGHT_TYPES
-    from localcos.tools.testmodels import DTYPES
+    from localcos.config import OPTIONS
+    from localcos.models.weights import WEIGHT_TYPES
+    from localcos.models.writer import WEIGHT_TYPES as DTYPES
 
     assert WEIGHT_TYPES == DTYPES == OPTIONS["synthetic_dtype"].choices

@@ -31,6 +31,7 @@ import pytest
 from localcos import Contrastive, Ensemble, WeightedEnsemble
 from localcos.backend import Model
 from localcos.core.sampling import softmax
+from localcos.testing.invariants import checked
 from statcheck import assert_matches
 from test_server import serving
 
@@ -105,7 +106,7 @@ def test_greedy_methods_agree_within_the_measured_batch_noise(ens, pair, combine
         settings = dict(combiner=combiner, temperature=0, max_tokens=20, ignore_eos=True)
         reference = ens.generate(prompt, method="ensemble", **settings)
         for method in ("sd", "naive-cos", "cos"):
-            out = ens.generate(prompt, method=method, gamma=4, check_invariants=True, **settings)
+            out = checked(ens).generate(prompt, method=method, gamma=4, **settings)
             assert out.stats.proposed > 0 and out.stats.models[1].calls < reference.stats.models[1].calls, method
             if out.token_ids == reference.token_ids:
                 continue
@@ -144,8 +145,8 @@ def test_every_method_samples_the_first_token_from_r(ens, combine):
 
 @pytest.mark.parametrize("combine", list(COMBINERS))
 def test_sampled_cos_keeps_every_cache_exact_through_rejections(ens, combine):
-    out = ens.generate(CODE_PROMPTS[1], combiner=COMBINERS[combine], method="cos", gamma=4, temperature=1.0, max_tokens=40, seed=11,
-                       ignore_eos=True, check_invariants=True)  # fmt: skip
+    out = checked(ens).generate(CODE_PROMPTS[1], combiner=COMBINERS[combine], method="cos", gamma=4, temperature=1.0, max_tokens=40, seed=11,
+                       ignore_eos=True)  # fmt: skip
     assert len(out.token_ids) == 40 and out.stats.rejected > 0 and out.stats.accepted > out.stats.rejected
     committed = ens.tokenize(CODE_PROMPTS[1]) + out.token_ids
     for m in ens.models:  # each cache holds the completion (its last token needs no evaluation)

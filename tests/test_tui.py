@@ -14,7 +14,7 @@ from localcos.backend import RemoteModel
 from localcos.backend import model as backend_model
 from localcos.ensemble import Ensemble
 from localcos.errors import ModelFileError
-from localcos.settings import resolve
+from localcos.config import resolve
 from localcos.tui.app import ChatApp
 from localcos.tui.screens import SettingsScreen
 from localcos.tui.widgets import Legend, MessageView, StatsPanel

@@ -20,9 +20,10 @@ from textual.widgets import Footer, Header, Input, ProgressBar
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from localcos.chat import ChatFormatter, Conversation
-from localcos.ensemble import Completion, Ensemble, Stream
+from localcos.ensemble import Ensemble
+from localcos.runtime import Completion, Stream
 from localcos.errors import LocalcosError
-from localcos.settings import Settings
+from localcos.config import Settings
 
 from .screens import HelpScreen, SettingsScreen
 from .transcript import Transcript
@@ -35,7 +36,7 @@ def load_for(settings: Settings) -> Loader:
     """The loader of `settings`: the ensemble, and its chat formatter."""
 
     def loader(progress: Callable[[int, int, str], None]) -> tuple[Ensemble, ChatFormatter]:
-        ens = settings.load.load(settings.combiner(), progress)
+        ens = Ensemble.from_spec(settings.load, settings.combiner(), progress=progress)
         try:
             return ens, ChatFormatter(ens, settings.chat_template_model)
         except LocalcosError:

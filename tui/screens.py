@@ -8,7 +8,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Markdown, Select
 
 from localcos.errors import ConfigError
-from localcos.settings import OPTIONS, Settings
+from localcos.config import OPTIONS, Settings
 
 # The options a running chat can change, in the order the form shows them: everything about
 # combining and generating (loading options need the models reloaded, so they stay on the

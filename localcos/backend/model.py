@@ -100,7 +100,7 @@ def _offloaded_layers() -> str | None:
     return None
 
 
-def _last_llama_error() -> str:
+def last_llama_error() -> str:
     """The most telling llama.cpp error logged since the last call (the first one: later lines
     only say that loading failed)."""
     with _LOG_LOCK:
@@ -254,10 +254,10 @@ class Model:
 
             progress_callback = llama_cpp.llama_progress_callback(on_progress)
             mparams.progress_callback = progress_callback
-        _last_llama_error()
+        last_llama_error()
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
-            detail = _last_llama_error() or "llama.cpp could not load it"
+            detail = last_llama_error() or "llama.cpp could not load it"
             raise ModelFileError(
                 f"cannot load {self.path}: {_clean_llama_error(detail)}; download the file again or check "
                 "that this llama.cpp build supports its architecture"
@@ -306,7 +306,7 @@ class Model:
         cparams.flash_attn_type = FLASH_ATTN[flash_attn]
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
-            detail = _last_llama_error() or "llama.cpp could not create a context"
+            detail = last_llama_error() or "llama.cpp could not create a context"
             self.close()
             raise ModelFileError(f"cannot create a context for {self.path}: {_clean_llama_error(detail)}")
         self.n_ctx: int = min(n_ctx, llama_cpp.llama_n_ctx(self._ctx) // n_seq)

@@ -7,6 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..tools.plotting import plot_speedups, require_matplotlib
 from .options import add_options, loading_progress, resolve
 
 DEFAULTS = {"ctx": 2048}
@@ -49,10 +50,12 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from ..core.decoding import METHODS, cheapest
     from dataclasses import replace
 
-    from ..settings import parse_choice, parse_float, parse_gamma, parse_int, parse_ints
+    from ..config import OPTIONS, GenerationConfig, check_for_models
+    from ..config.parse import parse_choice, parse_gamma, parse_int, parse_ints
+    from ..core.decoding import METHODS, cheapest
+    from ..ensemble import Ensemble
     from ..tools import bench
     from ..tools.prompts import load_prompts
 
@@ -63,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(gamma, tuple):  # cannot happen for one item; keeps the types honest
             raise ConfigError(f"--gamma sweeps single values, got {g!r}")
         gammas.append(gamma)  # type: ignore[arg-type]
-    temperatures = [parse_float(t, "--temperature", minimum=0) for t in args.temperatures.split(",")]
-    max_tokens = parse_int(args.max_tokens, "--max-tokens", minimum=1)
+    temperatures = [OPTIONS["temperature"].check(t) for t in args.temperatures.split(",")]
+    max_tokens = OPTIONS["max_tokens"].check(args.max_tokens)
     repeat = parse_int(args.repeat, "--repeat", minimum=1)
     seed = parse_int(args.seed, "--seed", minimum=0)
     limit = parse_int(args.limit_prompts, "--limit-prompts", minimum=1) if args.limit_prompts is not None else None
@@ -77,18 +80,16 @@ def run(args: argparse.Namespace) -> int:
     settings = resolve(args, DEFAULTS)
     levels = sorted(set(parse_ints(args.sequences, "--sequences", minimum=1))) if args.sequences else None
     if levels:
-        if any(settings.load.rpc):
-            raise ConfigError("--sequences needs every model here: models on RPC servers decode one sequence at a time")
         settings = replace(settings, load=replace(settings.load, parallel=max(levels)))
+    if args.plot:
+        require_matplotlib()
     n_models = len(settings.load.paths)
     members = _members(args.alone, n_models)
     proposer = parse_int(args.proposer, "--proposer", minimum=0) if args.proposer is not None else None
-    if proposer is not None and proposer >= n_models:
-        raise ConfigError(f"--proposer must be a model index from 0 to {n_models - 1}, got {proposer}")
-    if n_models < 2 and any(m != "ensemble" for m in methods):
-        raise ConfigError("the speculative methods need at least 2 models")
+    for method in methods:  # the rules every generation of the bench obeys, before anything loads
+        check_for_models(GenerationConfig(method=method, proposer=proposer), n_models)
     rss_start = bench.current_rss_mb()
-    with settings.load.load(settings.combiner(), loading_progress) as ens:
+    with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress) as ens:
         rss_loaded = bench.current_rss_mb()
         proposer = cheapest(ens.n_params) if proposer is None else proposer
         big = bench.largest(ens.n_params)
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         names = [Path(p).name for p in settings.load.paths]
         if levels:
             print(
-                f"localcos bench: {', '.join(names)} | combine {ens.combiner.describe()} | sequences decoded together: "
+                f"localcos bench: {', '.join(names)} | combine {ens.combiner.description} | sequences decoded together: "
                 f"{', '.join(map(str, levels))} | {len(prompts)} prompts in turn | max {max_tokens} tokens | {repeat} pass(es)"
             )
             print(bench.format_throughput(throughput, names))
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         tasks = sorted({t for t, _ in prompts})
         shown = rows if args.per_task else [r for r in rows if r.task == "all"]
         print(
-            f"localcos bench: {', '.join(names)} | combine {ens.combiner.describe()} | proposer {names[proposer]} | "
+            f"localcos bench: {', '.join(names)} | combine {ens.combiner.description} | proposer {names[proposer]} | "
             f"{len(prompts)} prompts ({', '.join(tasks)}) x {repeat} | max {max_tokens} tokens"
         )
         print(bench.format_table(shown, names, f"{settings.name} "))
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         )
         report = {
             "models": [str(p) for p in settings.load.paths],
-            "combiner": ens.combiner.describe(),
+            "combiner": ens.combiner.description,
             "proposer": proposer,
             "settings": {
                 "methods": methods,
@@ -175,13 +176,13 @@ def run(args: argparse.Namespace) -> int:
         if args.csv:
             bench.write_csv(args.csv, rows)
         if args.plot:
-            bench.plot(args.plot, rows, settings.name or "bench")
+            plot_speedups(args.plot, rows, settings.name or "bench")
     return 0
 
 
 def _members(value: str, n_models: int) -> list[int] | str:
     """--alone: which models also decode alone ("largest": known once the models are loaded)."""
-    from ..settings import parse_ints
+    from ..config.parse import parse_ints
 
     text = value.strip()
     if text == "none":

@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools.synthetic import SETS
+    from ..ensemble import Ensemble
+    from ..models.synthetic import SETS
 
     synthetic = not (args.models or args.preset)
     t0 = time.perf_counter()
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"localcos demo: {settings.name}")
         config = settings.generation
     say(f"prompt: {args.prompt!r}\n")
-    with settings.load.load(settings.combiner(), loading_progress) as ens:
+    with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress) as ens:
         ens.generate(args.prompt, method="ensemble", max_tokens=4, ignore_eos=True)  # warm up
         baseline = ens.generate(args.prompt, config=replace(config, method="ensemble"))
         stream = ens.stream(args.prompt, config=replace(config, method="cos"))

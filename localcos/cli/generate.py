@@ -29,7 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..chat import ChatFormatter, Message
-    from ..settings import default_parallel, parse_int
+    from ..ensemble import Ensemble
+    from ..config import default_parallel
+    from ..config.parse import parse_int
     from ..stats import GenerationStats
 
     prompt = args.prompt
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     config = settings.generation
     if config.seed is None:  # a seed the user can repeat: printed with the stats
         config = replace(config, seed=int.from_bytes(os.urandom(4), "little"))
-    with settings.load.load(settings.combiner(), loading_progress) as ens:
+    with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress) as ens:
         if args.chat:
             formatter = ChatFormatter(ens, settings.chat_template_model)
             if formatter.note:

@@ -9,7 +9,7 @@ from .options import info
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..settings import WEIGHT_TYPES
+    from ..models.weights import WEIGHT_TYPES
 
     p = sub.add_parser(
         "make-test-models",
@@ -29,8 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..backend import check_gguf_file
     from ..errors import ConfigError
-    from ..settings import parse_int
-    from ..tools.testmodels import standard_test_models
+    from ..config.parse import parse_int
+    from ..models.writer import standard_test_models
 
     vocab = parse_int(args.vocab, "--vocab", minimum=400)
     if vocab > 300_000:

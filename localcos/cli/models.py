@@ -24,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..settings import parse_refs
-    from ..tools.registry import Registry
+    from ..config.parse import parse_refs
+    from ..models.registry import Registry
 
     registry = Registry.load(args.config)
     if args.action == "list":
@@ -71,7 +71,7 @@ def _list(registry) -> int:
 
 
 def _info(path: Path) -> int:
-    from ..tools.ggufinfo import read_info
+    from ..models.header import read_info
 
     info = read_info(path)
     lines = [

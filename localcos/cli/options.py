@@ -1,5 +1,5 @@
 """The command line's side of the settings layer: argparse options made from the declarations in
-`localcos.settings`, and the helpers every subcommand shares (one-line errors, progress lines)."""
+`localcos.config`, and the helpers every subcommand shares (one-line errors, progress lines)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import socket
 import sys
 from typing import Any, Iterable, Mapping
 
-from .. import settings as settings_layer
 from ..errors import ConfigError
-from ..settings import GROUPS, OPTIONS, Settings
+from ..config import GROUPS, OPTIONS, Settings
+from ..config import resolve as resolve_settings
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -68,14 +68,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def parse_port(text: str, what: str = "--port") -> int:
-    """A TCP port, 0 to 65535 (0: any free one)."""
-    port = settings_layer.parse_int(text, what, minimum=0)
-    if port > 65535:
-        raise ConfigError(f"{what} must be at most 65535, got {port}")
-    return port
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -142,7 +134,7 @@ def option_values(args: argparse.Namespace) -> dict[str, Any]:
 
 def resolve(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> Settings:
     """The command's settings: its options through the settings layer."""
-    return settings_layer.resolve(option_values(args), defaults=defaults, progress=info, building=say)
+    return resolve_settings(option_values(args), defaults=defaults, progress=info, building=say)
 
 
 def loading_progress(i: int, n: int, name: str) -> None:

@@ -10,7 +10,8 @@ import signal
 import socket
 
 from ..errors import ConfigError
-from .options import check_port_free, is_loopback, note, parse_port, say
+from ..config.parse import parse_port
+from .options import check_port_free, is_loopback, note, say
 
 TRUST_FLAG = "--trusted-network"
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from ..backend import default_threads
     from ..backend.rpc import NO_AUTH_WARNING, Endpoint, local_devices, pick_devices, require_rpc, serve
     from ..paths import cache_dir
-    from ..settings import parse_int
+    from ..config.parse import parse_int
 
     require_rpc()
     if args.check:

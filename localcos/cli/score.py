@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..scoring import SCORING_LOGIT_ROWS
+from ..tools.plotting import plot_sweep, require_matplotlib
 from .options import add_options, loading_progress, resolve
 
 
@@ -41,7 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools import score
+    from ..ensemble import Ensemble
+    from ..eval import choices as choice_task, perplexity as perplexity_task
+    from ..eval.sweep import parse_sweep
+    from ..runtime.scoring import SCORING_LOGIT_ROWS
     from ..tools.bench import RssSampler, current_rss_mb
 
     given = [flag for flag in ("json_schema", "grammar", "json_object") if getattr(args, f"refused_{flag}") is not None]
@@ -59,8 +62,12 @@ def run(args: argparse.Namespace) -> int:
         if not text.strip():
             raise ConfigError(f"{args.file} is empty")
     else:
-        items = score.load_choices(args.choices)
-    sweep = score.parse_sweep(args.sweep) if args.sweep else None
+        items = choice_task.load_choices(args.choices)
+    sweep = parse_sweep(args.sweep) if args.sweep else None
+    if args.plot:
+        if sweep is None:
+            raise ConfigError("--plot draws the figure over a --sweep grid; give --sweep")
+        require_matplotlib()
     settings = resolve(args, {"ctx": 512 if args.file else 2048})
     if sweep is not None:
         wanted = ("cd",) if sweep.name in ("mu", "plausibility") else ("we", "logit-mix")
@@ -69,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     points = sweep.settings() if sweep else [{}]
     grid = [settings.with_values(point) for point in points]  # each point checked like an option
     labels = [_label(point) for point in points]
-    with settings.load.load(settings.combiner(), loading_progress, max_logit_rows=SCORING_LOGIT_ROWS) as ens:
+    with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, max_logit_rows=SCORING_LOGIT_ROWS) as ens:
         combiners = [s.combiner() for s in grid]
         names = ens.names
         rss_loaded = current_rss_mb()
@@ -77,12 +84,12 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         with _Progress("windows" if args.file else "items") as bar, RssSampler() as rss:
             if args.file:
-                result = score.perplexity(ens, text, combiners, progress=bar.update)
+                result = perplexity_task.perplexity(ens, text, combiners, progress=bar.update)
             else:
-                choices = score.score_choices(ens, items, combiners, progress=bar.update)
+                choices = choice_task.score_choices(ens, items, combiners, progress=bar.update)
         seconds = time.perf_counter() - t0
         llama = sum(m.stats.seconds for m in ens.models) - llama0
-        bound = [ens.bind(c).describe() for c in combiners]
+        bound = [ens.bind(c).description for c in combiners]
     rows = []  # (what, label, value, extra)
     if args.file:
         scored = sum(n.count for n in result.combined[:1])
@@ -134,9 +141,8 @@ def run(args: argparse.Namespace) -> int:
             w.writerow(["kind", "label", "perplexity" if args.file else "accuracy", "error" if args.file else "accuracy_per_token"])
             w.writerows(rows)
     if args.plot:
-        if sweep is None:
-            raise ConfigError("--plot draws the figure over a --sweep grid; give --sweep")
-        _plot(args.plot, sweep, rows, "perplexity" if args.file else "accuracy")
+        assert sweep is not None
+        plot_sweep(args.plot, sweep, rows, "perplexity" if args.file else "accuracy")
     return 0
 
 
@@ -147,27 +153,6 @@ def _label(point: dict) -> str:
     if key == "weights":
         return "weights " + ",".join(f"{w:g}" for w in value)
     return f"{key} {value:g}"
-
-
-def _plot(path: str, sweep, rows, metric: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise ConfigError("--plot needs matplotlib: pip install 'localcos[plot]'") from e
-    fig, ax = plt.subplots(figsize=(6, 4))
-    combined = [v for kind, _, v, _ in rows if kind == "r"]
-    ax.plot(list(sweep.values), combined, marker="o", label="combination r")
-    for kind, label, value, _ in rows:
-        if kind == "model":
-            ax.axhline(value, linestyle=":", linewidth=1, label=f"{label} alone")
-    ax.set_xlabel("weight of the first model" if sweep.name == "weights" else sweep.name)
-    ax.set_ylabel(metric)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 class _Progress:

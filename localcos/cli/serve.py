@@ -6,7 +6,7 @@ import argparse
 import os
 
 from ..errors import ConfigError
-from .options import add_options, is_loopback, listen, loading_progress, note, parse_port, resolve, say
+from .options import add_options, is_loopback, listen, loading_progress, note, option_values, resolve, say
 
 DEFAULTS = {"temperature": 1.0, "max_tokens": 256, "ctx": 4096}
 API_KEY_ENV = "LOCALCOS_API_KEY"
@@ -25,24 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(--allowed-hosts adds names) and, from web pages, only the origins given with --cors; bodies must be "
         "application/json.",
     )
-    server = p.add_argument_group("server")
-    server.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    server.add_argument("--port", default="8080", help="port (default 8080)")
-    server.add_argument("--api-key", default=None, help=f"require this key (Authorization: Bearer KEY); or set {API_KEY_ENV}")
-    server.add_argument("--max-queue", default="64", help="requests that may wait; more get 503 with Retry-After (default 64)")
-    server.add_argument("--alias", default=None, help="the model name clients use (default: the preset's name, else the models')")
-    server.add_argument(
-        "--cors", action="append", default=None, metavar="ORIGIN",
-        help="let web pages at ORIGIN (e.g. http://localhost:3000) call the server; repeatable or comma-separated, * for any "
-        "(default: none; a request from any other page's Origin is refused with 403)",
-    )
-    server.add_argument(
-        "--allowed-hosts", action="append", default=None, metavar="NAME",
-        help="also answer requests whose Host header is NAME (the server's DNS name behind a proxy or on the LAN); "
-        "repeatable or comma-separated, * for any (default: only the listening address, localhost, 127.0.0.1 and [::1]: "
-        "other Host headers are refused with 403, which stops DNS-rebinding pages)",
-    )  # fmt: skip
-    server.add_argument("--demo", action="store_true", help="serve the small synthetic demo pair (random text; for trying clients)")
+    p.add_argument("--demo", action="store_true", help="serve the small synthetic demo pair (random text; for trying clients)")
+    add_options(p, ["server"])
     add_options(p, ["models", "hardware", "combination", "method", "sampling", "output", "chat"], defaults=DEFAULTS, exclude={"synthetic", "synthetic_dtype"})
     p.set_defaults(func=run)
 
@@ -51,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from ..chat import ChatFormatter
-    from ..settings import default_parallel, parse_int
+    from ..config import default_parallel, resolve_server
+    from ..ensemble import Ensemble
 
     try:
         import uvicorn
@@ -59,23 +44,19 @@ def run(args: argparse.Namespace) -> int:
         from ..server.app import create_app
         from ..server.engine import Engine
         from ..server.guard import GuardPolicy
-        from ..server.protocol import Served
+        from ..server.protocol import ServedEnsemble
     except ImportError as e:  # pragma: no cover - both are dependencies of the package
         raise ConfigError(f"localcos serve needs FastAPI and uvicorn ({e}); pip install fastapi uvicorn") from None
 
-    port = parse_port(args.port)
-    max_queue = parse_int(args.max_queue, "--max-queue", minimum=0)
-    cors, allowed_hosts = _names(args.cors, "--cors"), _names(args.allowed_hosts, "--allowed-hosts")
     if args.demo and (args.models or args.preset):
         raise ConfigError("--demo serves the synthetic demo pair; leave out --models/--preset, or --demo")
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
-    if api_key is not None and not api_key.strip():
-        raise ConfigError("--api-key is empty")
-    listener = listen(args.host, port)  # held from now on: fail before loading anything when it is taken
+    server = resolve_server({**option_values(args), "api_key": args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None})
+    port, api_key = server.port, server.api_key
+    listener = listen(server.host, port)  # held from now on: fail before loading anything when it is taken
     port = listener.getsockname()[1]  # --port 0: the free port the system chose
-    if not is_loopback(args.host) and api_key is None:
+    if not is_loopback(server.host) and api_key is None:
         note(
-            f"warning: listening on {args.host} without an API key: anyone who can reach this address can use "
+            f"warning: listening on {server.host} without an API key: anyone who can reach this address can use "
             f"the models; set --api-key or {API_KEY_ENV}"
         )
     try:
@@ -84,11 +65,11 @@ def run(args: argparse.Namespace) -> int:
         parallel = settings.load.parallel or (1 if remote else default_parallel(settings.load.n_ctx))
         settings = replace(settings, load=replace(settings.load, parallel=parallel))
         # one more slot, for scoring (echo, logprobs): what it evaluated stays for the next request
-        ens = settings.load.load(settings.combiner(), loading_progress, extra_slots=0 if remote else 1)
+        ens = Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, extra_slots=0 if remote else 1)
     except BaseException:
         listener.close()
         raise
-    engine = Engine(ens, max_queue=max_queue)
+    engine = Engine(ens, max_queue=server.max_queue)
     try:
         try:
             formatter: ChatFormatter | None = ChatFormatter(ens, settings.chat_template_model)
@@ -96,14 +77,14 @@ def run(args: argparse.Namespace) -> int:
                 note(formatter.note)
         except ConfigError:
             formatter = None
-        alias = args.alias or settings.name.replace(" + ", "+")  # the preset, the demo set, or the files
-        served = Served(ens, settings, alias, formatter)
-        policy = GuardPolicy(args.host, port, allowed_hosts=allowed_hosts, cors=cors)
+        alias = server.alias or settings.name.replace(" + ", "+")  # the preset, the demo set, or the files
+        served = ServedEnsemble(ens, settings, alias, formatter)
+        policy = GuardPolicy(server.host, port, allowed_hosts=server.allowed_hosts, cors=server.cors)
         app = create_app(served, engine, api_key=api_key, policy=policy)
-        shown = f"[{args.host}]" if ":" in args.host else args.host
+        shown = f"[{server.host}]" if ":" in server.host else server.host
         url = f"http://{shown}:{port}"
         say(
-            f"localcos serve: {alias} ({ens.combiner.describe()}, method {settings.generation.method}, "
+            f"localcos serve: {alias} ({ens.combiner.description}, method {settings.generation.method}, "
             f"{parallel} sequence{'s' if parallel > 1 else ''} at once) at {url}/v1"
         )
         if formatter is None:
@@ -132,11 +113,3 @@ def run(args: argparse.Namespace) -> int:
         if engine.stopped:
             ens.close()
     return 0
-
-
-def _names(values: list[str] | None, what: str) -> tuple[str, ...]:
-    """A repeatable option's values, each possibly comma-separated."""
-    names = tuple(part.strip() for value in values or () for part in value.split(","))
-    if any(not name for name in names):
-        raise ConfigError(f"{what} takes names separated by commas, got an empty one")
-    return names

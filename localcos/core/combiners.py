@@ -43,6 +43,29 @@ def normalise_weights(weights: Sequence[float], n_models: int) -> tuple[float, .
     return tuple(x / total for x in w)
 
 
+MAX_MU = 1e6  # mu x logits stays finite in float32
+
+
+def check_mu(mu: float, what: str) -> float:
+    """The one rule of contrastive decoding's mu: finite, 0 <= mu <= MAX_MU."""
+    if not math.isfinite(mu):
+        raise ConfigError(f"{what} must be a finite number, got {mu!r}", param="mu")
+    if mu < 0:
+        raise ConfigError(f"{what} must be >= 0, got {mu:g}", param="mu")
+    if mu > MAX_MU:
+        raise ConfigError(f"{what} must be <= {MAX_MU:g}, got {mu:g}", param="mu")
+    return mu
+
+
+def check_plausibility(alpha: float, what: str) -> float:
+    """The one rule of the plausibility threshold alpha: 0 < alpha <= 1."""
+    if alpha <= 0:
+        raise ConfigError(f"{what} must be > 0, got {alpha:g}", param="plausibility")
+    if alpha > 1:
+        raise ConfigError(f"{what} must be <= 1, got {alpha:g}", param="plausibility")
+    return alpha
+
+
 class Combiner(ABC):
     """Turns per-model logits into the combined distribution r."""
 
@@ -51,12 +74,17 @@ class Combiner(ABC):
     # decoder then reuses the softmax a proposer already computed for its draft token.
     mixes_probs: bool = False
 
-    def bind(self, n_models: int, n_params: Sequence[int]) -> "Combiner":
-        """Check the combiner against the ensemble and fill in defaults; returns the bound combiner.
+    def bind(self, n_models: int, n_params: Sequence[int]) -> "BoundCombiner":
+        """This combiner fitted to an ensemble of `n_models` models (`ConfigError` if it does not
+        fit, e.g. weights for another number of models), with its defaults filled in: the only
+        kind the decoder and the scorer take. `n_params` (parameter counts, in model order) lets a
+        combiner pick roles, such as the expert of contrastive decoding. A generation binds its
+        combiner once."""
+        return BoundCombiner(self.fit(n_models, n_params), n_models)
 
-        `n_params` (parameter counts, in model order) lets a combiner pick roles, such as the
-        expert of contrastive decoding.
-        """
+    def fit(self, n_models: int, n_params: Sequence[int]) -> "Combiner":
+        """The combiner with its defaults filled in for this ensemble, checked against it; a
+        combiner with parameters that depend on the ensemble overrides this."""
         return self
 
     @abstractmethod
@@ -82,13 +110,56 @@ class Combiner(ABC):
         return None
 
 
+class BoundCombiner:
+    """A combiner fitted to one ensemble (`Combiner.bind`): what the decoder, the scorer and the
+    statistics take. What they ask of it is known once here: which models r uses, whether r is
+    one model's own distribution, and its description. Its parameters (`weights`, `expert`,
+    `mu`, ...) read through to the fitted combiner."""
+
+    def __init__(self, combiner: Combiner, n_models: int) -> None:
+        self.combiner = combiner
+        self.n_models = n_models
+        self.used: tuple[bool, ...] = combiner.uses(n_models)  # the models r depends on
+        self.single: int | None = combiner.single_model()  # r = softmax(l_i / T) of this model
+        self.mixes_probs = combiner.mixes_probs
+        self.name = combiner.name
+        self.description = combiner.describe()
+
+    def bind(self, n_models: int, n_params: Sequence[int]) -> "BoundCombiner":
+        """Itself, when it is bound for this many models already."""
+        if n_models == self.n_models:
+            return self
+        return self.combiner.bind(n_models, n_params)
+
+    def combine(self, logits: Sequence[np.ndarray | None], temperature: float) -> np.ndarray:
+        return self.combiner.combine(logits, temperature)  # type: ignore[arg-type]
+
+    def mix(self, probs: Sequence[np.ndarray | None]) -> np.ndarray:
+        return self.combiner.mix(probs)  # type: ignore[arg-type]
+
+    def describe(self) -> str:
+        return self.description
+
+    def uses(self, n_models: int) -> tuple[bool, ...]:
+        return self.used
+
+    def single_model(self) -> int | None:
+        return self.single
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.__dict__["combiner"], name)
+
+    def __repr__(self) -> str:
+        return f"BoundCombiner({self.description})"
+
+
 class _Weighted(Combiner):
     """A combiner with one weight per model (default: equal weights)."""
 
     def __init__(self, weights: Sequence[float] | None = None) -> None:
         self.weights: tuple[float, ...] | None = None if weights is None else tuple(weights)
 
-    def bind(self, n_models: int, n_params: Sequence[int]) -> "_Weighted":
+    def fit(self, n_models: int, n_params: Sequence[int]) -> "_Weighted":
         weights = self.weights if self.weights is not None else [1.0] * n_models
         return type(self)(normalise_weights(weights, n_models))
 
@@ -146,15 +217,14 @@ class Contrastive(Combiner):
     name = "cd"
 
     def __init__(self, mu: float = 0.1, plausibility: float | None = None, expert: int | None = None) -> None:
-        if not math.isfinite(mu) or mu < 0:
-            raise ConfigError(f"mu must be >= 0, got {mu}", param="mu")
-        if plausibility is not None and not 0 < plausibility <= 1:
-            raise ConfigError(f"plausibility alpha must be in (0, 1], got {plausibility}", param="plausibility")
+        check_mu(mu, "mu")
+        if plausibility is not None:
+            check_plausibility(plausibility, "plausibility alpha")
         self.mu = float(mu)
         self.plausibility = plausibility
         self.expert = expert
 
-    def bind(self, n_models: int, n_params: Sequence[int]) -> "Contrastive":
+    def fit(self, n_models: int, n_params: Sequence[int]) -> "Contrastive":
         if n_models != 2:
             raise ConfigError(f"contrastive decoding combines exactly 2 models (an amateur and an expert), got {n_models}", param="combine")
         expert = self.expert

@@ -21,7 +21,7 @@ Positions: the token at position p is predicted by the logits a model computes a
 token p-1; we call those logits the model's *row* at p. A model whose cache holds n tokens has
 its row at every position up to n that decoding still needs.
 
-State invariant (checked by `check_invariants`): every model's cache holds a prefix of
+State invariant (the tests check it every round: `localcos.testing.invariants`): every model's cache holds a prefix of
 `committed + pending` (the committed tokens, then provisional draft tokens it has evaluated);
 rejected tokens never stay in any cache.
 
@@ -31,12 +31,13 @@ The algorithms are stated in docs/algorithm.md (sections 2-5; CoS paper, Fu et a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Callable, Generator, Sequence
 
 import numpy as np
 
 from ..errors import ConfigError
-from .combiners import Combiner
+from .combiners import BoundCombiner
 from .lookup import LookupState, worth_drafting
 from .sampling import Sampler, softmax
 from .speedmodel import AutoGamma
@@ -51,15 +52,29 @@ METHODS = ("ensemble", "sd", "naive-cos", "cos")
 LOOKUP = -1  # the proposer of a draft looked up in the context (core/lookup.py)
 
 
+class Phase(Enum):
+    """What a generation is doing: the state its model requests name (`Evaluate.phase`)."""
+
+    PREFILL = "prefill"  # its prompt goes in, chunk by chunk
+    DRAFTING = "drafting"  # a proposer catches up and drafts
+    VERIFYING = "verifying"  # models score pending drafts for their verification
+    DECODING = "decoding"  # the standard ensemble's step: every model r uses scores the next token
+
+
 @dataclass(frozen=True)
 class Evaluate:
     """A request to the driver: model `model` appends `tokens` to its sequence and answers with
-    the logits after the last `n_logits` of them ([n_logits, vocab])."""
+    the logits after the last `n_logits` of them ([n_logits, vocab]); `phase` says what for."""
 
     model: int
     tokens: list[int]
     n_logits: int
-    prefill: bool = False  # a chunk of the prompt (before decoding starts)
+    phase: Phase = Phase.DECODING
+
+    @property
+    def prefill(self) -> bool:
+        """A chunk of the prompt (before decoding starts)."""
+        return self.phase is Phase.PREFILL
 
 
 Step = Generator[Evaluate, np.ndarray, None]  # a round of decoding: its requests, their logits
@@ -112,7 +127,7 @@ class Decoder:
     def __init__(
         self,
         slots: Sequence[Slot],
-        combiner: Combiner,
+        combiner: BoundCombiner,
         sampler: Sampler,
         rng: np.random.Generator,
         prompt: Sequence[int],
@@ -127,6 +142,8 @@ class Decoder:
         costs: Callable[[int, int], float] | None = None,
         constraint: Matcher | None = None,
     ) -> None:
+        if not isinstance(combiner, BoundCombiner):
+            raise TypeError("the decoder takes a combiner bound to its models (Combiner.bind)")
         self.slots = list(slots)
         self.combiner = combiner
         self.sampler = sampler
@@ -161,9 +178,9 @@ class Decoder:
         self.origins: list[Origin] = []
         self.finish_reason: str | None = None
         self.end_token: int | None = None  # the end-of-generation token that ended the completion
-        self.spec = SpeculationStats()
+        self.speculation = SpeculationStats()
         # models r depends on; the others are evaluated only to draft (see Combiner.uses)
-        self.used = combiner.uses(len(self.slots))
+        self.used = combiner.used
         if len(self.committed) >= max_length:
             self.finish_reason = "length"
 
@@ -187,26 +204,10 @@ class Decoder:
     def is_end(self, token: int) -> bool:
         return token in self.end_tokens
 
-    def check_invariants(self) -> None:
-        """Assert that every model's KV cache holds a prefix of committed + pending, that drafts
-        never reach past the length limit (--max-tokens or the context), and that every kept
-        softmax belongs to its model's current row."""
-        seq = self.sequence()
-        assert len(seq) <= self.max_length, f"{len(seq)} committed+pending tokens exceed the limit {self.max_length}"
-        for m in self.slots:
-            n = len(m.tokens)
-            assert n <= len(seq), f"{m.name} holds {n} tokens, more than the {len(seq)} committed+pending"
-            assert m.tokens == seq[:n], f"{m.name}'s KV cache holds tokens that are neither committed nor pending"
-        for rows, probs in zip(self.rows, self.probs):
-            for p, kept in probs.items():
-                assert p in rows, f"a softmax is kept for position {p}, which has no row"
-                fresh = softmax(rows[p], self.sampler.softmax_temperature)
-                assert np.array_equal(kept, fresh), f"the softmax kept for position {p} is stale"
-
     # --- model work ----------------------------------------------------------------------------
-    def catch_up(self, i: int, upto: int | None = None) -> Step:
+    def catch_up(self, i: int, upto: int | None = None, phase: Phase = Phase.DECODING) -> Step:
         """Model i evaluates, in one batched call, every token of sequence()[:upto] its cache lacks
-        (by default all of them, except a final end token: nothing follows it)."""
+        (by default all of them, except a final end token: nothing follows it), for `phase`."""
         seq = self.sequence()
         if upto is None:
             upto = len(seq) - (1 if self.draft_room() == 0 and self.pending else 0)
@@ -217,7 +218,7 @@ class Decoder:
         n_logits = upto - max(have, len(self.committed) - 1)
         if self.costs is not None:
             self.spent += self.costs(i, upto - have)
-        logits = yield Evaluate(i, seq[have:upto], n_logits)
+        logits = yield Evaluate(i, seq[have:upto], n_logits, phase)
         first = upto - n_logits + 1
         self._ban(logits)
         rows, probs = self.rows[i], self.probs[i]
@@ -252,7 +253,7 @@ class Decoder:
     # --- distributions -------------------------------------------------------------------------
     def combined(self, positions: Sequence[int]) -> np.ndarray:
         """r at the given positions, [len(positions), vocab], sampler transforms applied."""
-        single = self.combiner.single_model()
+        single = self.combiner.single
         if single is not None:  # r is one model's own softmax(l / T): no combining, nothing new
             if self.sampler.greedy:
                 rows = np.stack([self.rows[single][p] for p in positions])
@@ -365,7 +366,7 @@ class Decoder:
         """Model i proposes up to n draft tokens, one at a time, catching up on each; it stops
         after an end token. With `bonus`, the first one counts as a bonus token."""
         for j in range(n):
-            yield from self.catch_up(i)
+            yield from self.catch_up(i, phase=Phase.DRAFTING)
             if self.is_end(self.propose(i, bonus=bonus and j == 0)):
                 break
 
@@ -438,20 +439,20 @@ class Decoder:
         n0 = len(self.committed)
         r = self.combined(range(n0, n0 + k))
         verdict = verify([d.token for d in drafts], [d.q for d in drafts], r, self.rng)
-        self.spec.verifications += 1
-        self.spec.proposed += k
-        self.spec.accepted += verdict.accepted
+        self.speculation.verifications += 1
+        self.speculation.proposed += k
+        self.speculation.accepted += verdict.accepted
         judged = drafts[: verdict.accepted + (verdict.resample is not None)]
         for j, d in enumerate(judged):
             ok = j < verdict.accepted
             if d.proposer == LOOKUP:
                 assert self.lookup is not None
                 self.lookup.outcomes.observe(int(ok), int(not ok))
-                self.spec.lookup_proposed += 1
-                self.spec.lookup_accepted += int(ok)
+                self.speculation.lookup_proposed += 1
+                self.speculation.lookup_accepted += int(ok)
             elif self.observer is not None:
                 self.observer.observe_verdicts(d.proposer, int(ok), int(not ok))
-        self.spec.lookup_proposed += sum(d.proposer == LOOKUP for d in drafts[len(judged) :])
+        self.speculation.lookup_proposed += sum(d.proposer == LOOKUP for d in drafts[len(judged) :])
         accepted = drafts[: verdict.accepted]
         tokens = [d.token for d in accepted]
         origins = [Origin("lookup" if d.proposer == LOOKUP else "bonus" if d.bonus else "draft", None if d.proposer == LOOKUP else d.proposer) for d in accepted]
@@ -459,7 +460,7 @@ class Decoder:
             del self.pending[:k]
             self.commit(tokens, origins)
             return False
-        self.spec.rejected += 1
+        self.speculation.rejected += 1
         self.pending.clear()
         self.rollback(n0 + verdict.accepted)
         self.commit(tokens + [verdict.resample], origins + [Origin("resample")])
@@ -480,7 +481,7 @@ class Decoder:
             self.committed.append(token)
             self.origins.append(origin)
             if origin.kind == "bonus":
-                self.spec.bonus += 1
+                self.speculation.bonus += 1
             if self.on_commit is not None:
                 self.on_commit(token, origin)
             if self.text.push(token):
@@ -520,7 +521,7 @@ def verify_with_bonus(dec: Decoder) -> Step:
     the position after it."""
     for i, used in enumerate(dec.used):
         if used:
-            yield from dec.catch_up(i)
+            yield from dec.catch_up(i, phase=Phase.VERIFYING)
     if dec.verify_pending(len(dec.pending)) or dec.finished:
         return
     r = dec.combined([len(dec.committed)])[0]
@@ -617,7 +618,7 @@ class NaiveCoS(_DrafterStrategy):
         upto = len(dec.committed) + len(dec.pending) - 1  # rows at the draft positions, no further
         for i, used in enumerate(dec.used):
             if i != d and used:
-                yield from dec.catch_up(i, upto)
+                yield from dec.catch_up(i, upto, Phase.VERIFYING)
         dec.verify_pending(len(dec.pending))
 
 
@@ -656,7 +657,7 @@ class CoS(Strategy):
         i = self.order[self.turn]
         dec.lookup_draft(i)  # looked-up tokens ride along in the call this model makes anyway
         scored_others = bool(dec.pending)
-        yield from dec.catch_up(i)
+        yield from dec.catch_up(i, phase=Phase.VERIFYING if scored_others else Phase.DRAFTING)
         k = dec.scored_by_all()
         if k and dec.verify_pending(k):
             self.turn = 0
@@ -701,7 +702,8 @@ def default_gamma(proposer: int, n_params: Sequence[int]) -> int:
 
 def proposal_lengths(gamma: int | Sequence[int] | None, proposer: int, n_params: Sequence[int]) -> list[int]:
     """Proposal length per model: one value sets the proposer's (the others propose 1, their bonus
-    token); one per model sets all; None takes `default_gamma`."""
+    token); one per model sets all (their count is the settings layer's to check); None takes
+    `default_gamma`."""
     n = len(n_params)
     if gamma is None:
         gamma = default_gamma(proposer, n_params)
@@ -709,34 +711,53 @@ def proposal_lengths(gamma: int | Sequence[int] | None, proposer: int, n_params:
         return [int(gamma) if i == proposer else 1 for i in range(n)]
     if len(gamma) == 1:
         return [int(gamma[0]) if i == proposer else 1 for i in range(n)]
-    if len(gamma) != n:
-        raise ConfigError(f"got {len(gamma)} gamma values for {n} models; give one, or one per model")
     return [int(g) for g in gamma]
 
 
-def make_strategy(
-    dec: Decoder, method: str, gamma: int | Sequence[int] | str | None, proposer: int | str | None, n_params: Sequence[int]
-) -> tuple[Strategy, list[int] | None, int | None]:
-    """The strategy for `method` over `dec`, with its proposal lengths and default proposer
-    (None for the standard ensemble and for `proposer` "lookup", the context as the only
-    proposer). gamma "auto" lets the decoder's observer choose online."""
-    n = len(n_params)
+@dataclass(frozen=True)
+class StrategyChoice:
+    """The decoding method a generation runs and its shape: the default proposer and the proposal
+    lengths (None for the standard ensemble and for the context as the only proposer), and
+    whether the proposer and its gamma are planned as it goes (--gamma auto)."""
+
+    method: str
+    proposer: int | None = None
+    gammas: tuple[int, ...] | None = None
+    auto: bool = False
+    lookup_only: bool = False  # --proposer lookup: drafts come from the context only
+
+    @property
+    def lookup_in_cos(self) -> bool:
+        """Whether looked-up drafts may ride along (cos, or the context as the proposer)."""
+        return self.method == "cos" or self.lookup_only
+
+
+def choose_strategy(method: str, gamma: int | Sequence[int] | str | None, proposer: int | str | None, n_params: Sequence[int]) -> StrategyChoice:
+    """The strategy of `method` for models of these sizes (the settings are checked already):
+    the default proposer is the cheapest model, gamma "auto" is planned online."""
     if method == "ensemble":
-        return EnsembleDecoding(dec), None, None
-    if method not in METHODS:
-        raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if proposer == "lookup":
-        return LookupDecoding(dec), None, None
-    if n < 2:
-        raise ConfigError(f"method {method} needs at least 2 models; use --method ensemble for one")
-    proposer = cheapest(n_params) if proposer is None else proposer
-    if not 0 <= proposer < n:
-        raise ConfigError(f"proposer must be a model index from 0 to {n - 1}, got {proposer}")
+        return StrategyChoice(method)
     auto = gamma == "auto"
+    if proposer == "lookup":
+        return StrategyChoice(method, auto=auto, lookup_only=True)
+    proposer = cheapest(n_params) if proposer is None else int(proposer)
     gammas = proposal_lengths(None if auto else gamma, proposer, n_params)  # type: ignore[arg-type]
-    if method == "sd":
-        return SpeculativeDecoding(dec, proposer, gammas[proposer], auto), [gammas[proposer]], proposer
-    if method == "naive-cos":
-        return NaiveCoS(dec, proposer, gammas[proposer], auto), [gammas[proposer]], proposer
-    order = [proposer] + [i for i in range(n) if i != proposer]
-    return CoS(dec, order, gammas, auto), gammas, proposer
+    if method in ("sd", "naive-cos"):
+        return StrategyChoice(method, proposer, (gammas[proposer],), auto)
+    return StrategyChoice(method, proposer, tuple(gammas), auto)
+
+
+def make_strategy(dec: Decoder, choice: StrategyChoice) -> Strategy:
+    """The strategy object that runs `choice` over `dec`."""
+    if choice.method == "ensemble":
+        return EnsembleDecoding(dec)
+    if choice.lookup_only:
+        return LookupDecoding(dec)
+    assert choice.proposer is not None and choice.gammas is not None
+    if choice.method == "sd":
+        return SpeculativeDecoding(dec, choice.proposer, choice.gammas[0], choice.auto)
+    if choice.method == "naive-cos":
+        return NaiveCoS(dec, choice.proposer, choice.gammas[0], choice.auto)
+    n = len(choice.gammas)
+    order = [choice.proposer] + [i for i in range(n) if i != choice.proposer]
+    return CoS(dec, order, choice.gammas, choice.auto)

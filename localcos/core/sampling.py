@@ -68,6 +68,27 @@ def _draw_flat(probs: np.ndarray, x: float, base: float) -> int:
 GREEDY_BELOW = 1e-6
 
 
+SAMPLING_SETTINGS = ("temperature", "top_k", "top_p", "min_p")
+
+
+def check_setting(name: str, value: float, what: str) -> float:
+    """The one rule of each sampling setting's range (`ConfigError` naming it as `what`):
+    temperature >= 0, top_k >= 0, 0 < top_p <= 1, 0 <= min_p <= 1. The settings layer's options
+    check their values with it too."""
+    if name == "temperature" and not (np.isfinite(value) and value >= 0):
+        raise ConfigError(f"{what} must be >= 0, got {value:g}")
+    if name == "top_k" and value < 0:
+        raise ConfigError(f"{what} must be >= 0, got {value}")
+    if name in ("top_p", "min_p"):
+        if name == "top_p" and value <= 0:
+            raise ConfigError(f"{what} must be > 0, got {value:g}")
+        if value < 0:
+            raise ConfigError(f"{what} must be >= 0, got {value:g}")
+        if value > 1:
+            raise ConfigError(f"{what} must be <= 1, got {value:g}")
+    return value
+
+
 @dataclass(frozen=True)
 class Sampler:
     """Sampling settings applied to every distribution a method samples from.
@@ -87,14 +108,8 @@ class Sampler:
     min_p: float = 0.0
 
     def __post_init__(self) -> None:
-        if not np.isfinite(self.temperature) or self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ConfigError(f"top-k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top-p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise ConfigError(f"min-p must be in [0, 1], got {self.min_p}")
+        for name in SAMPLING_SETTINGS:
+            check_setting(name, getattr(self, name), name)
 
     @property
     def greedy(self) -> bool:

@@ -32,9 +32,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..backend import Model, RemoteModel
 from ..errors import LocalcosError
 from . import protocol
+from . import responses as out
 from .engine import Engine, Job, QueueFull
 from .guard import Guard, GuardPolicy
-from .protocol import APIError, Served
+from .protocol import APIError, ServedEnsemble
 from .requests import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 log = logging.getLogger("localcos.server")
@@ -46,7 +47,7 @@ RETRY_AFTER_SECONDS = 2
 class ServerState:
     """What the routes serve from: the ensemble, its engine thread, and the API key."""
 
-    served: Served
+    served: ServedEnsemble
     engine: Engine
     api_key: str | None = None
 
@@ -73,35 +74,22 @@ routes = APIRouter(dependencies=[Depends(authorize)])
 @open_routes.get("/health")
 async def health(request: Request) -> dict:
     s = state(request)
-    return {
-        "status": "ok",
-        "model": s.served.alias,
-        "queue": {"running": s.engine.running, "waiting": s.engine.waiting, "served": s.engine.served, "sequences": s.engine.sequences, "parallel": s.engine.parallel},
-        "models": [_model_health(m) for m in s.served.ensemble.models],
-    }
+    engine = s.engine
+    queue = out.QueueHealth(running=engine.running, waiting=engine.waiting, served=engine.answered, sequences=engine.sequences, parallel=engine.parallel)
+    return out.Health(model=s.served.alias, queue=queue, models=[_model_health(m) for m in s.served.ensemble.models]).body()
 
 
 @routes.get("/v1/models")
 async def models(request: Request) -> dict:
     served = state(request).served
     settings = served.settings
-    return {
-        "object": "list",
-        "data": [
-            {
-                "id": served.alias,
-                "object": "model",
-                "created": served.created,
-                "owned_by": "localcos",
-                "localcos": {
-                    "models": list(settings.load.labels),
-                    "combiner": served.ensemble.combiner.describe(),
-                    "method": settings.generation.method,
-                    "n_ctx": served.ensemble.n_ctx,
-                },
-            }
-        ],
+    about = {
+        "models": list(settings.load.labels),
+        "combiner": served.ensemble.combiner.description,
+        "method": settings.generation.method,
+        "n_ctx": served.ensemble.n_ctx,
     }
+    return out.ModelList(data=[out.ModelCard(id=served.alias, created=served.created, localcos=about)]).body()
 
 
 @routes.post("/v1/completions")
@@ -124,16 +112,11 @@ async def tokenizer_info(request: Request) -> dict:
     def text(token: int) -> str | None:
         return first.token_text(token).decode("utf-8", errors="replace") if token >= 0 else None
 
-    return {
-        "tokenizer_class": "llama.cpp",
-        "bos_token": text(first.bos),
-        "eos_token": text(first.eos),
-        "pad_token": text(first.eos),
-        "add_bos_token": first.add_bos,
-        "chat_template": served.formatter.template if served.formatter else None,
-        "model_max_length": served.ensemble.n_ctx,
-        "vocab_size": served.ensemble.n_vocab,
-    }
+    return out.TokenizerInfo(
+        bos_token=text(first.bos), eos_token=text(first.eos), pad_token=text(first.eos), add_bos_token=first.add_bos,
+        chat_template=served.formatter.template if served.formatter else None, model_max_length=served.ensemble.n_ctx,
+        vocab_size=served.ensemble.n_vocab,
+    ).body()  # fmt: skip
 
 
 @routes.post("/tokenize")
@@ -147,36 +130,36 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
         try:  # special tokens in the text (<|im_end|>, </s>) are parsed, as vLLM does
             return served.ensemble.tokenize(body.prompt or "", add_bos=None if body.add_special_tokens else False, special=True)
         except LocalcosError as e:
-            raise protocol.from_localcos(e) from None
+            raise protocol.from_localcos(e, "prompt") from None
 
     ids = await run_in_threadpool(tokens)
-    return {"count": len(ids), "max_model_len": served.ensemble.n_ctx, "tokens": ids}
+    return out.Tokenized(count=len(ids), max_model_len=served.ensemble.n_ctx, tokens=ids).body()
 
 
 @routes.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
     served = state(request).served
     protocol.check_model(served, body.model)
-    protocol.check_token_ids(served, body.tokens, "tokens")
+    protocol.check_tokens(served, body.tokens, "tokens")
     first = served.ensemble.models[0]
     text = await run_in_threadpool(lambda: b"".join(first.piece(t) for t in body.tokens).decode("utf-8", errors="replace"))
-    return {"prompt": text}
+    return out.Detokenized(prompt=text).body()
 
 
 # --- answering ---------------------------------------------------------------------------------
 
 
-def _submit(s: ServerState, plan: protocol.Plan, finished: Any, on_text: Any = None) -> Job:
+def _submit(s: ServerState, plan: protocol.Request, on_done: Any, on_text: Any = None) -> Job:
     engine = s.engine
     try:
         slot = engine.scoring_slot
         prepare = (lambda job: protocol.prepare(s.served, plan, job, slot)) if plan.echo and plan.max_tokens > 0 else None
-        return engine.submit(protocol.generations(plan), lambda job: protocol.finish(s.served, plan, job, slot), on_text, finished, prepare)
+        return engine.submit(protocol.generations(plan), lambda job: protocol.collect_choices(s.served, plan, job, slot), on_text, on_done, prepare)
     except QueueFull as e:
         raise APIError(503, str(e), type="server_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
 
 
-async def _answer(request: Request, s: ServerState, plan: protocol.Plan) -> Any:
+async def _answer(request: Request, s: ServerState, plan: protocol.Request) -> Any:
     # the job is queued before any response starts, so a full queue is still a 503
     served = s.served
     loop = asyncio.get_running_loop()
@@ -218,7 +201,7 @@ async def _answer(request: Request, s: ServerState, plan: protocol.Plan) -> Any:
     return protocol.response(served, plan, job.result)
 
 
-async def _events(request: Request, served: Served, plan: protocol.Plan, job: Job, items: asyncio.Queue) -> AsyncIterator[str]:
+async def _events(request: Request, served: ServedEnsemble, plan: protocol.Request, job: Job, items: asyncio.Queue) -> AsyncIterator[str]:
     first = set()
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     try:
@@ -226,15 +209,15 @@ async def _events(request: Request, served: Served, plan: protocol.Plan, job: Jo
             kind, index, text = await items.get()
             if kind == "end":
                 break
-            opening = plan.kind == "chat" and index not in first
+            opening = plan.route == "chat" and index not in first
             first.add(index)
-            yield _sse(protocol.chunk(served, plan, index, text, first=opening))
+            yield _sse(protocol.chunk(served, plan, index, text, first=opening).body())
         if job.error is not None:
             yield _sse(_api_error(job.error).body())
         else:
             for c in job.result or []:
-                if plan.kind == "chat" and c.index not in first:  # a choice with no text
-                    yield _sse(protocol.chunk(served, plan, c.index, None, first=True))
+                if plan.route == "chat" and c.index not in first:  # a choice with no text
+                    yield _sse(protocol.chunk(served, plan, c.index, None, first=True).body())
             for event in protocol.final_chunks(served, plan, job.result or []):
                 yield _sse(event)
         yield "data: [DONE]\n\n"
@@ -244,19 +227,15 @@ async def _events(request: Request, served: Served, plan: protocol.Plan, job: Jo
             job.cancel()
 
 
-def _model_health(model: Model) -> dict[str, Any]:
+def _model_health(model: Model) -> out.ModelHealth:
     # published by the engine thread after its last call: never a call into a busy context
     slots = [slot.cache_state for slot in model.slots]
-    health: dict[str, Any] = {
-        "name": model.label,
-        "cached_tokens": sum(t for t, _ in slots),  # every sequence's
-        "kv_positions": sum(k for _, k in slots),
-        "sequences": [t for t, _ in slots],
-        "calls": model.stats.calls,  # llama_decode calls so far, and the tokens they evaluated
-        "evaluated_tokens": model.stats.tokens,
-    }
+    health = out.ModelHealth(
+        name=model.label, cached_tokens=sum(t for t, _ in slots), kv_positions=sum(k for _, k in slots), sequences=[t for t, _ in slots],
+        calls=model.stats.calls, evaluated_tokens=model.stats.tokens,
+    )  # fmt: skip
     if isinstance(model, RemoteModel):
-        health.update(rpc=model.servers, connected=model.connected)
+        health.rpc, health.connected = model.servers, model.connected
     return health
 
 
@@ -326,15 +305,14 @@ def invalid_body(errors: Any) -> APIError:
         return APIError(400, f"{where} is not a field localcos knows; it is refused rather than ignored", param=param, code="unsupported_parameter")
     if kind == "invalid_value":
         message = ctx.get("message") or error.get("msg", "")
-        code = "unsupported_parameter" if message.endswith("is not supported by localcos") else "invalid_value"
-        return APIError(400, message, param=param, code=code)
+        return APIError(400, message, param=param, code=ctx.get("code") or "invalid_value")
     return APIError(400, f"{where}: {error.get('msg', 'invalid value')}", param=param, code="invalid_value")
 
 
 # --- the app -------------------------------------------------------------------------------------
 
 
-def create_app(served: Served, engine: Engine, *, api_key: str | None = None, policy: GuardPolicy | None = None) -> Guard:
+def create_app(served: ServedEnsemble, engine: Engine, *, api_key: str | None = None, policy: GuardPolicy | None = None) -> Guard:
     """The ASGI app over a loaded ensemble (`served`) and the engine thread that runs its work,
     behind the cross-site guard (`policy`: which Host and Origin headers to answer; default
     127.0.0.1:8080 and no other origin). `api_key` guards every route but /health. The engine

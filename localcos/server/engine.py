@@ -1,15 +1,19 @@
-"""One ensemble, many requests at once: the server's scheduler (continuous batching).
+"""One ensemble, many requests at once: the server's engine thread over the runtime's scheduler.
 
 Requests become jobs, queued in arrival order. A job asks for some generations (its prompts times
-`n` choices), maybe for work before them (`prepare`: scoring an echoed prompt, whose cells the
-generations then share) and, once they are done, for what `finish` makes of them (scoring, for
-echo and logprobs). One worker thread, the only one that calls into a llama.cpp context, runs a `Batch`:
-between decoding rounds it admits the waiting jobs' generations into free slots, first come first
-served (a new request joins the running batch as soon as a slot frees), then runs a round in which
-every live generation's rows share llama_decode calls. Text reaches the job as it becomes final;
-a job is finished once all its generations are. A cancelled job (its client went away) stops its
-generations at their next llama.cpp call or round, the others going on untouched. Beyond
-`max_queue` jobs not yet started a new request is refused (the server answers 503).
+`n` choices, each a `Plan` and a choice index), maybe for work before them (`prepare`: scoring an
+echoed prompt, whose cells the generations then share) and, once they are done, for what
+`collect` makes of them (scoring, for echo and logprobs). One thread, the only one that calls
+into a llama.cpp context, takes the jobs in order, hands their generations to the one
+`Scheduler` (which admits them into free slots in arrival order, a new request joining the
+running batch as soon as a slot frees) and steps it: every live generation's rows share
+llama_decode calls. Text reaches the job as it becomes final; a job is collected once all its
+generations are done. A cancelled job (its client went away) stops its generations at their next
+llama.cpp call or round, the others going on untouched. Beyond `max_queue` jobs not yet started a
+new request is refused (the server answers 503).
+
+A job moves through named states: QUEUED (waiting for the engine), PREPARING (its echo scoring),
+GENERATING (its generations in the scheduler), COLLECTING (their scoring and answer), DONE.
 
 Scoring runs in a slot of its own when the ensemble has more than one (so what it evaluated stays
 there for the next request that shares the prefix), else in the one slot, between generations.
@@ -22,14 +26,16 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
-
-from ..batch import Batch, Running
-from ..core.combiners import Combiner
-from ..ensemble import Completion, Ensemble, GenerationConfig
 from ..errors import Cancelled
+from ..runtime.generation import Completion, completion_rng
+from ..runtime.scheduler import Scheduler, Sequence, State
+
+if TYPE_CHECKING:
+    from ..runtime.loaded import LoadedModels
+    from ..runtime.plan import Plan
 
 
 class QueueFull(Exception):
@@ -38,30 +44,36 @@ class QueueFull(Exception):
 
 @dataclass(frozen=True)
 class Generation:
-    """One completion a job asks for: its index among the job's choices, prompt and settings."""
+    """One completion a job asks for: its index among the job's choices, its plan, and which
+    random stream of the plan's seed it draws from (`completion_rng`)."""
 
     index: int
-    prompt: list[int]
-    config: GenerationConfig
-    combiner: Combiner
+    plan: Plan
+    stream: int = 0
+
+
+class JobState(Enum):
+    QUEUED = "queued"
+    PREPARING = "preparing"
+    GENERATING = "generating"
+    COLLECTING = "collecting"
+    DONE = "done"
 
 
 @dataclass(eq=False)
 class Job:
-    """A request's work: `generations`, then `finish(job)` (in the worker thread, with the
+    """A request's work: `generations`, then `collect(job)` (in the engine thread, with the
     completions in `completions`), whose value is the job's `result`."""
 
     generations: list[Generation]
-    finish: Callable[["Job"], Any]
+    collect: Callable[["Job"], Any]
     on_text: Callable[[int, Any], None] | None = None  # (choice index, Chunk) as each round ends: streaming
-    finished: Callable[[], None] | None = None  # called (in the worker) once result/error are set
+    on_done: Callable[[], None] | None = None  # called (in the engine thread) once result/error are set
     prepare: Callable[["Job"], None] | None = None  # before the generations, in the scoring slot
-    prepared: bool = False
+    state: JobState = JobState.QUEUED
     cancelled: bool = False
     completions: dict[int, Completion] = field(default_factory=dict)
-    running: list[Running] = field(default_factory=list)
-    admitted: int = 0  # generations started so far
-    started: bool = False
+    sequences: list[Sequence] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
@@ -69,8 +81,15 @@ class Job:
 
     def cancel(self) -> None:
         self.cancelled = True
-        for running in list(self.running):
-            running.cancel()
+        for sequence in list(self.sequences):
+            sequence.cancel()
+
+    @property
+    def started(self) -> bool:
+        """Whether it left the queue: preparing, or a generation got a slot."""
+        if self.state is JobState.GENERATING:
+            return not self.sequences or any(s.state is not State.QUEUED for s in self.sequences)
+        return self.state is not JobState.QUEUED
 
     @property
     def generated(self) -> bool:
@@ -80,32 +99,28 @@ class Job:
 class Engine:
     """Runs jobs on one ensemble: their generations decoded together, first come first served."""
 
-    def __init__(self, ensemble: Ensemble, max_queue: int = 64) -> None:
-        self.ensemble = ensemble
+    def __init__(self, loaded: LoadedModels, max_queue: int = 64) -> None:
+        self.loaded = loaded
         self.max_queue = max_queue
-        parallel = ensemble.parallel
+        parallel = loaded.parallel
         generation_slots = list(range(max(1, parallel - 1)))
         self.scoring_slot = parallel - 1
         self._scoring_shared = self.scoring_slot in generation_slots  # one slot: scoring waits for it
-        self.batch = Batch(ensemble, slots=generation_slots)
-        self._jobs: queue.Queue[Job | None] = queue.Queue()
-        self._waiting = 0  # submitted, not started
+        self.scheduler = Scheduler(loaded, slots=generation_slots)
+        self.parallel = len(generation_slots)  # generations decoded at once, at most
+        self._arrivals: queue.Queue[Job | None] = queue.Queue()
+        self._unstarted: set[Job] = set()  # submitted, not started: what max_queue counts
         self._lock = threading.Lock()
-        self._admitting: deque[Job] = deque()  # taken from the queue, generations still to start
-        self._active: list[Job] = []  # started, not finished
+        self._queued: deque[Job] = deque()  # taken from the arrivals, not handed to the scheduler yet
+        self._active: list[Job] = []  # handed over, not answered
         self._stopping = False
-        self.served = 0
-        self._thread = threading.Thread(target=self._work, name="localcos-engine", daemon=True)
+        self.answered = 0
+        self._thread = threading.Thread(target=self._loop, name="localcos-engine", daemon=True)
         self._thread.start()
 
     @property
-    def parallel(self) -> int:
-        """Generations decoded at once, at most."""
-        return len(self.batch.free) + len(self.batch.live)
-
-    @property
     def waiting(self) -> int:
-        return self._waiting
+        return len(self._unstarted)
 
     @property
     def running(self) -> bool:
@@ -114,164 +129,168 @@ class Engine:
     @property
     def sequences(self) -> int:
         """Generations decoding now."""
-        return len(self.batch.live)
+        return len(self.scheduler.live)
 
     def submit(
         self,
         generations: list[Generation],
-        finish: Callable[[Job], Any],
+        collect: Callable[[Job], Any],
         on_text: Callable[[int, Any], None] | None = None,
-        finished: Callable[[], None] | None = None,
+        on_done: Callable[[], None] | None = None,
         prepare: Callable[[Job], None] | None = None,
     ) -> Job:
-        """Queue a job (`QueueFull` beyond max_queue waiting); `finished()` is called once it is
+        """Queue a job (`QueueFull` beyond max_queue waiting); `on_done()` is called once it is
         over (done, failed or skipped), after its result is set."""
         with self._lock:
-            # a job the idle worker takes at once does not wait
-            if self._waiting >= self.max_queue and (self._active or self._waiting > 0):
-                raise QueueFull(f"{self._waiting} requests are waiting; try again shortly")
-            self._waiting += 1
-        job = Job(generations, finish, on_text, finished, prepare)
-        self._jobs.put(job)
+            # a job the idle engine takes at once does not wait
+            waiting = len(self._unstarted)
+            if waiting >= self.max_queue and (self._active or waiting > 0):
+                raise QueueFull(f"{waiting} requests are waiting; try again shortly")
+            job = Job(generations, collect, on_text, on_done, prepare)
+            self._unstarted.add(job)
+        self._arrivals.put(job)
         return job
 
-    # --- the worker --------------------------------------------------------------------------------
-    def _work(self) -> None:
+    # --- the engine thread -------------------------------------------------------------------------
+    def _loop(self) -> None:
         while True:
-            idle = not self.batch.live and not self._admitting and not self._active
+            idle = self.scheduler.idle and not self._queued and not self._active
             if self._stopping and idle:
                 return
             self._take(block=idle)
-            self._admit()
-            self._finish_ready()
-            if self.batch.live:
+            self._hand_over()
+            self._count_started()
+            self._collect_ready()
+            if not self.scheduler.idle:
                 try:
-                    finished = self.batch.round()
+                    finished = self.scheduler.step()
                 except BaseException as e:  # a llama.cpp or RPC failure: every live job gets it
                     self._fail_live(e)
                     continue
-                for running in finished:
-                    job, index = running.key
-                    job.running.remove(running)
-                    assert running.completion is not None
-                    job.completions[index] = running.completion
+                for sequence in finished:
+                    job, index = sequence.key
+                    job.sequences.remove(sequence)
+                    assert sequence.completion is not None
+                    job.completions[index] = sequence.completion
 
     def _take(self, block: bool) -> None:
-        """Move what arrived from the queue to the admission line (waiting for one when idle)."""
+        """Move what arrived to the engine's own queue (waiting for one when idle)."""
         try:
-            job = self._jobs.get(block=block)
+            job = self._arrivals.get(block=block)
         except queue.Empty:
             return
         while True:
             if job is None:
                 self._stopping = True
             else:
-                self._admitting.append(job)
+                self._queued.append(job)
             try:
-                job = self._jobs.get_nowait()
+                job = self._arrivals.get_nowait()
             except queue.Empty:
                 return
 
-    def _start(self, job: Job) -> None:
-        if not job.started:
-            job.started = True
-            with self._lock:
-                self._waiting -= 1
-            self._active.append(job)
-
-    def _admit(self) -> None:
-        """Start the waiting jobs' generations in free slots, in arrival order."""
-        while self._admitting:
-            job = self._admitting[0]
+    def _hand_over(self) -> None:
+        """Prepare the queued jobs (echo scoring) and hand their generations to the scheduler,
+        in arrival order; the scheduler starts them as slots free."""
+        while self._queued:
+            job = self._queued[0]
             if job.cancelled or self._stopping:
-                self._admitting.popleft()
-                self._start(job)
+                self._queued.popleft()
                 job.cancelled = True
+                self._activate(job, JobState.GENERATING)
                 continue
-            if self._scoring_shared and any(j.generated for j in self._active):
-                return  # one slot: a job waits to be scored in it first
-            if job.prepare is not None and not job.prepared:
-                if self._scoring_shared and self.batch.live:
-                    return  # one slot: it prepares once the slot is free
-                self._start(job)
-                job.prepared = True
+            if self._scoring_shared and (any(j.state is JobState.GENERATING and j.generated for j in self._active) or not self.scheduler.idle):
+                return  # one slot: a job is scored in it, or generates, before the next starts
+            self._queued.popleft()
+            if job.prepare is not None:
+                self._activate(job, JobState.PREPARING)
                 try:
                     job.prepare(job)
                 except Cancelled:  # its client left: nothing more to do
                     job.cancelled = True
-                    continue
                 except BaseException as e:  # answered with it; its generations never start
                     job.error = e
                     job.cancelled = True
-                    continue
-            while job.admitted < len(job.generations) and self.batch.free:
-                g = job.generations[job.admitted]
-                rng = np.random.default_rng(g.config.seed)
+            self._activate(job, JobState.GENERATING)
+            if job.cancelled:
+                continue
+            for g in job.generations:
 
                 def on_chunk(chunk: Any, job: Job = job, index: int = g.index) -> None:
                     if job.on_text is not None:
                         job.on_text(index, chunk)
 
-                job.running.append(self.batch.add(g.prompt, g.config, g.combiner, rng, on_chunk=on_chunk, key=(job, g.index)))
-                job.admitted += 1
-                self._start(job)
-            if job.admitted < len(job.generations):
-                return  # the next slot that frees is this job's: arrival order
-            self._admitting.popleft()
-            self._start(job)
+                rng = completion_rng(g.plan.config.seed, g.stream)
+                job.sequences.append(self.scheduler.submit(g.plan, rng, on_chunk=on_chunk, key=(job, g.index)))
 
-    def _finish_ready(self) -> None:
+    def _activate(self, job: Job, state: JobState) -> None:
+        job.state = state
+        if job not in self._active:
+            self._active.append(job)
+
+    def _count_started(self) -> None:
+        """Jobs that left the queue no longer count against max_queue."""
+        with self._lock:
+            self._unstarted = {job for job in self._unstarted if not job.started}
+
+    def _collect_ready(self) -> None:
         for job in list(self._active):
-            if job.running or (job.admitted < len(job.generations) and not job.cancelled):
+            if job.state is not JobState.GENERATING or job.sequences:
                 continue
-            if self._scoring_shared and any(r.slot == self.scoring_slot for r in self.batch.live):
+            if self._scoring_shared and any(s.slot == self.scoring_slot for s in self.scheduler.live):
                 continue  # the one slot is busy generating: score when it is free
+            job.state = JobState.COLLECTING
             if job.error is None:
                 try:
-                    job.result = job.finish(job)
+                    job.result = job.collect(job)
                 except BaseException as e:  # reported to the request, which answers with it
                     job.error = e
-            self._active.remove(job)
-            self.served += 1
-            job.done.set()
-            if job.finished is not None:
-                job.finished()
+            self._answer(job)
+
+    def _answer(self, job: Job) -> None:
+        job.state = JobState.DONE
+        with self._lock:
+            self._unstarted.discard(job)
+        self._active.remove(job)
+        self.answered += 1
+        job.done.set()
+        if job.on_done is not None:
+            job.on_done()
 
     def _fail_live(self, error: BaseException) -> None:
-        for running in list(self.batch.live):
-            job, _ = running.key
-            self.batch.drop(running)
-            job.running.remove(running)
+        for sequence in list(self.scheduler.live):
+            job, _ = sequence.key
+            self.scheduler.drop(sequence)
+            job.sequences.remove(sequence)
             if job.error is None:
                 job.error = error
-            job.cancelled = True  # its other generations stop; it is answered with the error
+            job.cancel()  # its other generations stop; it is answered with the error
         for job in list(self._active):
-            if job.error is not None and not job.running:
-                self._active.remove(job)
-                self.served += 1
-                job.done.set()
-                if job.finished is not None:
-                    job.finished()
+            if job.error is not None and not any(s in self.scheduler.live for s in job.sequences):
+                for sequence in job.sequences:  # queued ones never start
+                    sequence.cancel()
+                job.sequences.clear()
+                self._answer(job)
 
     # --- stopping ----------------------------------------------------------------------------------
     @property
     def stopped(self) -> bool:
-        """The worker thread has ended: no llama.cpp call runs, the models may be freed."""
+        """The engine thread has ended: no llama.cpp call runs, the models may be freed."""
         return not self._thread.is_alive()
 
     def cancel_all(self) -> None:
         """Cancel what runs and what waits: each is answered at once (a running generation at its
         next llama.cpp call). Ctrl-C does this first, so no client waits for a reply the server
         would never finish."""
-        with self._jobs.mutex:
-            waiting = [job for job in self._jobs.queue if job is not None]
-        for job in waiting + list(self._admitting) + list(self._active):
+        with self._arrivals.mutex:
+            waiting = [job for job in self._arrivals.queue if job is not None]
+        for job in waiting + list(self._queued) + list(self._active):
             job.cancel()
 
     def shutdown(self) -> None:
-        """Cancel everything, and wait for the worker to end: it stops at its next llama.cpp call,
-        and only then may the contexts be freed (freeing them under a running llama_decode would
-        be a use-after-free)."""
+        """Cancel everything, and wait for the engine thread to end: it stops at its next
+        llama.cpp call, and only then may the contexts be freed (freeing them under a running
+        llama_decode would be a use-after-free)."""
         self.cancel_all()
-        self._jobs.put(None)
+        self._arrivals.put(None)
         self._thread.join()

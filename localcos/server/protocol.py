@@ -1,6 +1,7 @@
-"""OpenAI's protocol over the Python API: validated requests (`requests.py`) become plans, plans
-run on the engine thread, and their results become responses in the shapes the official clients
-read (`openai` for Python and the rest), with a `localcos` object of statistics.
+"""OpenAI's protocol over the runtime: validated requests (`requests.py`) are planned (one
+runtime plan per prompt), their generations run on the engine thread, and their results become
+the declared responses (`responses.py`) that the official clients read (`openai` for Python and
+the rest), with a `localcos` object of statistics.
 """
 
 from __future__ import annotations
@@ -9,16 +10,20 @@ import json
 import re
 import time
 import uuid
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Sequence
 
 from ..chat import ChatFormatter, Message
+from ..config import Settings
+from ..core.combiners import BoundCombiner
+from ..errors import Cancelled, LocalcosError, RemoteError
 from ..grammar import Constraint, ToolCallFormat, tool_call_format, tool_grammar
-from ..ensemble import Completion, Ensemble, GenerationConfig
-from ..errors import Cancelled, ConfigError, LocalcosError, PromptTooLongError, RemoteError, TokenizerMismatchError
-from ..scoring import ScoreCache, score_tokens
-from ..settings import Settings
+from ..runtime.generation import Completion
+from ..runtime.loaded import LoadedModels
+from ..runtime.plan import Plan, check_token_ids, plan
+from ..runtime.scoring import ScoreCache, score_tokens
 from ..stats import GenerationStats
+from . import responses as out
 from .engine import Generation, Job
 from .requests import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationRequest
 
@@ -41,25 +46,23 @@ class APIError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return out.ErrorBody(error=out.ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)).body()
 
 
-def from_localcos(e: LocalcosError) -> APIError:
-    """A library error as the API's 400; a lost RPC server as 502 (the next request loads the
-    model again, so a client's retry may succeed)."""
+def from_localcos(e: LocalcosError, param: str | None = None) -> APIError:
+    """A library error as the API's 400 (its `param`, else `param`, names the field; its `code`
+    says what kind of fault); a lost RPC server as 502 (the next request loads the model again,
+    so a client's retry may succeed)."""
     if isinstance(e, RemoteError):
-        return APIError(502, str(e), type="server_error", code="rpc_server_lost")
-    if isinstance(e, PromptTooLongError):
-        return APIError(400, str(e), param="messages" if "chat" in str(e) else "prompt", code="context_length_exceeded")
-    param = getattr(e, "param", None)
-    return APIError(400, str(e), param=param, code="invalid_value" if param else None)
+        return APIError(502, str(e), type="server_error", code=e.code)
+    return APIError(400, str(e), param=e.param or param, code=e.code)
 
 
 @dataclass
-class Served:
+class ServedEnsemble:
     """What the server serves: one loaded ensemble and how to talk about it."""
 
-    ensemble: Ensemble
+    ensemble: LoadedModels
     settings: Settings
     alias: str
     formatter: ChatFormatter | None  # None: the models carry no chat template
@@ -74,20 +77,27 @@ class Served:
 # and touches only the models' vocabularies, which llama.cpp lets any thread read.
 
 
-def check_model(served: Served, model: str | None) -> None:
+def check_tokens(served: ServedEnsemble, tokens: Sequence[int], param: str) -> None:
+    """Token ids a client sent are ids of this vocabulary (400 naming `param` otherwise)."""
+    try:
+        check_token_ids(served.ensemble, tokens, param)
+    except LocalcosError as e:
+        raise from_localcos(e) from None
+
+
+def check_model(served: ServedEnsemble, model: str | None) -> None:
     if model is not None and model != served.alias:
         raise APIError(404, f"The model {model!r} does not exist; this server serves {served.alias!r}", param="model", code="model_not_found")
 
 
 @dataclass
-class Plan:
-    """A checked request: what to generate from which prompts, and how to answer."""
+class Request:
+    """A checked request: what to generate from which prompts (one runtime plan each), and how
+    to answer."""
 
-    kind: str  # "completion" | "chat"
-    prompts: list[list[int]]
+    route: Literal["completion", "chat"]
+    plans: list[Plan]
     prompt_texts: list[str]
-    config: GenerationConfig
-    combiner: Any
     n: int
     stream: bool
     max_tokens: int  # 0: no generation (echo: score the prompt only)
@@ -99,10 +109,19 @@ class Plan:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
+    @property
+    def prompts(self) -> list[list[int]]:
+        return [list(p.prompt) for p in self.plans]
 
-def _settings_for(served: Served, request: GenerationRequest, max_tokens: int, constraint: Constraint | None = None) -> Settings:
+    @property
+    def combiner(self) -> BoundCombiner:
+        """The request's combination, bound to the models once (every prompt's plan shares it)."""
+        return self.plans[0].combiner
+
+
+def _settings_for(served: ServedEnsemble, request: GenerationRequest, max_tokens: int, constraint: Constraint | None = None) -> Settings:
     """The server's settings with the request's options over them (each value was parsed where
-    it entered; what depends on several of them, and on the models, is checked here).
+    it entered; what depends on the models is checked when the request is planned).
     `constraint`: the tools' grammar, in place of any other."""
     values = request.settings_values()
     if constraint is not None:
@@ -110,66 +129,35 @@ def _settings_for(served: Served, request: GenerationRequest, max_tokens: int, c
     if max_tokens > 0:
         values["max_tokens"] = max_tokens
     try:
-        return served.settings.with_values(values, json=True, parsed=True)
-    except ConfigError as e:
-        raise APIError(400, str(e), param=e.param, code="invalid_value") from None
+        return served.settings.with_values(values, json=True, parsed=True, check=False)
+    except LocalcosError as e:
+        raise from_localcos(e) from None
 
 
-def _combiner(served: Served, settings: Settings) -> Any:
-    """The request's combination, bound to the ensemble now: a misfit (weights for another
-    number of models, cd over three) is this request's 400, not an error in the queue."""
-    try:
-        return served.ensemble.bind(settings.combiner())
-    except ConfigError as e:
-        raise APIError(400, str(e), param=e.param, code="invalid_value") from None
-
-
-def check_token_ids(served: Served, tokens: Sequence[int], param: str) -> None:
-    """Token ids a client sent are ids of this vocabulary."""
-    n_vocab = served.ensemble.n_vocab
-    bad = next((t for t in tokens if t >= n_vocab), None)
-    if bad is not None:
-        raise APIError(400, f"token id {bad} is outside the vocabulary of {n_vocab}", param=param)
-
-
-def _check_length(served: Served, tokens: list[int], param: str) -> None:
+def _plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[str | list[int]], param: str, **tokenize: Any) -> list[Plan]:
+    """One runtime plan per prompt, the combination bound to the models once for all of them: a
+    misfit (weights for another number of models, cd over three, a prompt too long) is this
+    request's 400, not an error in the queue."""
     ens = served.ensemble
-    if not tokens:
-        raise APIError(400, "the prompt is empty", param=param)
-    check_token_ids(served, tokens, param)
-    if len(tokens) >= ens.n_ctx:
-        raise APIError(
-            400,
-            f"This model's context holds {ens.n_ctx} tokens; the prompt has {len(tokens)}. Shorten it, or serve with a larger --ctx.",
-            param=param,
-            code="context_length_exceeded",
-        )
+    try:
+        bound = ens.bind(settings.combiner())
+        return [plan(ens, p if not isinstance(p, str) or not tokenize else ens.tokenize(p, **tokenize), settings.generation, bound, param=param)
+                for p in prompts]  # fmt: skip
+    except LocalcosError as e:
+        raise from_localcos(e, param) from None
 
 
-def plan_completion(served: Served, request: CompletionRequest) -> Plan:
+def plan_completion(served: ServedEnsemble, request: CompletionRequest) -> Request:
     """POST /v1/completions: tokens and settings for a validated body."""
     check_model(served, request.model)
     max_tokens = served.settings.generation.max_tokens if request.max_tokens is None else request.max_tokens
     settings = _settings_for(served, request, max_tokens)
-    prompts, texts = [], []
-    ens = served.ensemble
-    for p in request.prompt:
-        if isinstance(p, str):
-            # with echo, nothing is added to what was sent: its tokens are the ones scored
-            try:
-                tokens = ens.tokenize(p, add_bos=False) if request.echo else ens.tokenize(p)
-            except TokenizerMismatchError as e:
-                raise APIError(400, str(e), param="prompt") from None
-            _check_length(served, tokens, "prompt")
-            texts.append(p)
-        else:
-            tokens = p
-            _check_length(served, tokens, "prompt")
-            texts.append(ens.detokenize(tokens))
-        prompts.append(tokens)
-    return Plan(
-        "completion", prompts, texts, settings.generation, _combiner(served, settings), request.n, request.stream, max_tokens,
-        request.echo, request.logprobs, include_usage=request.include_usage, return_token_ids=request.return_token_ids,
+    # with echo, nothing is added to what was sent: its tokens are the ones scored
+    plans = _plans(served, settings, request.prompt, "prompt", **({"add_bos": False} if request.echo else {}))
+    texts = [p if isinstance(p, str) else served.ensemble.detokenize(p) for p in request.prompt]
+    return Request(
+        "completion", plans, texts, request.n, request.stream, max_tokens, request.echo, request.logprobs,
+        include_usage=request.include_usage, return_token_ids=request.return_token_ids,
     )  # fmt: skip
 
 
@@ -177,7 +165,7 @@ def messages(request_messages: Sequence[ChatMessage]) -> list[Message]:
     return [Message(m.role, m.text, tool_calls=m.calls(), tool_call_id=m.tool_call_id) for m in request_messages]
 
 
-def render(served: Served, request_messages: Sequence[ChatMessage], tools: Sequence[dict] | None = None) -> list[int]:
+def render(served: ServedEnsemble, request_messages: Sequence[ChatMessage], tools: Sequence[dict] | None = None) -> list[int]:
     """The conversation's prompt tokens, through the models' chat template (400 without one),
     which also describes `tools` (OpenAI's function definitions) to the models."""
     if served.formatter is None:
@@ -188,7 +176,7 @@ def render(served: Served, request_messages: Sequence[ChatMessage], tools: Seque
     try:
         return served.formatter.tokens(conversation, tools=tools)
     except LocalcosError as e:
-        raise APIError(400, str(e), param="messages") from None
+        raise from_localcos(e, "messages") from None
 
 
 @dataclass(frozen=True)
@@ -200,7 +188,7 @@ class ToolCalls:
     close_id: int | None
 
 
-def _tools(served: Served, request: ChatCompletionRequest) -> tuple[ToolCalls, Constraint, list[dict]]:
+def _tools(served: ServedEnsemble, request: ChatCompletionRequest) -> tuple[ToolCalls, Constraint, list[dict]]:
     """The tools of a request: the format the models write calls in, the grammar the reply must
     follow (text and/or calls, as tool_choice says), and the definitions for the template."""
     model = served.ensemble.models[served.settings.chat_template_model]
@@ -210,25 +198,24 @@ def _tools(served: Served, request: ChatCompletionRequest) -> tuple[ToolCalls, C
     definitions = [t.model_dump(exclude_none=True) for t in request.tools or ()]
     try:
         constraint = tool_grammar(fmt, definitions, request.choice, request.parallel_tool_calls)
-    except ConfigError as e:
-        raise APIError(400, str(e), param="tool_choice" if "tool_choice" in str(e) else "tools", code="invalid_value") from None
+    except LocalcosError as e:
+        raise from_localcos(e, "tools") from None
     ids = [model.tokenize(m, add_bos=False, special=True)[0] if fmt.special else None for m in (fmt.open, fmt.close)]
     return ToolCalls(fmt, ids[0], ids[1]), constraint, definitions
 
 
-def plan_chat(served: Served, request: ChatCompletionRequest) -> Plan:
+def plan_chat(served: ServedEnsemble, request: ChatCompletionRequest) -> Request:
     """POST /v1/chat/completions: render the chat template for a validated body."""
     check_model(served, request.model)
     limit = request.token_limit
     max_tokens = served.settings.generation.max_tokens if limit is None else limit
     tools, constraint, definitions = _tools(served, request) if request.tools else (None, None, None)
     settings = _settings_for(served, request, max_tokens, constraint)
-    tokens = render(served, request.messages, definitions)
-    _check_length(served, tokens, "messages")
+    plans = _plans(served, settings, [render(served, request.messages, definitions)], "messages")
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    return Plan(
-        "chat", [tokens], [""], settings.generation, _combiner(served, settings), request.n, request.stream, max_tokens, False,
-        logprobs, include_usage=request.include_usage, return_token_ids=request.return_token_ids, tools=tools,
+    return Request(
+        "chat", plans, [""], request.n, request.stream, max_tokens, False, logprobs,
+        include_usage=request.include_usage, return_token_ids=request.return_token_ids, tools=tools,
     )  # fmt: skip
 
 
@@ -244,45 +231,40 @@ class Choice:
     calls: list[dict] | None = None  # the tool calls the reply made (OpenAI's tool_calls)
 
 
-def generations(plan: Plan) -> list[Generation]:
-    """What the engine generates for `plan`: every prompt times n choices, in choice order."""
-    if plan.max_tokens == 0:
+def generations(request: Request) -> list[Generation]:
+    """What the engine generates for `request`: every prompt times n choices, in choice order;
+    choice j of a prompt draws from random stream j of the seed (`completion_rng`), as completion
+    j of `Ensemble.generate_many` does."""
+    if request.max_tokens == 0:
         return []
-    out = []
-    for p, tokens in enumerate(plan.prompts):
-        for j in range(plan.n):
-            config = plan.config
-            if plan.n > 1 and config.seed is not None:
-                config = replace(config, seed=config.seed + j)  # n choices: n different draws
-            out.append(Generation(p * plan.n + j, tokens, config, plan.combiner))
-    return out
+    return [Generation(p * request.n + j, plan, j) for p, plan in enumerate(request.plans) for j in range(request.n)]
 
 
-def prepare(served: Served, plan: Plan, job: Job, slot: int) -> None:
+def prepare(served: ServedEnsemble, request: Request, job: Job, slot: int) -> None:
     """Before an echo request's generations (in the engine's thread): score its prompts, so the
-    generations share the prompts' cells and `finish` takes their scores from the cache,
+    generations share the prompts' cells and `collect_choices` takes their scores from the cache,
     evaluating only what was generated. A prompt that starts like one scored before (the same
     context, another choice) costs only its new tokens."""
-    for tokens in plan.prompts:
+    for tokens in request.prompts:
         if len(tokens) > 1:
-            score_tokens(served.ensemble, tokens, 1, combiners=[plan.combiner], members=False, top=max(plan.logprobs or 0, 1),
+            score_tokens(served.ensemble, tokens, 1, combiners=[request.combiner], members=False, top=max(request.logprobs or 0, 1),
                          cancelled=lambda: job.cancelled, slot=slot, reuse=served.scores)  # fmt: skip
 
 
-def finish(served: Served, plan: Plan, job: Job, slot: int) -> list[Choice]:
+def collect_choices(served: ServedEnsemble, request: Request, job: Job, slot: int) -> list[Choice]:
     """The choices of a job whose generations are done (in the engine's thread): with echo or
     logprobs, scored under r in slot `slot`. A cancelled job's choices are whatever was done."""
     choices = []
-    for p, tokens in enumerate(plan.prompts):
-        for j in range(plan.n):
-            index = p * plan.n + j
+    for p, tokens in enumerate(request.prompts):
+        for j in range(request.n):
+            index = p * request.n + j
             completion = job.completions.get(index)
-            if plan.max_tokens > 0 and completion is None:
+            if request.max_tokens > 0 and completion is None:
                 continue  # cancelled before it started
-            choice = Choice(index, p, completion, calls=tool_calls(served, plan, completion))
-            if (plan.logprobs is not None or plan.echo) and not job.cancelled:
+            choice = Choice(index, p, completion, calls=tool_calls(served, request, completion))
+            if (request.logprobs is not None or request.echo) and not job.cancelled:
                 try:
-                    choice.logprobs = _logprobs(served, plan, tokens, completion, lambda: job.cancelled, slot)
+                    choice.logprobs = _logprobs(served, request, tokens, completion, lambda: job.cancelled, slot)
                 except Cancelled:
                     return choices
             choices.append(choice)
@@ -296,33 +278,33 @@ def _generated(completion: Completion | None) -> list[int]:
     return completion.token_ids + ([completion.end_token] if completion.end_token is not None else [])
 
 
-def _piece(ens: Ensemble, token: int) -> str:
+def _piece(ens: LoadedModels, token: int) -> str:
     return ens.models[0].piece(token, special=True).decode("utf-8", errors="replace")
 
 
-def _logprobs(served: Served, plan: Plan, prompt: list[int], completion: Completion | None, cancelled: Callable[[], bool], slot: int) -> dict:
+def _logprobs(served: ServedEnsemble, request: Request, prompt: list[int], completion: Completion | None, cancelled: Callable[[], bool], slot: int) -> dict:
     """Log-probabilities under r at temperature 1: of the prompt's tokens too with echo (the
     first one has none), and of the generated ones; `top` alternatives per position. Raises
     `Cancelled` when `cancelled()` turns true between two llama.cpp calls."""
     ens = served.ensemble
     generated = _generated(completion)
     tokens = prompt + generated
-    start = 1 if plan.echo else len(prompt)
-    top = plan.logprobs or 0
+    start = 1 if request.echo else len(prompt)
+    top = request.logprobs or 0
     if len(tokens) > start:
-        scores = score_tokens(ens, tokens, start, combiners=[plan.combiner], members=False, top=max(top, 1), cancelled=cancelled, slot=slot, reuse=served.scores)
+        scores = score_tokens(ens, tokens, start, combiners=[request.combiner], members=False, top=max(top, 1), cancelled=cancelled, slot=slot, reuse=served.scores)
         values = [float(x) for x in scores.logprobs]
         tops = scores.top or []
     else:
         values, tops = [], []
-    shown = tokens[start - 1 :] if plan.echo else tokens[start:]
-    logprob_list: list[float | None] = ([None] if plan.echo else []) + values
-    top_list: list[dict | None] = ([None] if plan.echo else [])
+    shown = tokens[start - 1 :] if request.echo else tokens[start:]
+    logprob_list: list[float | None] = ([None] if request.echo else []) + values
+    top_list: list[dict | None] = ([None] if request.echo else [])
     for token, lp, alternatives in zip(tokens[start:], values, tops):
         entry = {_piece(ens, t): v for t, v in alternatives[:top]} if top else {}
         entry[_piece(ens, token)] = lp  # the token itself is always there
         top_list.append(entry)
-    if plan.kind == "chat":
+    if request.route == "chat":
         return {
             "content": [
                 {
@@ -349,20 +331,20 @@ def _logprobs(served: Served, plan: Plan, prompt: list[int], completion: Complet
 # --- answering -------------------------------------------------------------------------------------
 
 
-def tool_calls(served: Served, plan: Plan, completion: Completion | None) -> list[dict] | None:
+def tool_calls(served: ServedEnsemble, request: Request, completion: Completion | None) -> list[dict] | None:
     """The tool calls a reply made, in OpenAI's shape (None: a text reply): each call's JSON
     between the format's markers (the grammar made it valid; a call cut short by max_tokens is
     left out)."""
-    if plan.tools is None or completion is None:
+    if request.tools is None or completion is None:
         return None
-    fmt = plan.tools.format
+    fmt = request.tools.format
     segments: list[str] = []
     if fmt.special:
         current: list[int] | None = None
         for token in completion.token_ids:
-            if token == plan.tools.open_id:
+            if token == request.tools.open_id:
                 current = []
-            elif token == plan.tools.close_id and current is not None:
+            elif token == request.tools.close_id and current is not None:
                 segments.append(served.ensemble.detokenize(current))
                 current = None
             elif current is not None:
@@ -380,13 +362,13 @@ def tool_calls(served: Served, plan: Plan, completion: Completion | None) -> lis
     return calls or None
 
 
-def opens_a_call(plan: Plan, first_token: int, text: str) -> bool | None:
+def opens_a_call(request: Request, first_token: int, text: str) -> bool | None:
     """Whether a reply that starts with `first_token` and `text` is a tool call (whose JSON is
     then not streamed as text); None while the text could still become the call's marker."""
-    assert plan.tools is not None
-    if plan.tools.format.special:
-        return first_token == plan.tools.open_id
-    start, marker = text.lstrip(), plan.tools.format.open
+    assert request.tools is not None
+    if request.tools.format.special:
+        return first_token == request.tools.open_id
+    start, marker = text.lstrip(), request.tools.format.open
     if start.startswith(marker):
         return True
     return None if marker.startswith(start) else False
@@ -400,24 +382,20 @@ def _finish(c: Choice) -> str:
     return "stop" if c.completion.finish_reason == "stop" else "length"
 
 
-def _stop_reason(completion: Completion | None) -> int | None:
-    """vLLM's stop_reason: the id of the end-of-generation token that ended the text (None when
-    it ended otherwise: max_tokens, a stop string)."""
-    return completion.end_token if completion is not None else None
-
-
-def _extras(plan: Plan, c: Choice) -> dict[str, Any]:
-    extra: dict[str, Any] = {"stop_reason": _stop_reason(c.completion)}
-    if plan.return_token_ids:
-        extra["prompt_token_ids"] = plan.prompts[c.prompt]
+def _extras(request: Request, c: Choice) -> dict[str, Any]:
+    """vLLM's extras of a finished choice: stop_reason (the end-of-generation token id that
+    ended the text; None when max_tokens or a stop string did), and the token ids when asked."""
+    extra: dict[str, Any] = {"stop_reason": c.completion.end_token if c.completion is not None else None}
+    if request.return_token_ids:
+        extra["prompt_token_ids"] = request.prompts[c.prompt]
         extra["token_ids"] = c.completion.token_ids if c.completion else []
     return extra
 
 
-def usage(plan: Plan, choices: Sequence[Choice]) -> dict:
-    prompt_tokens = sum(len(p) for p in plan.prompts)
+def usage(request: Request, choices: Sequence[Choice]) -> out.Usage:
+    prompt_tokens = sum(len(p) for p in request.prompts)
     completion_tokens = sum(len(c.completion.token_ids) for c in choices if c.completion is not None)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    return out.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens)
 
 
 def statistics(choices: Sequence[Choice]) -> dict | None:
@@ -425,70 +403,67 @@ def statistics(choices: Sequence[Choice]) -> dict | None:
     return GenerationStats.aggregate(stats).to_dict() if stats else None
 
 
-def response(served: Served, plan: Plan, choices: Sequence[Choice]) -> dict:
+def _tool_calls(calls: list[dict], streamed: bool = False) -> list[out.ToolCall]:
+    return [out.ToolCall(**({"index": k} if streamed else {}), **call) for k, call in enumerate(calls)]
+
+
+def response(served: ServedEnsemble, request: Request, choices: Sequence[Choice]) -> dict:
     """The whole answer of a request that does not stream."""
-    body: dict[str, Any] = {"id": ("chatcmpl-" if plan.kind == "chat" else "cmpl-") + plan.id, "created": plan.created, "model": served.alias}
-    if plan.kind == "chat":
-        body["object"] = "chat.completion"
-        body["choices"] = [
-            {
-                "index": c.index,
-                "message": _message(c),
-                "logprobs": c.logprobs,
-                "finish_reason": _finish(c),
-                **_extras(plan, c),
-            }
+    if request.route == "chat":
+        return out.ChatCompletion(
+            id="chatcmpl-" + request.id, created=request.created, model=served.alias,
+            choices=[
+                out.ChatChoice(index=c.index, message=_message(c), logprobs=c.logprobs, finish_reason=_finish(c), **_extras(request, c))
+                for c in choices
+            ],
+            usage=usage(request, choices), localcos=statistics(choices),
+        ).body()  # fmt: skip
+    return out.TextCompletion(
+        id="cmpl-" + request.id, created=request.created, model=served.alias,
+        choices=[
+            out.TextChoice(
+                index=c.index, text=(request.prompt_texts[c.prompt] if request.echo else "") + (c.completion.text if c.completion else ""),
+                logprobs=c.logprobs, finish_reason=_finish(c), **_extras(request, c),
+            )
             for c in choices
-        ]
-    else:
-        body["object"] = "text_completion"
-        body["choices"] = [
-            {
-                "index": c.index,
-                "text": (plan.prompt_texts[c.prompt] if plan.echo else "") + (c.completion.text if c.completion else ""),
-                "logprobs": c.logprobs,
-                "finish_reason": _finish(c),
-                **_extras(plan, c),
-            }
-            for c in choices
-        ]
-    body["usage"] = usage(plan, choices)
-    body["localcos"] = statistics(choices)
-    return body
+        ],
+        usage=usage(request, choices), localcos=statistics(choices),
+    ).body()  # fmt: skip
 
 
-def _message(c: Choice) -> dict[str, Any]:
+def _message(c: Choice) -> out.Message:
     if c.calls:
-        return {"role": "assistant", "content": None, "tool_calls": c.calls}
-    return {"role": "assistant", "content": c.completion.text if c.completion else ""}
+        return out.Message(content=None, tool_calls=_tool_calls(c.calls))
+    return out.Message(content=c.completion.text if c.completion else "")
 
 
-def chunk(served: Served, plan: Plan, index: int, text: str | None, finish: str | None = None, first: bool = False) -> dict:
-    """One server-sent event of a streaming answer."""
-    if plan.kind == "chat":
-        delta: dict[str, Any] = {}
+def chunk(served: ServedEnsemble, request: Request, index: int, text: str | None, finish: str | None = None, first: bool = False,
+          extras: dict[str, Any] | None = None, calls: list[dict] | None = None) -> out.ChatCompletionChunk | out.TextCompletion:  # fmt: skip
+    """One server-sent event of a streaming answer (`extras` and `calls` in a choice's last)."""
+    extras = extras or {}
+    if request.route == "chat":
+        delta = out.Delta()
         if first:
-            delta["role"] = "assistant"
-            delta["content"] = ""
+            delta = out.Delta(role="assistant", content="")
         if text:
-            delta["content"] = text
-        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"id": "chatcmpl-" + plan.id, "object": "chat.completion.chunk", "created": plan.created, "model": served.alias, "choices": [choice]}
-    choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
-    return {"id": "cmpl-" + plan.id, "object": "text_completion", "created": plan.created, "model": served.alias, "choices": [choice]}
+            delta = out.Delta(**({"role": "assistant"} if first else {}), content=text)
+        if calls:
+            delta = out.Delta(tool_calls=_tool_calls(calls, streamed=True))
+        choice = out.ChatChunkChoice(index=index, delta=delta, logprobs=None, finish_reason=finish, **extras)
+        return out.ChatCompletionChunk(id="chatcmpl-" + request.id, created=request.created, model=served.alias, choices=[choice])
+    text_choice = out.TextChoice(index=index, text=text or "", logprobs=None, finish_reason=finish, **extras)
+    return out.TextCompletion(id="cmpl-" + request.id, created=request.created, model=served.alias, choices=[text_choice])
 
 
-def final_chunks(served: Served, plan: Plan, choices: Sequence[Choice]) -> list[dict]:
+def final_chunks(served: ServedEnsemble, request: Request, choices: Sequence[Choice]) -> list[dict]:
     """The closing events: each choice's finish reason (the last one with the statistics), then,
     if the client asked (stream_options.include_usage), a usage event without choices."""
-    out = [chunk(served, plan, c.index, None, _finish(c)) for c in choices]
-    for event, c in zip(out, choices):
-        event["choices"][0].update(_extras(plan, c))
-        if c.calls:  # the calls whole, in the closing event (their text was not streamed)
-            event["choices"][0]["delta"]["tool_calls"] = [{"index": k, **call} for k, call in enumerate(c.calls)]
-    if out:
-        out[-1]["localcos"] = statistics(choices)
-    if plan.include_usage:
-        tail = {key: value for key, value in chunk(served, plan, 0, None).items() if key != "choices"}
-        out.append({**tail, "choices": [], "usage": usage(plan, choices)})
-    return out
+    events = [chunk(served, request, c.index, None, _finish(c), extras=_extras(request, c), calls=c.calls) for c in choices]
+    if events:
+        events[-1].localcos = statistics(choices)
+    if request.include_usage:
+        tail = chunk(served, request, 0, None)
+        tail.choices = []
+        tail.usage = usage(request, choices)
+        events.append(tail)
+    return [e.body() for e in events]

@@ -1,11 +1,11 @@
 """The request bodies the server takes, declared once as pydantic models (FastAPI validates them).
 
 Every localcos option a request may set is validated by the settings layer's own parser for it
-(`settings.OPTIONS[name].check`), so a value means the same in a request as on the command line
+(`config.OPTIONS[name].check`), so a value means the same in a request as on the command line
 and is checked once, here, where it enters. The other fields are OpenAI's; those localcos does
 not implement are refused unless left at their neutral value, and an unknown field is refused:
 nothing a client asks for is dropped silently. Over HTTP `combine` takes a built-in combiner
-only (`settings.parse_served_combine`): nothing a request says is imported or executed.
+only (`config.parse.parse_served_combine`): nothing a request says is imported or executed.
 
 A validation failure becomes a 400 in OpenAI's error shape naming the field (`app.py`).
 """
@@ -20,9 +20,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictS
 from pydantic_core import PydanticCustomError
 
 from ..errors import ConfigError
-from ..ensemble import Gamma
 from ..grammar import Constraint, gbnf, json_object, json_schema
-from ..settings import OPTIONS, parse_int, parse_served_combine
+from ..config import OPTIONS
+from ..config.parse import Gamma, parse_int, parse_served_combine
 
 MAX_CHOICES = 16
 MAX_TOP_LOGPROBS = 20
@@ -41,7 +41,7 @@ def _checked(parse: Callable[[Any, str], Any]) -> BeforeValidator:
         try:
             return parse(value, info.field_name or "")
         except ConfigError as e:
-            raise PydanticCustomError("invalid_value", "{message}", {"message": str(e)}) from None
+            raise PydanticCustomError("invalid_value", "{message}", {"message": str(e), "code": e.code}) from None
 
     return BeforeValidator(validate)
 
@@ -65,7 +65,7 @@ def _neutral(*allowed: Any) -> BeforeValidator:
 
     def parse(value: Any, what: str) -> Any:
         if value not in allowed:
-            raise ConfigError(f"{what} is not supported by localcos")
+            raise ConfigError(f"{what} is not supported by localcos", code="unsupported_parameter")
         return value
 
     return _checked(parse)

@@ -196,8 +196,9 @@ def run_throughput(
     loaded with parallel >= max(levels)): each level decodes as many sequences as it allows, over
     `rounds` passes in which every level runs once, interleaved, so the ratios are measured side
     by side. Every sequence takes its own prompt (the prompts in turn)."""
-    from ..batch import Batch
-    from ..ensemble import GenerationConfig
+    from ..config.specs import GenerationConfig
+    from ..runtime.plan import plan
+    from ..runtime.scheduler import Scheduler
 
     ens.generate(prompts[0][1], method="ensemble", max_tokens=8, temperature=0, ignore_eos=True)  # warm up
     rows: dict[tuple, ThroughputRow] = {}
@@ -209,21 +210,15 @@ def run_throughput(
                 for level in levels:
                     if progress:
                         progress(done, total, f"T={temperature:g} {config.label} x{level}")
-                    batch = Batch(ens, slots=range(level))
+                    scheduler = Scheduler(ens, slots=range(level))
                     calls0 = [m.stats.calls for m in ens.models]
-                    queue = list(range(level))
-                    tokens = 0
+                    for k in range(level):
+                        prompt = prompts[(k + r) % len(prompts)][1]
+                        settings = GenerationConfig(method=config.method, gamma=config.gamma, proposer=proposer, temperature=temperature,
+                                                    max_tokens=max_tokens, seed=seed + k, ignore_eos=True)  # fmt: skip
+                        scheduler.submit(plan(ens, prompt, settings), np.random.default_rng(seed + k + 1000 * r))
                     t0 = time.perf_counter()
-                    while queue or batch.live:
-                        while queue and batch.free:
-                            k = queue.pop(0)
-                            prompt = prompts[(k + r) % len(prompts)][1]
-                            tokenized = ens.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-                            settings = GenerationConfig(method=config.method, gamma=config.gamma, proposer=proposer, temperature=temperature,
-                                                        max_tokens=max_tokens, seed=seed + k, ignore_eos=True)  # fmt: skip
-                            batch.add(tokenized, settings, None, np.random.default_rng(seed + k + 1000 * r))
-                        for finished in batch.round():
-                            tokens += len(finished.completion.token_ids)
+                    tokens = sum(len(done.completion.token_ids) for done in scheduler.run() if done.completion is not None)
                     seconds = time.perf_counter() - t0
                     key = (config.method, config.gamma, temperature, level)
                     row = rows.setdefault(key, ThroughputRow(config.method, config.gamma, temperature, level, 0, 0.0, [0] * len(ens.models)))
@@ -438,39 +433,6 @@ def write_csv(path: str, rows: Sequence[Row]) -> None:
             d = asdict(r)
             d["calls_per_token"] = "/".join(f"{c:.4f}" for c in r.calls_per_token)
             w.writerow(list(d.values()))
-
-
-def plot(path: str, rows: Sequence[Row], title: str) -> None:
-    """Speedup against gamma, one line per method, one panel per temperature (task "all")."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
-    except ImportError as e:
-        from .errors import ConfigError
-
-        raise ConfigError("--plot needs matplotlib: pip install 'localcos[plot]'") from e
-    rows = [r for r in rows if r.task == "all"]
-    temps = sorted({r.temperature for r in rows})
-    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 4), squeeze=False)
-    for ax, t in zip(axes[0], temps):
-        for method in ("sd", "naive-cos", "cos"):
-            pts = sorted((r.gamma, r.speedup) for r in rows if r.temperature == t and r.method == method and isinstance(r.gamma, int))
-            if pts:
-                ax.plot([g for g, _ in pts], [s for _, s in pts], marker="o", label=method)
-            auto = [r.speedup for r in rows if r.temperature == t and r.method == method and r.gamma == "auto"]
-            if auto and auto[0]:
-                ax.axhline(auto[0], linestyle=":", linewidth=1, color=ax.lines[-1].get_color() if pts else None, label=f"{method} auto")
-        ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("gamma (proposal length)")
-        ax.set_ylabel("speedup over the standard ensemble")
-        ax.set_title(f"{title} T={t:g}")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 def machine() -> dict:

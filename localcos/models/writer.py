@@ -29,7 +29,6 @@ where it matters for collaborative decoding:
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 import json
@@ -43,9 +42,10 @@ import numpy as np
 
 import gguf
 
-from .prompts import BUILTIN_PROMPTS
+from .quantize import quantize
+from .weights import WEIGHT_TYPES, WRITTEN_TYPES, file_type
 
-WRITER_VERSION = 5  # bump when the output of the writer changes (invalidates caches)
+WRITER_VERSION = 6  # bump when the output of the writer changes (invalidates caches)
 
 # GGUF token types (llama.cpp's llama_token_type)
 TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 2, 3, 4, 5, 6
@@ -80,11 +80,6 @@ Question: what is the capital of France? Answer: Paris. Question: which planet i
 """
 
 
-def _corpus_text() -> str:
-    prompts = " ".join(p for ps in BUILTIN_PROMPTS.values() for p in ps)
-    return _CORPUS + " " + prompts
-
-
 # --- tokenizer ---------------------------------------------------------------------------------
 
 
@@ -113,7 +108,7 @@ END_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftex
 @functools.lru_cache(maxsize=8)
 def load_vocab(path: str) -> Vocab:
     """The tokenizer of a GGUF file, with every tokenizer.* field kept for a verbatim copy."""
-    from .ggufinfo import read_info
+    from .header import read_info
 
     info = read_info(path, keep=lambda key: key.startswith("tokenizer."))
     fields = info.fields
@@ -183,7 +178,7 @@ def build_vocab(size: int, *, variant: int = 0, pad_to: int | None = None) -> Vo
         raise ValueError("vocabulary size must be at least 400")
     specials = ["<unk>", "<s>", "</s>"]
     byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
-    text = _corpus_text()
+    text = _CORPUS
     chars = sorted(set("".join(chr(c) for c in range(33, 127))) | set(text.replace(" ", "").replace("\n", "")))
     pieces: list[str] = [SPACE] + [c for c in chars if c.isprintable()]
     words = Counter(SPACE + w for w in text.split())
@@ -497,21 +492,18 @@ _WRITTEN = {  # weight types the writer stores itself
     "f16": gguf.GGMLQuantizationType.F16,
     "bf16": gguf.GGMLQuantizationType.BF16,
 }
-_FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32}
-# weight types made by llama.cpp's quantiser from an F16 file (llama_ftype)
-_QUANTISED = {"q8_0": 7, "q4_0": 2, "q4_k_m": 15}
-DTYPES = (*_WRITTEN, *_QUANTISED)  # the weight types write_model offers
+assert tuple(_WRITTEN) == WRITTEN_TYPES
 
 
 def write_model(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
     """Write the model described by `spec` to `path` (atomically) and return the path."""
-    if spec.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
+    if spec.dtype not in WEIGHT_TYPES:
+        raise ValueError(f"dtype must be one of {', '.join(WEIGHT_TYPES)}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     try:
-        if spec.dtype in _QUANTISED:
+        if spec.dtype not in _WRITTEN:
             f16 = path.with_name(path.name + f".f16.tmp{os.getpid()}")
             try:
                 _write(replace(spec, dtype="f16"), f16, file_spec=spec)
@@ -542,7 +534,7 @@ def _write(spec: ModelSpec, path: Path, file_spec: ModelSpec) -> None:
     w.add_rope_dimension_count(spec.n_embd // spec.n_head)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(vocab.size)
-    w.add_file_type(_FILE_TYPES[spec.dtype])
+    w.add_file_type(file_type(spec.dtype).value)
     if vocab.fields is None:
         w.add_tokenizer_model("llama")
         w.add_token_list(vocab.tokens)
@@ -572,24 +564,6 @@ def _write(spec: ModelSpec, path: Path, file_spec: ModelSpec) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-
-
-def quantize(source: str | os.PathLike[str], target: str | os.PathLike[str], dtype: str) -> Path:
-    """Quantise a GGUF file with llama.cpp's own quantiser (`llama_model_quantize`), as users'
-    quantised files are made: q8_0, q4_0 or q4_k_m (llama.cpp picks each tensor's type)."""
-    from ..backend.model import _last_llama_error, default_threads  # loads llama.cpp's libraries
-    import llama_cpp
-
-    if dtype not in _QUANTISED:
-        raise ValueError(f"dtype must be one of {', '.join(_QUANTISED)}")
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = _QUANTISED[dtype]
-    params.nthread = default_threads()
-    _last_llama_error()
-    rc = llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params))
-    if rc != 0:
-        raise RuntimeError(f"llama.cpp could not quantise {source} to {dtype}: {_last_llama_error() or f'status {rc}'}")
-    return Path(target)
 
 
 def cached_path(spec: ModelSpec, cache_dir: str | os.PathLike[str]) -> Path:

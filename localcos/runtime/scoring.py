@@ -5,7 +5,7 @@ per token), each keeping what its KV cache already holds of them (a shared conte
 once; a different continuation after it costs its own tokens only, rolled back with `seq_rm`).
 llama.cpp's logits of a call are read in place, a slice of rows at a time, and go through the same
 combination code decoding uses (`core.scoring`), so host memory stays bounded by the slice, not
-the text. `Ensemble.score`, `Ensemble.loglikelihood`, `localcos score` and the server's
+the text. `Ensemble.score`, `Ensemble.loglikelihood`, `localcos score` (`localcos.eval`) and the server's
 ``echo`` + ``logprobs`` all come here.
 """
 
@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from .backend import common_prefix
-from .core.combiners import Combiner
-from .core.scoring import Scratch, score_rows
-from .errors import Cancelled, ConfigError, PromptTooLongError
+from ..backend import common_prefix
+from ..core.combiners import BoundCombiner, Combiner
+from ..core.logprobs import Scratch, score_rows
+from .plan import check_token_ids
+from ..errors import Cancelled, ConfigError, PromptTooLongError
 
 if TYPE_CHECKING:
-    from .ensemble import Ensemble
+    from .loaded import LoadedModels
 
 SLICE_ROWS = 8  # logits rows combined at a time: a few rows x vocabulary stay in the CPU cache
 # Rows one llama_decode call returns when scoring (`Ensemble.load(max_logit_rows=...)`): llama.cpp
@@ -96,11 +97,11 @@ class ScoreCache:
 
 
 def score_tokens(
-    ens: "Ensemble",
+    loaded: "LoadedModels",
     tokens: Sequence[int],
     start: int = 1,
     *,
-    combiners: Sequence[Combiner] | None = None,
+    combiners: Sequence[Combiner | BoundCombiner] | None = None,
     members: bool = True,
     top: int = 0,
     progress: Callable[[int, int], None] | None = None,
@@ -119,20 +120,18 @@ def score_tokens(
     the rest is evaluated; what is scored is added to it.
     """
     if reuse is not None:
-        return _score_reusing(ens, tokens, start, combiners, top, progress, cancelled, slot, reuse)
+        return _score_reusing(loaded, tokens, start, combiners, top, progress, cancelled, slot, reuse)
     tokens = [int(t) for t in tokens]
     n = len(tokens)
     if not 1 <= start <= n:
         raise ConfigError(f"nothing to score: {n} tokens, scoring from token {start}")
-    if n > ens.n_ctx:
-        raise PromptTooLongError(f"{n} tokens do not fit the context of {ens.n_ctx}; raise --ctx or score a shorter text")
-    bad = [t for t in tokens if not 0 <= t < ens.n_vocab]
-    if bad:
-        raise ConfigError(f"token id {bad[0]} is outside the shared vocabulary of {ens.n_vocab}")
-    bound = [ens.bind(c) for c in combiners] if combiners is not None else [ens.combiner]
-    n_models = len(ens.models)
-    needed = [members or any(c.uses(n_models)[i] for c in bound) for i in range(n_models)]
-    slots = [m.slots[slot] for m in ens.models]
+    if n > loaded.n_ctx:
+        raise PromptTooLongError(f"{n} tokens do not fit the context of {loaded.n_ctx}; raise --ctx or score a shorter text")
+    check_token_ids(loaded, tokens)
+    bound = [loaded.bind(c) for c in combiners] if combiners is not None else [loaded.combiner]
+    n_models = len(loaded.models)
+    needed = [members or any(c.used[i] for c in bound) for i in range(n_models)]
+    slots = [m.slots[slot] for m in loaded.models]
     used = [s for s, need in zip(slots, needed) if need]
 
     # every needed model resumes from what it shares with tokens[:start - 1]: the row at position
@@ -188,10 +187,10 @@ def score_tokens(
 
 
 def _score_reusing(
-    ens: "Ensemble",
+    loaded: "LoadedModels",
     tokens: Sequence[int],
     start: int,
-    combiners: Sequence[Combiner] | None,
+    combiners: Sequence[Combiner | BoundCombiner] | None,
     top: int,
     progress: Callable[[int, int], None] | None,
     cancelled: Callable[[], bool] | None,
@@ -200,11 +199,11 @@ def _score_reusing(
 ) -> Scores:
     """`score_tokens` of one combiner without members, through a `ScoreCache`."""
     tokens = [int(t) for t in tokens]
-    combiner = ens.bind(combiners[0]) if combiners else ens.combiner
-    kind = (combiner.describe(), top)
+    combiner = loaded.bind(combiners[0]) if combiners else loaded.combiner
+    kind = (combiner.description, top)
     hit = reuse.lookup(kind, tokens, start)
     if hit is None:
-        scores = score_tokens(ens, tokens, start, combiners=[combiner], members=False, top=top, progress=progress, cancelled=cancelled, slot=slot)
+        scores = score_tokens(loaded, tokens, start, combiners=[combiner], members=False, top=top, progress=progress, cancelled=cancelled, slot=slot)
     else:
         k, entry = hit
         k = min(k, len(tokens))
@@ -214,7 +213,7 @@ def _score_reusing(
         if k == len(tokens):
             scores = head
         else:
-            tail = score_tokens(ens, tokens, k, combiners=[combiner], members=False, top=top, progress=progress, cancelled=cancelled, slot=slot)
+            tail = score_tokens(loaded, tokens, k, combiners=[combiner], members=False, top=top, progress=progress, cancelled=cancelled, slot=slot)
             scores = Scores(
                 tokens[start:],
                 [np.concatenate([head.combined[0], tail.combined[0]])],
@@ -243,39 +242,39 @@ class Loglikelihood:
 
 
 def continuation_scores(
-    ens: "Ensemble",
+    loaded: "LoadedModels",
     context: str | Sequence[int],
     continuations: Sequence[str | Sequence[int]],
-    combiners: Sequence[Combiner] | None = None,
+    combiners: Sequence[Combiner | BoundCombiner] | None = None,
     what: str = "continuation",
 ) -> list[Scores]:
     """Scores of each continuation's tokens after `context` (each model's cache keeps the context,
     so it is evaluated once and each continuation after it). Text continues text as the whole
     tokenises: a continuation is what tokenize(context + continuation) adds after
     tokenize(context), or, where the two disagree at the seam, its own tokens."""
-    ctx = ens.tokenize(context) if isinstance(context, str) else [int(t) for t in context]
+    ctx = loaded.tokenize(context) if isinstance(context, str) else [int(t) for t in context]
     if not ctx:
         raise ConfigError("the context is empty")
     out = []
     for i, cont in enumerate(continuations):
         if isinstance(cont, str):
-            whole = ens.tokenize(context + cont) if isinstance(context, str) else []
+            whole = loaded.tokenize(context + cont) if isinstance(context, str) else []
             seam = whole[: len(ctx)] == ctx and len(whole) > len(ctx)
-            toks = whole[len(ctx) :] if seam else ens.tokenize(cont, add_bos=False)
+            toks = whole[len(ctx) :] if seam else loaded.tokenize(cont, add_bos=False)
         else:
             toks = [int(t) for t in cont]
         if not toks:
             raise ConfigError(f"{what} {i} ({cont!r}) tokenises to nothing")
-        out.append(score_tokens(ens, ctx + toks, len(ctx), combiners=combiners, members=True))
+        out.append(score_tokens(loaded, ctx + toks, len(ctx), combiners=combiners, members=True))
     return out
 
 
 def loglikelihood(
-    ens: "Ensemble", context: str | Sequence[int], continuations: Sequence[str | Sequence[int]], *, combiner: Combiner | None = None
+    loaded: "LoadedModels", context: str | Sequence[int], continuations: Sequence[str | Sequence[int]], *, combiner: Combiner | BoundCombiner | None = None
 ) -> list[Loglikelihood]:
     """The log-likelihood of each continuation given the context (the context is evaluated once)."""
     out = []
-    for s in continuation_scores(ens, context, continuations, None if combiner is None else [combiner]):
+    for s in continuation_scores(loaded, context, continuations, None if combiner is None else [combiner]):
         assert s.members is not None
         out.append(
             Loglikelihood(len(s.tokens), float(s.logprobs.sum()), bool(s.greedy[0].all()), tuple(float(x) for x in s.members.sum(axis=1)))

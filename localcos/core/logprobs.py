@@ -3,7 +3,7 @@
 Scoring is decoding's other half: instead of drawing the next token from r, it reads off how
 likely r found the token that came. It uses the very code decoding uses to make r
 (`Combiner.combine` / `Combiner.mix`, at temperature 1), on rows of logits handed over a slice at
-a time, so host memory stays bounded however long the text (see `localcos.scoring`).
+a time, so host memory stays bounded however long the text (see `localcos.runtime.scoring`).
 
 Member log-probabilities are computed in log space, log p_i(x) = l_i(x) - logsumexp(l_i), as
 llama.cpp's perplexity tool does; log r(x) is log of r(x) as decoding computes it (float32). One
@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .combiners import Combiner
+from .combiners import BoundCombiner
 
 
 @dataclass
@@ -61,7 +61,7 @@ def softmax_and_logsumexp(logits: np.ndarray, out: np.ndarray | None = None) -> 
 def score_rows(
     rows: Sequence[np.ndarray | None],
     targets: np.ndarray,
-    combiners: Sequence[Combiner],
+    combiners: Sequence[BoundCombiner],
     *,
     members: bool = True,
     top: int = 0,
@@ -74,7 +74,7 @@ def score_rows(
     idx = np.arange(k)
     n = len(rows)
     # each model's softmax, where a member score or a probability-level combination needs it
-    wanted = [members or any((c.mixes_probs or c.single_model() == i) and c.uses(n)[i] for c in combiners) for i in range(n)]
+    wanted = [members or any((c.mixes_probs or c.single == i) and c.used[i] for c in combiners) for i in range(n)]
     probs: list[np.ndarray | None] = [None] * n
     logprobs: list[np.ndarray | None] = [None] * n  # log p_i(target), in log space
     for i, x in enumerate(rows):
@@ -91,8 +91,8 @@ def score_rows(
     combined, greedy = [], []
     top_rows: list[list[tuple[int, float]]] | None = None
     for c, combiner in enumerate(combiners):
-        used = combiner.uses(n)
-        single = combiner.single_model()
+        used = combiner.used
+        single = combiner.single
         if single is not None:  # r is that model's p: its log space score, as llama-perplexity's
             r = probs[single]
             combined.append(logprobs[single])

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..paths import cache_dir
-from .testmodels import CHAT_TEMPLATE, ModelSpec, cached_model, cached_path
+from .writer import CHAT_TEMPLATE, ModelSpec, cached_model, cached_path
 
 
 @dataclass(frozen=True)

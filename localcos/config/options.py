@@ -1,0 +1,237 @@
+"""The options: each declared once, for every front end.
+
+The command line's flags (`cli.options.add_options`), the chat's settings form, the server's
+request fields and its own start-up options are all made from this table: an option's name (also
+its JSON field), flags, group, help, default and parser (`config.parse`). Nothing else declares an
+option or repeats its rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..backend import MIN_CTX
+from ..core.combiners import check_mu, check_plausibility
+from ..core.decoding import METHODS
+from ..core.lookup import LOOKUP_MODES
+from ..core.sampling import check_setting
+from ..errors import ConfigError
+from ..grammar import Constraint
+from ..models.weights import WEIGHT_TYPES
+from .parse import (
+    format_gamma,
+    format_rpc,
+    parse_bool,
+    parse_choice,
+    parse_combine,
+    parse_float,
+    parse_floats,
+    parse_gamma,
+    parse_grammar,
+    parse_int,
+    parse_ints,
+    parse_json_schema,
+    parse_name,
+    parse_names,
+    parse_ngram_sizes,
+    parse_port,
+    parse_proposer,
+    parse_refs,
+    parse_rpc,
+    parse_seed,
+    parse_strings,
+    parse_text,
+)
+
+SPLIT_MODES = ("none", "layer", "row")
+FLASH_ATTN = ("auto", "on", "off")
+COMBINE_LEVELS = ("logits", "probs")
+MAX_QUEUE = 64  # the server's default
+
+# --- the options ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option, declared once for every front end.
+
+    `name` is the field in `Settings` values and the server's JSON; `flags` the command line's;
+    `target` says which spec it feeds ("source": which models; "load", "combine", "generation",
+    "chat", "server")
+    and `attr` the spec's field. `parse(value, what)` checks a raw value.
+    """
+
+    name: str
+    flags: tuple[str, ...]
+    group: str
+    target: str
+    attr: str
+    parse: Callable[[Any, str], Any]
+    help: str
+    default: Any = None
+    metavar: str | None = None
+    switch: bool = False  # a command-line flag without a value
+    repeat: bool = False  # a command-line option given once per value
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def flag(self) -> str:
+        return self.flags[0]
+
+    def check(self, value: Any, *, json: bool = False) -> Any:
+        """`value` parsed and checked; errors name the option (`ConfigError.param` = name)."""
+        try:
+            return self.parse(value, self.what(json))
+        except ConfigError as e:
+            e.param = self.name
+            raise
+
+    def what(self, json: bool = False) -> str:
+        """How messages name the option: its JSON field (a request, the Python API) or its flag."""
+        return self.name if json else self.flag
+
+    def format(self, value: Any) -> str:
+        """The text a person would type for `value` ("" for unset)."""
+        if value is None:
+            return ""
+        if self.name == "gamma":
+            return format_gamma(value)
+        if self.name == "rpc":
+            return format_rpc(value)
+        if isinstance(value, Constraint):
+            return value.source
+        if isinstance(value, (list, tuple)):
+            return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+        if isinstance(value, float):
+            return f"{value:g}"
+        return str(value)
+
+
+def _option(name: str, flags: str | tuple[str, ...], group: str, target: str, parse: Callable[[Any, str], Any], help: str, **kw: Any) -> Option:
+    attr = kw.pop("attr", name)
+    return Option(name, (flags,) if isinstance(flags, str) else flags, group, target, attr, parse, help, **kw)
+
+
+def _choice(choices: Sequence[str]) -> Callable[[Any, str], str]:
+    return lambda v, what: parse_choice(v, what, choices)
+
+
+def _sampling(name: str, parse: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
+    """A sampling setting: its kind of number, then its range as the sampler defines it."""
+    return lambda v, what: check_setting(name, parse(v, what), what)
+
+
+def _at_least(minimum: int) -> Callable[[Any, str], int]:
+    return lambda v, what: parse_int(v, what, minimum=minimum)
+
+
+_OPTIONS = [
+    # which models
+    _option("models", ("--models", "-m"), "models", "source", parse_refs,
+            "comma-separated models in ensemble order: GGUF paths, names from models.toml, or hf:OWNER/REPO/FILE", metavar="A,B"),
+    _option("preset", "--preset", "models", "source", parse_name, "a named ensemble from models.toml: its models, combiner, method and gamma", metavar="NAME"),
+    _option("synthetic", "--synthetic", "models", "source", parse_name,
+            "a built-in synthetic set: we-pair, cd-pair, we-triple, we-unrelated, we-pair-152k (built once, cached)", metavar="SET"),
+    _option("synthetic_dtype", "--synthetic-dtype", "models", "source", _choice(WEIGHT_TYPES),
+            "weight type of a synthetic set (default bf16: the cheapest batched verification on CPUs with BF16 instructions)",
+            choices=WEIGHT_TYPES),
+    _option("config", "--config", "models", "source", parse_name, "an extra models.toml (merged over the built-in and your own)", metavar="FILE"),
+    # how to load them
+    _option("ctx", "--ctx", "models", "load", _at_least(MIN_CTX), "context length per model", default=4096, attr="n_ctx", metavar="N"),
+    _option("batch_size", "--batch-size", "models", "load", _at_least(1), "most tokens per llama_decode call", default=512, attr="n_batch", metavar="N"),
+    _option("n_gpu_layers", "--n-gpu-layers", "hardware", "load", lambda v, what: parse_ints(v, what, minimum=-1),
+            "layers to offload to the GPU: one value or one per model; -1 = all (default: models.toml, else 0)", metavar="N[,N]"),
+    _option("main_gpu", "--main-gpu", "hardware", "load", _at_least(0), "GPU for the whole model when not splitting", default=0, metavar="I"),
+    _option("split_mode", "--split-mode", "hardware", "load", _choice(SPLIT_MODES), "how to split a model across GPUs", default="layer", choices=SPLIT_MODES),
+    _option("flash_attn", "--flash-attn", "hardware", "load", _choice(FLASH_ATTN), "flash attention", default="auto", choices=FLASH_ATTN),
+    _option("rpc", "--rpc", "hardware", "load", parse_rpc,
+            "where each model runs: - (here) or HOST:PORT of a `localcos rpc-server` (HOST:PORT+HOST:PORT for several); "
+            "one entry or one per model (default: models.toml, else here). A remote model offloads all its layers "
+            "unless --n-gpu-layers says otherwise", metavar="-|HOST:PORT[,...]"),
+    _option("rpc_timeout", "--rpc-timeout", "hardware", "load", lambda v, what: parse_float(v, what, above=0),
+            "seconds a model on an RPC server may take to answer one call before its server is taken as lost",
+            default=120.0, metavar="S"),
+    _option("threads", "--threads", "hardware", "load", _at_least(1), "CPU threads per model (default: physical cores)", attr="n_threads", metavar="N"),
+    _option("parallel", "--parallel", "hardware", "load", _at_least(1),
+            "sequences decoded at once, their rows sharing llama_decode calls (generate --n, concurrent server requests); "
+            "each takes --ctx tokens of KV cache (default: serve and generate --n choose from the context size, else 1)",
+            metavar="N"),
+    _option("verbose", "--verbose", "hardware", "load", parse_bool, "show llama.cpp's own log lines", default=False, switch=True),
+    _option("calibrate", "--calibrate", "hardware", "load", parse_bool,
+            "measure what batched llama_decode calls cost on this machine again, instead of using the cached profile",
+            default=False, switch=True),
+    # how to combine
+    _option("combine", "--combine", "combination", "combine", parse_combine,
+            "we (weighted ensemble), cd (contrastive), logit-mix, or FILE.py:FUNCTION", default="we", metavar="KIND"),
+    _option("weights", "--weights", "combination", "combine", lambda v, what: parse_floats(v, what),
+            "we / logit-mix weights, one per model (default: equal)", metavar="W,W"),
+    _option("mu", "--mu", "combination", "combine", lambda v, what: check_mu(parse_float(v, what), what),
+            "cd: the amateur's weight mu", default=0.1),
+    _option("plausibility", "--plausibility", "combination", "combine", lambda v, what: check_plausibility(parse_float(v, what), what),
+            "cd: plausibility threshold alpha in (0, 1] (default off)", metavar="ALPHA"),
+    _option("expert", "--expert", "combination", "combine", _at_least(0), "cd: index of the expert model (default: the larger)", metavar="I"),
+    _option("combine_level", "--combine-level", "combination", "combine", _choice(COMBINE_LEVELS),
+            "custom combiner: what FUNCTION receives", default="logits", attr="level", choices=COMBINE_LEVELS),
+    # how to generate
+    _option("method", "--method", "method", "generation", _choice(METHODS),
+            "ensemble (every model, every token), sd, naive-cos, or cos (default: cos; ensemble for one model)", choices=METHODS),
+    _option("gamma", "--gamma", "method", "generation", parse_gamma,
+            "proposal length: one value (the proposer's; others 1), one per model, or auto (chosen online from measured "
+            "acceptance and call times; the output then depends on timing, not only on --seed). Default: from the models' size ratio",
+            metavar="G"),
+    _option("proposer", "--proposer", "method", "generation", parse_proposer,
+            "index of the default proposer (default: the cheapest model), or lookup: drafts looked up in the context only",
+            metavar="I|lookup"),
+    _option("lookup", "--lookup", "method", "generation", _choice(LOOKUP_MODES),
+            "cos also verifies drafts looked up in the context (no model call; their rows ride in the calls made anyway): "
+            "on, off, or auto (only when their rows are expected to cost less than the tokens they save)", default="auto",
+            choices=LOOKUP_MODES),
+    _option("lookup_ngram", "--lookup-ngram", "method", "generation", parse_ngram_sizes,
+            "the shortest and the longest suffix of the text looked up earlier in it", default=(3, 12), metavar="MIN,MAX"),
+    _option("lookup_tokens", "--lookup-tokens", "method", "generation", _at_least(1), "the most looked-up tokens one draft takes",
+            default=16, metavar="N"),
+    _option("temperature", ("--temperature", "-t"), "sampling", "generation", _sampling("temperature", parse_float),
+            "0 = greedy", default=1.0, metavar="T"),
+    _option("top_k", "--top-k", "sampling", "generation", _sampling("top_k", parse_int), "keep the k most likely tokens; 0 = off", default=0, metavar="K"),
+    _option("top_p", "--top-p", "sampling", "generation", _sampling("top_p", parse_float),
+            "nucleus sampling; 1 = off", default=1.0, metavar="P"),
+    _option("min_p", "--min-p", "sampling", "generation", _sampling("min_p", parse_float),
+            "drop tokens below min-p x the most likely one; 0 = off", default=0.0, metavar="P"),
+    _option("seed", "--seed", "sampling", "generation", parse_seed, "random seed; -1 = random (printed in the stats)", metavar="N"),
+    _option("max_tokens", "--max-tokens", "output", "generation", _at_least(1), "tokens to generate at most", default=128, metavar="N"),
+    _option("stop", "--stop", "output", "generation", parse_strings, "stop at this string (repeatable)", default=(), repeat=True, metavar="STR"),
+    _option("ignore_eos", "--ignore-eos", "output", "generation", parse_bool, "never stop at (or sample) end-of-generation tokens",
+            default=False, switch=True),
+    _option("json_schema", "--json-schema", "output", "generation", parse_json_schema,
+            "structured output: only JSON valid under this schema (a file, or the schema itself)", metavar="FILE|JSON"),
+    _option("grammar", "--grammar", "output", "generation", parse_grammar,
+            "structured output: only text of this GBNF grammar, llama.cpp's format (a file, or the grammar itself)", metavar="FILE|GBNF"),
+    _option("json_object", "--json-object", "output", "generation", parse_bool, "structured output: one JSON object, any",
+            default=False, switch=True),
+    # chat formatting
+    _option("chat_template_model", "--chat-template-model", "chat", "chat", _at_least(0),
+            "index of the model whose chat template formats messages (default: the preset's, else 0)", metavar="I"),
+    _option("system", "--system", "chat", "chat", parse_text, "system message", metavar="TEXT"),
+    # the server (localcos serve)
+    _option("host", "--host", "server", "server", parse_name, "address to listen on (127.0.0.1: this machine only)", default="127.0.0.1"),
+    _option("port", "--port", "server", "server", parse_port, "port (0: any free one)", default=8080),
+    _option("api_key", "--api-key", "server", "server", parse_name,
+            "require this key (Authorization: Bearer KEY); or set LOCALCOS_API_KEY", metavar="KEY"),
+    _option("max_queue", "--max-queue", "server", "server", _at_least(0),
+            "requests that may wait; more get 503 with Retry-After", default=MAX_QUEUE, metavar="N"),
+    _option("alias", "--alias", "server", "server", parse_name,
+            "the model name clients use (default: the preset's name, else the models')", metavar="NAME"),
+    _option("cors", "--cors", "server", "server", parse_names,
+            "let web pages at ORIGIN (e.g. http://localhost:3000) call the server; repeatable or comma-separated, * for any "
+            "(default: none; a request from any other page's Origin is refused with 403)", default=(), repeat=True, metavar="ORIGIN"),
+    _option("allowed_hosts", "--allowed-hosts", "server", "server", parse_names,
+            "also answer requests whose Host header is NAME (the server's DNS name behind a proxy or on the LAN); "
+            "repeatable or comma-separated, * for any (default: only the listening address, localhost, 127.0.0.1 and [::1]: "
+            "other Host headers are refused with 403, which stops DNS-rebinding pages)", default=(), repeat=True, metavar="NAME"),
+]
+OPTIONS: dict[str, Option] = {o.name: o for o in _OPTIONS}
+GROUPS: dict[str, list[Option]] = {}
+for _o in _OPTIONS:
+    GROUPS.setdefault(_o.group, []).append(_o)
+

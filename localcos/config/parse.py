@@ -1,0 +1,301 @@
+"""One parser per kind of value: integers, numbers, lists of either, seeds, gamma, choices, model
+references, RPC endpoints, combiners, constraints.
+
+Each takes a raw value as a front end has it (command-line text, a form field, a JSON value) and
+`what` (the option's flag or JSON name, for the message), and returns the checked value or raises
+`ConfigError` with one line naming it. A parser accepts its own output again unchanged, so a
+spec built from parsed values (`config.specs`) checks them with the same rule, not a copy of it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from ..errors import ConfigError
+from ..grammar import Constraint
+
+if TYPE_CHECKING:
+    from ..backend.rpc import Endpoint
+
+Gamma = int | tuple[int, ...] | str | None  # one value, one per model, "auto", or None (default)
+COMBINERS = ("we", "cd", "logit-mix")  # or FILE.py:FUNCTION / MODULE:FUNCTION
+# the code of a value that is not of the kind asked for at all (a word where a number goes), as
+# against one of the right kind out of range: a list reports the first as a malformed list
+INVALID_TYPE = "invalid_type"
+
+def _text(value: Any) -> str | None:
+    return value.strip() if isinstance(value, str) else None
+
+
+def parse_int(value: Any, what: str, *, minimum: int | None = None) -> int:
+    """An integer (a JSON number without fraction, or its text), at least `minimum`."""
+    text = _text(value)
+    if text is not None:
+        try:
+            number = int(text)
+        except ValueError:
+            raise ConfigError(f"{what} must be an integer, got {value!r}", code=INVALID_TYPE) from None
+    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        number = int(value)
+    else:
+        raise ConfigError(f"{what} must be an integer, got {value!r}", code=INVALID_TYPE)
+    if minimum is not None and number < minimum:
+        raise ConfigError(f"{what} must be >= {minimum}, got {number}")
+    return number
+
+
+def parse_float(
+    value: Any, what: str, *, minimum: float | None = None, maximum: float | None = None, above: float | None = None
+) -> float:
+    """A finite number, >= `minimum`, <= `maximum` and > `above` where given."""
+    text = _text(value)
+    try:
+        if text is not None:
+            number = float(text)
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            number = float(value)
+        else:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"{what} must be a number, got {value!r}", code=INVALID_TYPE) from None
+    if not math.isfinite(number):
+        raise ConfigError(f"{what} must be a finite number, got {value!r}")
+    if minimum is not None and number < minimum:
+        raise ConfigError(f"{what} must be >= {minimum:g}, got {number:g}")
+    if maximum is not None and number > maximum:
+        raise ConfigError(f"{what} must be <= {maximum:g}, got {number:g}")
+    if above is not None and number <= above:
+        raise ConfigError(f"{what} must be > {above:g}, got {number:g}")
+    return number
+
+
+def _items(value: Any, what: str, kind: str) -> list[Any]:
+    """Comma-separated text or a JSON list, as a non-empty list of items."""
+    text = _text(value)
+    if text is not None:
+        items: list[Any] = [p.strip() for p in text.split(",")]
+        if any(not p for p in items):
+            items = []  # "", "1,", ",2": not a list of values
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        items = [value]
+    if not items:
+        raise ConfigError(f"{what} must be comma-separated {kind}, got {value!r}")
+    return items
+
+
+def _list(value: Any, what: str, kind: str, parse_one: Callable[[Any], Any]) -> tuple[Any, ...]:
+    """Comma-separated text or a JSON list of one or more items, each checked by `parse_one`; a
+    malformed item is reported as a malformed list, an out-of-range one as itself."""
+    items = _items(value, what, kind)
+    try:
+        return tuple(parse_one(x) for x in items)
+    except ConfigError as e:
+        if e.code == INVALID_TYPE:
+            raise ConfigError(f"{what} must be comma-separated {kind}, got {value!r}") from None
+        raise
+
+
+def parse_ints(value: Any, what: str, *, minimum: int | None = None) -> tuple[int, ...]:
+    """One or more integers: "1,2" or [1, 2]."""
+    return _list(value, what, "integers", lambda x: parse_int(x, what, minimum=minimum))
+
+
+def parse_floats(value: Any, what: str, *, minimum: float | None = None) -> tuple[float, ...]:
+    """One or more numbers: "0.5,0.5" or [0.5, 0.5]."""
+    return _list(value, what, "numbers", lambda x: parse_float(x, what, minimum=minimum))
+
+
+def parse_seed(value: Any, what: str = "--seed") -> int | None:
+    """A seed >= 0, or -1 for a fresh random one (llama.cpp's convention)."""
+    seed = parse_int(value, what)
+    if seed == -1:
+        return None
+    if seed < 0:
+        raise ConfigError(f"{what} must be >= 0 (or -1 for a random seed), got {seed}")
+    return seed
+
+
+def parse_gamma(value: Any, what: str = "--gamma") -> Gamma:
+    """Proposal length: "auto", one integer >= 1 (the proposer's), or one per model ("5,1")."""
+    if isinstance(value, str) and value.strip() == "auto":
+        return "auto"
+    try:
+        values = parse_ints(value, what, minimum=1)
+    except ConfigError:
+        raise ConfigError(f"{what} must be an integer >= 1, one per model (5,1), or auto; got {value!r}") from None
+    return values[0] if len(values) == 1 else values
+
+
+def format_gamma(gamma: Gamma) -> str:
+    """The text `parse_gamma` reads back ("" for the default)."""
+    if gamma is None:
+        return ""
+    if isinstance(gamma, (str, int)):
+        return str(gamma)
+    return ",".join(str(g) for g in gamma)
+
+
+def parse_choice(value: Any, what: str, choices: Sequence[str]) -> str:
+    text = _text(value)
+    if text not in choices:
+        raise ConfigError(f"{what} must be one of {', '.join(choices)}, got {value!r}")
+    return text  # type: ignore[return-value]
+
+
+def parse_bool(value: Any, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = _text(value)
+    if text is not None and text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text is not None and text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{what} must be true or false, got {value!r}")
+
+
+def parse_strings(value: Any, what: str) -> tuple[str, ...]:
+    """One string or a list of strings (stop strings: empty ones are dropped)."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
+        raise ConfigError(f"{what} must be a string or a list of strings, got {value!r}")
+    return tuple(s for s in items if s)
+
+
+def parse_refs(value: Any, what: str) -> tuple[str, ...]:
+    """Model references: "a.gguf,b.gguf" or a list (paths, models.toml names, hf:OWNER/REPO/FILE)."""
+    if isinstance(value, str):
+        refs = tuple(p.strip() for p in value.split(",") if p.strip())
+    else:
+        refs = parse_strings(value, what)
+    if not refs:
+        raise ConfigError(f"{what} names no models")
+    return refs
+
+
+def parse_rpc(value: Any, what: str = "--rpc") -> tuple[tuple[Endpoint, ...], ...]:
+    """Where each model runs: "-" (here) or HOST:PORT, several servers joined with "+"; one entry
+    per model, or one for all: "-,10.0.0.5:50052" or ["-", "10.0.0.5:50052"]."""
+    from ..backend.rpc import Endpoint, parse_endpoint
+
+    def one(item: Any) -> tuple[Endpoint, ...]:
+        if isinstance(item, tuple) and all(isinstance(e, Endpoint) for e in item):
+            return item  # parsed already
+        text = _text(item)
+        if not text:
+            raise ConfigError(f"{what} takes - or HOST:PORT per model, got {value!r}")
+        if text == "-":
+            return ()
+        return tuple(parse_endpoint(part, what) for part in text.split("+"))
+
+    return tuple(one(item) for item in _items(value, what, "entries (- or HOST:PORT)"))
+
+
+def format_rpc(rpc: Sequence[Sequence[Endpoint]]) -> str:
+    """The text `parse_rpc` reads back."""
+    return ",".join("+".join(str(e) for e in servers) or "-" for servers in rpc)
+
+
+def is_custom_combine(text: str) -> bool:
+    """A `--combine` value that names code (FILE.py:FUNCTION or MODULE:FUNCTION)."""
+    return ":" in text
+
+
+def parse_combine(value: Any, what: str) -> str:
+    """A combiner name (we, cd, logit-mix) or a user function FILE.py:FUNCTION / MODULE:FUNCTION."""
+    text = _text(value)
+    if text in COMBINERS or (text and is_custom_combine(text)):
+        return text
+    raise ConfigError(f"{what} must be we, cd, logit-mix or FILE.py:FUNCTION, got {value!r}")
+
+
+def parse_served_combine(value: Any, what: str) -> str:
+    """A server request's combiner: a built-in name only. A request chooses among the server's
+    combiners and never names code to import or run; a custom combiner is the server's own,
+    given on its command line when it starts (and stays the default of every request)."""
+    text = _text(value)
+    if text in COMBINERS:
+        return text
+    if text and is_custom_combine(text):
+        raise ConfigError(
+            f"{what} {text!r} names code to import; a request chooses among {', '.join(COMBINERS)}. "
+            "A custom combiner is given when the server starts (localcos serve --combine FILE.py:FUNCTION) "
+            "and is then every request's default"
+        )
+    raise ConfigError(f"{what} must be one of {', '.join(COMBINERS)}, got {value!r}")
+
+
+def parse_proposer(value: Any, what: str) -> int | str:
+    """A proposer: a model index >= 0, or "lookup" (drafts looked up in the context)."""
+    if isinstance(value, str) and value.strip() == "lookup":
+        return "lookup"
+    try:
+        return parse_int(value, what, minimum=0)
+    except ConfigError:
+        raise ConfigError(f"{what} must be a model index >= 0 or lookup, got {value!r}") from None
+
+
+def parse_ngram_sizes(value: Any, what: str) -> tuple[int, int]:
+    """MIN,MAX: 1 <= MIN <= MAX (one value: both)."""
+    sizes = parse_ints(value, what, minimum=1)
+    if len(sizes) == 1:
+        sizes = (sizes[0], sizes[0])
+    if len(sizes) != 2 or sizes[0] > sizes[1]:
+        raise ConfigError(f"{what} must be MIN,MAX with 1 <= MIN <= MAX, got {value!r}")
+    return sizes[0], sizes[1]
+
+
+def parse_json_schema(value: Any, what: str) -> Constraint:
+    """A JSON schema: a file, JSON text, or (from JSON) the schema object itself; compiled and
+    checked here, before any model is loaded."""
+    from ..grammar import json_schema, read_source
+
+    if isinstance(value, Constraint):
+        return value
+    return json_schema(value if isinstance(value, dict) else read_source(value, what), what)
+
+
+def parse_grammar(value: Any, what: str) -> Constraint:
+    """A GBNF grammar (a file or its text), compiled and checked here."""
+    from ..grammar import gbnf, read_source
+
+    if isinstance(value, Constraint):
+        return value
+    return gbnf(read_source(value, what), what)
+
+
+def parse_name(value: Any, what: str) -> str:
+    """A non-empty string (a preset's or a set's name, a path)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{what} must be a non-empty string, got {value!r}")
+    return value.strip()
+
+
+
+def parse_text(value: Any, what: str) -> str:
+    """Any string, as given (a system message)."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{what} must be a string, got {value!r}")
+    return value
+
+
+def parse_names(value: Any, what: str) -> tuple[str, ...]:
+    """Names given once each or comma-separated, in one string or a list: "a,b" or ["a", "b,c"]."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
+        raise ConfigError(f"{what} must be a name or a list of names, got {value!r}")
+    names = tuple(part.strip() for item in items for part in item.split(","))
+    if any(not name for name in names):
+        raise ConfigError(f"{what} takes names separated by commas, got an empty one")
+    return names
+
+
+def parse_port(value: Any, what: str = "--port") -> int:
+    """A TCP port, 0 to 65535 (0: any free one)."""
+    port = parse_int(value, what, minimum=0)
+    if port > 65535:
+        raise ConfigError(f"{what} must be at most 65535, got {port}")
+    return port

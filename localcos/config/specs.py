@@ -1,0 +1,319 @@
+"""The specs a front end's settings become: what to load (`LoadSpec`), how to combine
+(`CombineSpec`), how to generate (`GenerationConfig`), how to serve (`ServerSpec`); together with
+the chat's two options, a `Settings`.
+
+They are frozen and checked when made, each value by its option's own parser (`config.options`),
+so a spec made from raw values (the Python API) and one made from parsed values (`resolve`) obey
+the same rule, written once. What depends on several values is checked here too, and what
+depends on the number of models (indices, per-model lists) by `check_for_models`, which the
+runtime's planning calls again for a loaded ensemble: one rule, two callers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from ..backend.worker import layers_to_offload
+from ..core.combiners import Combiner, CustomCombiner, custom_name, load_function, make_combiner
+from ..core.sampling import Sampler
+from ..errors import ConfigError
+from ..grammar import Constraint, json_object
+from .options import OPTIONS, Option
+from .parse import Gamma, is_custom_combine
+
+if TYPE_CHECKING:
+    from ..backend.rpc import Endpoint
+
+# the spec fields each option feeds, by target
+_BY_ATTR: dict[str, dict[str, Option]] = {}
+for _o in OPTIONS.values():
+    _BY_ATTR.setdefault(_o.target, {})[_o.attr] = _o
+
+
+def _checked(spec: object, target: str, json: bool = True) -> None:
+    """Run every set field of `spec` through its option's parser (parsed values pass unchanged)."""
+    for name, option in _BY_ATTR[target].items():
+        value = getattr(spec, name)
+        if value is not None:
+            object.__setattr__(spec, name, option.check(value, json=json))
+
+
+def what(name: str, json: bool) -> str:
+    """How a message names option `name`: its JSON field or its flag."""
+    return OPTIONS[name].what(json)
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What to load and how: the files, and llama.cpp's context and hardware settings, one entry
+    per model where models may differ (`make` spreads one value over all)."""
+
+    paths: tuple[Path, ...]
+    labels: tuple[str, ...]  # the models as the user named them
+    n_gpu_layers: tuple[int, ...]
+    rpc: tuple[tuple[Endpoint, ...], ...] = ()  # per model: its RPC servers, () for this host
+    rpc_timeout: float = 120.0
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int | None = None
+    parallel: int | None = None  # sequences decoded at once (None: the front end's default)
+    main_gpu: int = 0
+    split_mode: str = "layer"
+    flash_attn: str = "auto"
+    verbose: bool = False
+    calibrate: bool = False  # measure the models' call costs again (not the cached profile)
+
+    def __post_init__(self) -> None:
+        if not self.paths:
+            raise ConfigError("no models given", param="models")
+        n = len(self.paths)
+        if len(self.n_gpu_layers) != n:
+            raise ConfigError(f"got {len(self.n_gpu_layers)} {what('n_gpu_layers', False)} values for {n} models", param="n_gpu_layers")
+        if len(self.rpc) != n:
+            raise ConfigError(
+                f"got {len(self.rpc)} {what('rpc', False)} entries for {n} models; give one, or one per model (- for here)", param="rpc"
+            )
+        if any(self.rpc) and (self.parallel or 1) > 1:
+            raise ConfigError("models on RPC servers decode one sequence at a time: leave out --parallel with --rpc", param="parallel")
+        _checked(self, "load", json=False)
+
+    @classmethod
+    def make(
+        cls,
+        paths: Sequence[str | os.PathLike[str]],
+        *,
+        labels: Sequence[str] | None = None,
+        n_gpu_layers: int | Sequence[int | None] | None = None,
+        rpc: Sequence[Sequence["Endpoint"]] = (),
+        **options: Any,
+    ) -> "LoadSpec":
+        """A spec from values as the Python API takes them: `n_gpu_layers` one value for all
+        models or one per model (None: all layers for a model on RPC servers, none for a local
+        one), `rpc` one entry per model or none (every model here)."""
+        n = len(paths)
+        layers = [n_gpu_layers] * n if n_gpu_layers is None or isinstance(n_gpu_layers, int) else list(n_gpu_layers)
+        servers = [tuple(s) for s in rpc] or [()] * n
+        if len(servers) == 1:
+            servers = servers * n
+        if len(layers) == 1:
+            layers = layers * n
+        if len(layers) == n and len(servers) == n:
+            layers = [layers_to_offload(s, x, i) for i, (s, x) in enumerate(zip(servers, layers))]
+        return cls(
+            tuple(Path(p).expanduser() for p in paths),
+            tuple(labels) if labels is not None else tuple(Path(p).name for p in paths),
+            tuple(layers),  # type: ignore[arg-type]
+            tuple(servers),
+            **options,
+        )
+
+
+def default_parallel(n_ctx: int, wanted: int = 8) -> int:
+    """Sequences to decode at once when the user did not say: up to `wanted` (at most 8), as
+    many as keep the KV cache at 16k tokens per model (each sequence takes n_ctx)."""
+    return max(1, min(wanted, 8, 16384 // n_ctx))
+
+
+# --- combining -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CombineSpec:
+    """How to combine: a built-in combiner and its parameters, or a user function."""
+
+    combine: str = "we"
+    weights: tuple[float, ...] | None = None
+    mu: float = 0.1
+    plausibility: float | None = None
+    expert: int | None = None
+    level: str = "logits"
+    # a custom combiner's function, imported once when the spec is made (`loaded`): never again
+    # per generation or per server request
+    function: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _checked(self, "combine")
+
+    def loaded(self) -> "CombineSpec":
+        """This spec with its custom combiner's function imported (once), or none for a built-in."""
+        if not is_custom_combine(self.combine):
+            return self if self.function is None else replace(self, function=None)
+        return self if self.function is not None else replace(self, function=load_function(self.combine))
+
+    def combiner(self) -> Combiner:
+        if self.function is not None:
+            return CustomCombiner(self.function, level=self.level, name=custom_name(self.combine))
+        return make_combiner(
+            self.combine, weights=self.weights, mu=self.mu, plausibility=self.plausibility, expert=self.expert, level=self.level
+        )
+
+
+# --- generating ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How to generate: method, proposal lengths, sampling and limits (see `Ensemble.generate`).
+
+    Every field is checked when the config is made, by the parser of its option
+    (`ConfigError` naming the field), so a bad value never reaches llama.cpp or NumPy.
+    """
+
+    method: str = "ensemble"
+    max_tokens: int = 128
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None  # None: a fresh random seed (-1 means the same)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    gamma: Gamma = None  # None: from the models' size ratio; "auto": planned from the measured call costs
+    proposer: int | str | None = None  # None: the model with the fewest parameters; "lookup": the context
+    lookup: str = "auto"  # drafts looked up in the context: auto, on or off (cos, and proposer "lookup")
+    lookup_ngram: tuple[int, int] = (3, 12)  # the shortest and longest suffix looked up
+    lookup_tokens: int = 16  # the most looked-up tokens a draft takes
+    # structured output (localcos.grammar): at most one of them
+    json_schema: Constraint | None = None
+    grammar: Constraint | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        _checked(self, "generation")
+        if self.proposer == "lookup" and self.lookup == "off":
+            raise ConfigError("the lookup proposer needs lookup on or auto", param="proposer")
+        given = [name for name in ("json_schema", "grammar", "json_object") if getattr(self, name)]
+        if len(given) > 1:
+            raise ConfigError(f"give one constraint, not {' and '.join(given)}", param=given[-1])
+        if given and self.ignore_eos:
+            raise ConfigError("a constraint ends the text where it is complete: leave out ignore_eos", param="ignore_eos")
+
+    def sampler(self) -> Sampler:
+        return Sampler(self.temperature, self.top_k, self.top_p, self.min_p)
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """What the text must be (structured output), if anything."""
+        if self.json_object:
+            return json_object()
+        return self.json_schema or self.grammar
+
+    def with_values(self, values: Mapping[str, Any]) -> "GenerationConfig":
+        """This config with the keyword settings over it (lists become tuples, a string stop one
+        stop string); an unknown keyword is a `ConfigError`."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown generation setting: {unknown[0]}", param=unknown[0])
+        changes = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        if isinstance(changes.get("stop"), str):
+            changes["stop"] = (changes["stop"],)
+        return replace(self, **changes)
+
+
+def check_for_models(
+    generation: GenerationConfig, n: int, *, combine: CombineSpec | None = None, chat_template_model: int = 0, json: bool = False
+) -> None:
+    """What the settings must satisfy for an ensemble of n models: model indices below n,
+    methods that need two models, one gamma or one per model, the combination's fit (weights
+    per model, cd's two models). The settings layer calls this before loading anything, the
+    runtime's planning for every generation."""
+
+    def index(name: str, value: int | None) -> None:
+        if value is not None and value >= n:
+            raise ConfigError(f"{what(name, json)} must be a model index from 0 to {n - 1}, got {value}", param=name)
+
+    index("proposer", generation.proposer if isinstance(generation.proposer, int) else None)
+    index("chat_template_model", chat_template_model)
+    if generation.method != "ensemble" and n < 2:
+        raise ConfigError(f"method {generation.method} needs at least 2 models; use --method ensemble for one", param="method")
+    gamma = generation.gamma
+    if isinstance(gamma, tuple) and len(gamma) not in (1, n):
+        raise ConfigError(f"got {len(gamma)} gamma values for {n} models; give one, or one per model", param="gamma")
+    if combine is not None:
+        index("expert", combine.expert)
+        combine.combiner().fit(n, [1] * n)
+
+
+# --- serving -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """How `localcos serve` listens and whom it answers."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    max_queue: int = 64
+    alias: str | None = None
+    cors: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _checked(self, "server", json=False)
+
+
+# --- all of it -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a front end needs: what to load, how to combine, how to generate."""
+
+    load: LoadSpec
+    combine: CombineSpec
+    generation: GenerationConfig
+    chat_template_model: int = 0
+    system: str | None = None
+    name: str = ""  # what to call the ensemble: the preset, the synthetic set, or its models
+
+    def combiner(self) -> Combiner:
+        return self.combine.combiner()
+
+    def value(self, name: str) -> Any:
+        """The current value of option `name` (for forms that show the settings)."""
+        opt = OPTIONS[name]
+        spec = {"load": self.load, "combine": self.combine, "generation": self.generation}.get(opt.target, self)
+        return getattr(spec, opt.attr)
+
+    def with_values(self, values: Mapping[str, Any], *, json: bool = False, parsed: bool = False, check: bool = True) -> "Settings":
+        """These settings with some combination and generation options changed (the chat's
+        settings form, a server request). An empty string resets an option to its default.
+        `parsed`: the values were checked where they entered (the server's request models run
+        each option's parser). `check`: also check them against the number of models now (a
+        request's plan does, with the models, so the server leaves it out)."""
+        changes: dict[str, dict[str, Any]] = {"combine": {}, "generation": {}, "chat": {}}
+        for name, raw in values.items():
+            opt = OPTIONS.get(name)
+            if opt is None:
+                raise ConfigError(f"unknown setting {name!r}", param=name)
+            if opt.target not in changes:
+                raise ConfigError(f"{opt.what(json)} cannot change once the models are loaded", param=name)
+            if parsed:
+                value = raw
+            else:
+                value = opt.default if raw is None or (isinstance(raw, str) and not raw.strip()) else opt.check(raw, json=json)
+            changes[opt.target][opt.attr] = value
+        combine = replace(self.combine, **changes["combine"])
+        if combine.combine != self.combine.combine:
+            # another combiner: the old one's parameters (a we preset's weights) do not carry over
+            combine = CombineSpec(**changes["combine"]).loaded()
+        generation = replace(self.generation, **changes["generation"])
+        new = replace(self, combine=combine, generation=generation, **changes["chat"])
+        if check:
+            check_for_models(new.generation, len(new.load.paths), combine=new.combine, chat_template_model=new.chat_template_model, json=json)
+        return new
+
+
+# every spec field has its option (a field without one could never be set by a front end)
+assert {f.name for f in fields(LoadSpec)} - {"paths", "labels"} == set(_BY_ATTR["load"])
+assert {f.name for f in fields(CombineSpec)} - {"function"} == set(_BY_ATTR["combine"])
+assert {f.name for f in fields(GenerationConfig)} == set(_BY_ATTR["generation"])
+assert {f.name for f in fields(ServerSpec)} == set(_BY_ATTR["server"])

@@ -1,0 +1,23 @@
+"""The runtime: loaded models (`loaded`), a request planned once against them (`plan`), one
+generation as a coroutine (`generation`), the one scheduler that runs every generation
+(`scheduler`), and the one scorer (`scoring`). Nothing here imports the `Ensemble` facade."""
+
+from .generation import Chunk, Completion, TokenEvent, completion_rng
+from .loaded import LoadedModels
+from .plan import Plan, plan
+from .scheduler import Scheduler, Sequence, State, Stream, run_completions
+
+__all__ = [
+    "Chunk",
+    "Completion",
+    "LoadedModels",
+    "Plan",
+    "Scheduler",
+    "Sequence",
+    "State",
+    "Stream",
+    "TokenEvent",
+    "completion_rng",
+    "plan",
+    "run_completions",
+]

@@ -1,0 +1,207 @@
+"""One generation as the decoding core runs it: a coroutine that yields a model's `Evaluate`
+request wherever it needs logits (and receives them) and a `Chunk` after every round, and returns
+the `Completion`. The scheduler (`runtime.scheduler`) drives it, alone or beside others; nothing
+else does, so one seed gives one text whichever front end asked.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Generator
+
+import numpy as np
+
+from ..core.decoding import Decoder, Evaluate, Origin, Phase, make_strategy
+from ..core.lookup import ContextIndex, LookupOutcomes, LookupState
+from ..core.text import TextAssembler
+from ..grammar import Matcher
+from ..stats import GenerationStats, ModelRunStats
+
+if TYPE_CHECKING:
+    from .loaded import LoadedModels
+    from .plan import Plan
+
+
+@dataclass
+class Completion:
+    """One generated completion."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (an end token or a stop string), "length" (max tokens or context), "cancelled"
+    origins: list[Origin]
+    stats: GenerationStats
+    end_token: int | None = None  # the end-of-generation token that ended it (not part of token_ids)
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason}
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """A committed token: its id, its text on its own, and where it came from."""
+
+    token: int
+    text: str
+    origin: Origin
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one round of decoding produced: the text that became final and the tokens committed."""
+
+    text: str
+    tokens: tuple[TokenEvent, ...]
+
+
+Work = Generator["Evaluate | Chunk", "np.ndarray | None", "Completion"]
+
+
+def completion_rng(seed: int | None, index: int = 0) -> np.random.Generator:
+    """The random stream of completion `index` of a request with `seed`: the same for completion
+    k whatever else is generated, and whether the request came through `generate`, `stream`,
+    `generate_many`, the command line or the server (None: fresh entropy)."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
+
+
+def cancelled_completion(loaded: LoadedModels, plan: Plan, prompt_seconds: float = 0.0) -> Completion:
+    """The completion of a generation cancelled before it decoded anything."""
+    stats = GenerationStats(plan.config.method, plan.combiner.description, [ModelRunStats(m.name) for m in loaded.models],
+                            prompt_tokens=len(plan.prompt), prompt_seconds=prompt_seconds, seed=plan.config.seed,
+                            finish_reasons={"cancelled": 1})  # fmt: skip
+    return Completion("", [], "cancelled", [], stats)
+
+
+class Generation:
+    """One completion of `plan` in slot `slot` of every model: its random stream, its decoder
+    once decoding starts (the tests check its invariants between rounds), and its coroutine
+    (`run`). `prompt_chunk` bounds the prompt tokens one request holds."""
+
+    def __init__(self, loaded: LoadedModels, plan: Plan, rng: np.random.Generator, slot: int, prompt_chunk: int, cancelled: Callable[[], bool]) -> None:
+        self.loaded = loaded
+        self.plan = plan
+        self.rng = rng
+        self.slot = slot
+        self.prompt_chunk = prompt_chunk
+        self.cancelled = cancelled
+        self.decoder: Decoder | None = None
+
+    def run(self) -> Work:
+        """The prompt in requests of up to `prompt_chunk` tokens, then one decoding round after
+        another. `cancelled()` is checked between requests of the prompt and between rounds; a
+        cancelled generation leaves every cache holding exactly what it committed."""
+        loaded, plan, config = self.loaded, self.plan, self.plan.config
+        combiner = plan.combiner
+        slots = [m.slots[self.slot] for m in loaded.models]
+        prompt = list(plan.prompt)
+        t_prompt = time.perf_counter()
+        prompt_rows = []
+        for i, s in enumerate(slots):
+            row = s.known_row(prompt)
+            if row is None:
+                todo = prompt[len(s.tokens) :]
+                while todo:
+                    if self.cancelled():  # a long prompt goes in several calls: a cancel stops between two
+                        return cancelled_completion(loaded, plan, time.perf_counter() - t_prompt)
+                    part, todo = todo[: self.prompt_chunk], todo[self.prompt_chunk :]
+                    logits = yield Evaluate(i, part, 0 if todo else 1, Phase.PREFILL)
+                row = logits[0]
+                s.remember_row(prompt, row)
+            prompt_rows.append(row)
+        t0 = time.perf_counter()
+        before = [s.stats.snapshot() for s in slots]
+
+        first = loaded.models[0]
+        text = TextAssembler(first.piece, config.stop)
+        token_text = _TokenText(first.piece)
+        events: list[TokenEvent] = []
+
+        def on_commit(token: int, origin: Origin) -> None:
+            events.append(TokenEvent(token, token_text(token), origin))
+
+        strategy = plan.strategy
+        lookup = None
+        if plan.lookup is not None:
+            # learnt across generations only where timing already steers (--gamma auto): otherwise
+            # each completion starts from the prior, so a seed pins it whatever ran before
+            key = (combiner.description, plan.sampler)
+            outcomes = loaded.lookups.setdefault(key, LookupOutcomes()) if strategy.auto else LookupOutcomes()
+            lookup = LookupState(plan.lookup, ContextIndex(prompt, loaded.n_ctx), outcomes)
+        observer = loaded.auto.get((config.method, combiner.description, plan.sampler), combiner.used) if strategy.auto else None
+        dec = self.decoder = Decoder(
+            slots,
+            combiner,
+            plan.sampler,
+            self.rng,
+            prompt,
+            prompt_rows,
+            max_length=plan.max_length,
+            end_tokens=plan.end_tokens,
+            banned=plan.banned,
+            text=text,
+            on_commit=on_commit,
+            observer=observer,
+            lookup=lookup,
+            # planned, not measured: lookup's choices then depend on nothing timed (a seed pins the
+            # output), and a batch size never measured is not guessed cheap
+            costs=loaded.planned_costs,
+            constraint=Matcher(loaded.vocabulary(), plan.constraint) if plan.constraint is not None else None,
+        )
+        rounds = make_strategy(dec, strategy)
+        while not dec.finished:
+            if self.cancelled():
+                # drafts in flight leave every cache, which then holds exactly prompt + completion
+                dec.finish_reason = "cancelled"
+                dec.pending.clear()
+                dec.rollback(len(dec.committed))
+                break
+            yield from rounds.step()
+            if dec.finished:
+                text.finish()
+            chunk_out = Chunk(text.take_final(), tuple(events))
+            events.clear()
+            if chunk_out.text or chunk_out.tokens:
+                yield chunk_out
+        text.finish()
+        tail = text.take_final()
+        if tail:
+            yield Chunk(tail, ())
+        seconds = time.perf_counter() - t0
+        finish_reason = dec.finish_reason or "cancelled"
+        work = [s.stats.minus(b) for s, b in zip(slots, before)]
+        spec = dec.speculation
+        stats = GenerationStats(
+            method=config.method,
+            combiner=combiner.description,
+            models=[ModelRunStats(m.name, w.calls, w.tokens, w.seconds) for m, w in zip(loaded.models, work)],
+            tokens=len(dec.generated),
+            seconds=seconds,
+            prompt_tokens=len(prompt),
+            prompt_seconds=t0 - t_prompt,
+            proposed=spec.proposed,
+            accepted=spec.accepted,
+            rejected=spec.rejected,
+            verifications=spec.verifications,
+            bonus=spec.bonus,
+            lookup_proposed=spec.lookup_proposed,
+            lookup_accepted=spec.lookup_accepted,
+            gamma=None if strategy.gammas is None else list(strategy.gammas),
+            proposer=strategy.proposer,
+            seed=config.seed,
+            ensemble_llama_seconds=loaded.call_costs.ensemble_seconds(len(dec.generated)),
+            finish_reasons={finish_reason: 1},
+        )
+        return Completion(text.text, dec.generated, finish_reason, dec.origins, stats, dec.end_token)
+
+
+class _TokenText:
+    """Text of each token on its own, decoding UTF-8 across token boundaries."""
+
+    def __init__(self, piece: Callable[[int], bytes]) -> None:
+        self._piece = piece
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, token: int) -> str:
+        return self._decoder.decode(self._piece(token))

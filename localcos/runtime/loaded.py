@@ -1,0 +1,159 @@
+"""The loaded models of one ensemble and what is known about them: their shared vocabulary, end
+tokens, context, slots, call costs, and the default combination, bound to them once."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from ..backend import Model, RemoteModel, shared_vocab_size, tokenize_alike
+from ..core.combiners import BoundCombiner, Combiner, WeightedEnsemble
+from ..core.hostmem import keep_freed_memory
+from ..core.lookup import LookupOutcomes
+from ..core.speedmodel import AutoGammaControllers, CallCosts, PlannedCosts
+from ..errors import ConfigError
+from ..grammar import Vocabulary
+
+if TYPE_CHECKING:
+    from ..config.specs import LoadSpec
+
+
+def _on_gpu(model: Model) -> bool:
+    """Whether llama.cpp put some of the model's layers on an accelerator ("N/M" offloaded)."""
+    offloaded = getattr(model, "offloaded", None)
+    return bool(offloaded) and not str(offloaded).startswith("0/")
+
+
+class LoadedModels:
+    """Two or more GGUF models sharing one tokenizer, loaded, with what decoding needs to know of
+    them.
+
+    Args:
+        models: loaded models (see `LoadedModels.load`).
+        combiner: default combination function (default: equal-weight `WeightedEnsemble`).
+    """
+
+    def __init__(self, models: Sequence[Model], combiner: Combiner | None = None) -> None:
+        if not models:
+            raise ConfigError("no models given", param="models")
+        keep_freed_memory()  # vocabulary-sized arrays come and go every token (see core.hostmem)
+        self.models = list(models)
+        self.n_vocab = shared_vocab_size(self.models)
+        for m in self.models:
+            m.logits_vocab = self.n_vocab
+        self.n_ctx = min(m.n_ctx for m in self.models)
+        self.parallel = min(len(m.slots) for m in self.models)  # sequences decoded at once
+        first = self.models[0]
+        self.end_tokens = frozenset(t for t in range(self.n_vocab) if first.is_eog(t))
+        self._combiner = self.bind(combiner or WeightedEnsemble())
+        # every llama_decode call is timed into this; --gamma auto and the speedup estimate read it
+        self.call_costs = CallCosts(self.n_params)
+        # costs decided on without timing (lookup's auto mode)
+        self.planned_costs = PlannedCosts(self.n_params, [_on_gpu(m) for m in self.models])
+        self.auto = AutoGammaControllers(self.call_costs)  # --gamma auto, per sampling setting
+        self.lookups: dict[tuple, LookupOutcomes] = {}  # how lookup drafts fare, per setting
+        self._vocabulary: Vocabulary | None = None  # the constraints' view of the vocabulary
+        self._vocabulary_lock = threading.Lock()
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: LoadSpec,
+        combiner: Combiner | None = None,
+        *,
+        progress: Callable[[int, int, str], None] | None = None,
+        max_logit_rows: int = 64,
+        extra_slots: int = 0,
+    ):  # -> an instance of cls
+        """Load every model of `spec` (each into its own llama.cpp context) and check their
+        tokenizers. `progress(i, n, name)` is called before model i of n is loaded;
+        `max_logit_rows` is the most logits rows one call returns (decoding needs a few,
+        scoring more); `extra_slots` sequences beyond `spec.parallel` (a server's slot for
+        scoring). A model on RPC servers is a `RemoteModel`, driven from a worker process."""
+        from ..backend import set_verbose
+
+        if spec.verbose:
+            set_verbose(True)
+        parallel = (spec.parallel or 1) + extra_slots
+        models: list[Model] = []
+        single_calls: list[list[float]] = []
+        try:
+            for i, path in enumerate(spec.paths):
+                if progress:
+                    progress(i, len(spec.paths), os.fspath(path))
+                options = dict(
+                    n_ctx=spec.n_ctx,
+                    n_gpu_layers=spec.n_gpu_layers[i],
+                    n_threads=spec.n_threads,
+                    n_batch=spec.n_batch,
+                    main_gpu=spec.main_gpu,
+                    split_mode=spec.split_mode,
+                    flash_attn=spec.flash_attn,
+                    max_logit_rows=max_logit_rows,
+                )
+                if spec.rpc[i]:
+                    models.append(RemoteModel(path, rpc=spec.rpc[i], timeout=spec.rpc_timeout, **options))
+                else:
+                    models.append(Model(path, n_seq=parallel, **options))
+                single_calls.append(models[-1].warm_up())
+            loaded = cls(models, combiner)
+            # the single-token call times price the standard ensemble in the speedup estimate
+            for i, times in enumerate(single_calls):
+                for seconds in times:
+                    loaded.call_costs.observe(i, 1, seconds)
+            return loaded
+        except BaseException:
+            for m in models:
+                m.close()
+            raise
+
+    # --- the ensemble ------------------------------------------------------------------------------
+    @property
+    def combiner(self) -> BoundCombiner:
+        """The default combination function (bound to these models)."""
+        return self._combiner
+
+    @combiner.setter
+    def combiner(self, combiner: Combiner) -> None:
+        self._combiner = self.bind(combiner)
+
+    def bind(self, combiner: Combiner | BoundCombiner) -> BoundCombiner:
+        """`combiner` fitted to these models, with its defaults filled in (`ConfigError` if it does
+        not fit, e.g. weights for another number of models); a combiner bound to them already is
+        taken as it is."""
+        return combiner.bind(len(self.models), self.n_params)
+
+    @property
+    def n_params(self) -> list[int]:
+        return [m.n_params for m in self.models]
+
+    @property
+    def names(self) -> list[str]:
+        """The models' names for people (GGUF general.name, else the file name)."""
+        return [m.label for m in self.models]
+
+    def close(self) -> None:
+        for m in self.models:
+            m.close()
+
+    def __enter__(self):  # -> Self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def tokenize(self, text: str, *, add_bos: bool | None = None, special: bool = False) -> list[int]:
+        """Tokens of `text` (BOS as the models' metadata says unless `add_bos` is given; special
+        tokens such as <|im_start|> parsed only with `special`); all models must agree."""
+        return tokenize_alike(self.models, text, add_bos=add_bos, special=special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.models[0].detokenize(tokens)
+
+    def vocabulary(self) -> Vocabulary:
+        """The vocabulary as constraints see it (built once, on first use; any thread)."""
+        with self._vocabulary_lock:
+            if self._vocabulary is None:
+                self._vocabulary = Vocabulary(self.models[0], self.n_vocab, sorted(self.end_tokens))
+            return self._vocabulary

@@ -1,0 +1,94 @@
+"""Planning a request: the one place where settings meet the loaded models.
+
+`plan` turns a prompt, a `GenerationConfig` and a combiner into a `Plan`: the prompt's tokens,
+checked against the vocabulary and the context; the settings checked against the number of
+models; the combiner bound to the models, once; the sampler, the strategy and its proposal
+lengths, the lookup settings and the constraint, each made once. Every completion of the request
+runs from the same plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from ..config.specs import GenerationConfig, check_for_models
+from ..core.combiners import BoundCombiner, Combiner
+from ..core.decoding import StrategyChoice, choose_strategy
+from ..core.lookup import LookupSettings
+from ..core.sampling import Sampler
+from ..errors import ConfigError, PromptTooLongError
+from ..grammar import Constraint
+
+if TYPE_CHECKING:
+    from .loaded import LoadedModels
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked request: what every completion of it generates from, and how."""
+
+    prompt: tuple[int, ...]
+    config: GenerationConfig
+    combiner: BoundCombiner
+    sampler: Sampler
+    strategy: StrategyChoice
+    max_length: int  # prompt + completion, at most
+    end_tokens: frozenset[int]  # the tokens that end a completion (none with ignore_eos)
+    banned: tuple[int, ...]  # tokens no model may propose nor r sample (ignore_eos)
+    lookup: LookupSettings | None  # drafts looked up in the context, when they may ride along
+    constraint: Constraint | None
+
+
+def check_token_ids(loaded: LoadedModels, tokens: Sequence[int], param: str = "prompt") -> None:
+    """Token ids a caller sent are ids of the shared vocabulary."""
+    bad = next((t for t in tokens if not 0 <= t < loaded.n_vocab), None)
+    if bad is not None:
+        raise ConfigError(f"token id {bad} is outside the shared vocabulary of {loaded.n_vocab}", param=param)
+
+
+def prompt_tokens(loaded: LoadedModels, prompt: str | Sequence[int], param: str = "prompt") -> list[int]:
+    """The tokens of a prompt (text, or token ids), checked: not empty, ids of the vocabulary,
+    and shorter than the context (so at least one token can follow)."""
+    tokens = loaded.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    if not tokens:
+        raise ConfigError("the prompt is empty", param=param)
+    check_token_ids(loaded, tokens, param)
+    if len(tokens) >= loaded.n_ctx:
+        raise PromptTooLongError(
+            f"the prompt has {len(tokens)} tokens but the context holds {loaded.n_ctx}; shorten the prompt or raise --ctx", param=param
+        )
+    return tokens
+
+
+def plan(
+    loaded: LoadedModels,
+    prompt: str | Sequence[int],
+    config: GenerationConfig,
+    combiner: Combiner | BoundCombiner | None = None,
+    *,
+    param: str = "prompt",
+) -> Plan:
+    """The plan of generating from `prompt` (text, or token ids) with `config` and `combiner`
+    (default: the ensemble's) on `loaded`. Bad input raises a `ConfigError` or a
+    `PromptTooLongError` whose `param` names the setting at fault (`param` names the prompt)."""
+    n_params = loaded.n_params
+    check_for_models(config, len(n_params), json=True)
+    bound = loaded.combiner if combiner is None else loaded.bind(combiner)
+    tokens = prompt_tokens(loaded, prompt, param)
+    strategy = choose_strategy(config.method, config.gamma, config.proposer, n_params)
+    lookup = None
+    if config.lookup != "off" and strategy.lookup_in_cos:
+        lookup = LookupSettings(config.lookup, *config.lookup_ngram, config.lookup_tokens)
+    return Plan(
+        prompt=tuple(tokens),
+        config=config,
+        combiner=bound,
+        sampler=config.sampler(),
+        strategy=strategy,
+        max_length=min(len(tokens) + config.max_tokens, loaded.n_ctx),
+        end_tokens=frozenset() if config.ignore_eos else loaded.end_tokens,
+        banned=tuple(sorted(loaded.end_tokens)) if config.ignore_eos else (),
+        lookup=lookup,
+        constraint=config.constraint,
+    )

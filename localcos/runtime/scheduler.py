@@ -1,0 +1,271 @@
+"""The scheduler: every generation runs here, one or many at once, their rows sharing
+llama_decode calls.
+
+Work is submitted as `Sequence`s and waits in arrival order. Each `step` admits waiting sequences
+into free slots (the same sequence id in each model's KV cache), runs one round, and retires the
+sequences that finished. In a round each model gets one call (or a few, within its n_batch and
+logits-row limits) holding the requests of every sequence waiting for that model: the standard
+ensemble's one token per sequence, a CoS proposer's draft token, a verifier's whole draft, a
+prompt's next chunk, side by side. A sequence that got its logits runs on at once, so its next
+request may join a later model's call in the same round. The decoding core stays per sequence
+and exact: batching changes which rows share a call, never what is sampled.
+
+`Ensemble.generate`, `stream` and `generate_many`, the bench and the server all drive this one
+loop; a sequence cancelled stops at its next request or round and frees its slot, the others
+going on untouched.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence as Seq
+
+import numpy as np
+
+from ..core.decoding import Decoder, Evaluate
+from .generation import Chunk, Completion, Generation, Work, cancelled_completion, completion_rng
+
+if TYPE_CHECKING:
+    from .loaded import LoadedModels
+    from .plan import Plan
+
+# the most prompt tokens one sequence puts into one round's call: a long prompt goes in chunks,
+# so the sequences already decoding keep getting a call every round
+PROMPT_CHUNK = 256
+
+
+class State(Enum):
+    """Where a sequence is: waiting for a slot, then in the phase its pending request names
+    (prefill, drafting, verifying, decoding), then finished."""
+
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DRAFTING = "drafting"
+    VERIFYING = "verifying"
+    DECODING = "decoding"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One generation in the scheduler: its plan and random stream, where its output goes, and
+    where it is (`state`); `completion` once finished."""
+
+    plan: Plan
+    rng: np.random.Generator
+    on_chunk: Callable[[Chunk], None] | None = None
+    key: Any = None  # the caller's name for it
+    state: State = State.QUEUED
+    slot: int | None = None
+    completion: Completion | None = None
+    cancel_requested: bool = False
+    request: Evaluate | None = None  # what it waits for
+    generation: Generation | None = None
+    work: Work | None = field(default=None, repr=False)
+
+    def cancel(self) -> None:
+        """Stop at the next request or round; the completion's finish reason is "cancelled"."""
+        self.cancel_requested = True
+
+    @property
+    def decoder(self) -> Decoder | None:
+        """The generation's decoder, once decoding started."""
+        return self.generation.decoder if self.generation is not None else None
+
+
+class Scheduler:
+    """Sequences of `loaded` decoded together, one per slot; `slots` limits which slots it may
+    use (default all). `observe(sequence)`, when given, is called for every live sequence after
+    each round (the tests check the decoder's invariants there)."""
+
+    def __init__(self, loaded: LoadedModels, slots: Seq[int] | None = None, observe: Callable[[Sequence], None] | None = None) -> None:
+        self.loaded = loaded
+        self.free: list[int] = list(range(loaded.parallel) if slots is None else slots)
+        self.live: list[Sequence] = []
+        self.queue: deque[Sequence] = deque()
+        self.observe = observe
+
+    @property
+    def idle(self) -> bool:
+        return not self.live and not self.queue
+
+    def submit(
+        self, plan: Plan, rng: np.random.Generator, *, on_chunk: Callable[[Chunk], None] | None = None, key: Any = None
+    ) -> Sequence:
+        """Queue a generation of `plan` drawing from `rng`; it starts when a slot frees, after
+        the ones submitted before it."""
+        sequence = Sequence(plan, rng, on_chunk, key)
+        self.queue.append(sequence)
+        return sequence
+
+    def step(self) -> list[Sequence]:
+        """Admit what waits into free slots, then run one round: every model evaluates, in as few
+        calls as its limits allow, what the live sequences wait for. Returns the sequences that
+        finished (their slots are free again)."""
+        finished: list[Sequence] = []
+        self._admit(finished)
+        for sequence in list(self.live):
+            if sequence.request is None and sequence.state is State.QUEUED and not self._waits_for_a_donor(sequence):
+                self._resume(sequence, None, finished)
+        for i, model in enumerate(self.loaded.models):
+            waiting = [s for s in self.live if s.request is not None and s.request.model == i]
+            for sequence, logits in zip(waiting, self._evaluate(i, model, waiting)):
+                self._resume(sequence, logits, finished)
+        if self.observe is not None:
+            for sequence in self.live:
+                self.observe(sequence)
+        return finished
+
+    def run(self) -> list[Sequence]:
+        """Step until nothing is left; the sequences in the order they finished."""
+        done: list[Sequence] = []
+        while not self.idle:
+            done.extend(self.step())
+        return done
+
+    def drop(self, sequence: Sequence) -> None:
+        """Abandon a live sequence (after a failed call): its slot is free, whatever its cache
+        holds is exact (the next prefill keeps what fits)."""
+        self.live.remove(sequence)
+        assert sequence.slot is not None
+        self.free.append(sequence.slot)
+        sequence.state = State.FINISHED
+
+    # --- inside ------------------------------------------------------------------------------------
+    def _admit(self, finished: list[Sequence]) -> None:
+        while self.queue and (self.free or self.queue[0].cancel_requested):
+            sequence = self.queue.popleft()
+            if sequence.cancel_requested:  # cancelled before it started: nothing to generate
+                sequence.completion = cancelled_completion(self.loaded, sequence.plan)
+                sequence.state = State.FINISHED
+                finished.append(sequence)
+                continue
+            sequence.slot = self.free.pop(0)
+            sequence.generation = Generation(
+                self.loaded, sequence.plan, sequence.rng, sequence.slot, min(PROMPT_CHUNK, *(m.n_batch for m in self.loaded.models)),
+                lambda s=sequence: s.cancel_requested,
+            )
+            sequence.work = sequence.generation.run()
+            self.live.append(sequence)
+
+    def _waits_for_a_donor(self, sequence: Sequence) -> bool:
+        """A sequence whose prompt another one is evaluating right now starts once that one is
+        done, and then shares its cells (`n` completions of one prompt evaluate it once)."""
+        return any(
+            other is not sequence and other.request is not None and other.request.prefill and other.plan.prompt == sequence.plan.prompt
+            for other in self.live
+        )
+
+    def _resume(self, sequence: Sequence, value: np.ndarray | None, finished: list[Sequence]) -> None:
+        """Run a sequence on until it needs logits again (or ends)."""
+        sequence.request = None
+        assert sequence.work is not None
+        while True:
+            try:
+                item = sequence.work.send(value)
+            except StopIteration as stop:
+                sequence.completion = stop.value
+                sequence.state = State.FINISHED
+                self.live.remove(sequence)
+                assert sequence.slot is not None
+                self.free.append(sequence.slot)
+                finished.append(sequence)
+                return
+            if isinstance(item, Evaluate):
+                sequence.request = item
+                sequence.state = State(item.phase.value)
+                return
+            value = None
+            if sequence.on_chunk is not None:
+                sequence.on_chunk(item)
+
+    def _evaluate(self, i: int, model: Any, waiting: list[Sequence]) -> list[np.ndarray]:
+        """Every waiting request to model i, in calls of at most n_batch tokens and
+        max_logit_rows rows; the logits copied out (the next call reuses llama.cpp's buffer)."""
+        results: list[np.ndarray | None] = [None] * len(waiting)
+        call: list[int] = []
+        tokens = rows = 0
+
+        def flush() -> None:
+            nonlocal tokens, rows
+            if not call:
+                return
+            parts = []
+            for k in call:
+                request = waiting[k].request
+                assert request is not None
+                parts.append((model.slots[waiting[k].slot], request.tokens, len(request.tokens) - request.n_logits, len(request.tokens)))
+            views = model.decode(parts)
+            self.loaded.call_costs.observe(i, tokens, model.last_call_seconds)
+            for k, view in zip(call, views):
+                results[k] = np.array(view)
+            call.clear()
+            tokens = rows = 0
+
+        for k, sequence in enumerate(waiting):
+            request = sequence.request
+            assert request is not None
+            n, n_rows = len(request.tokens), request.n_logits
+            if n > model.n_batch or n_rows > model.max_logit_rows:  # too big to share a call
+                results[k] = model.slots[sequence.slot].evaluate(request.tokens, request.n_logits)
+                continue
+            if tokens + n > model.n_batch or rows + n_rows > model.max_logit_rows:
+                flush()
+            call.append(k)
+            tokens += n
+            rows += n_rows
+        flush()
+        return results  # type: ignore[return-value]
+
+
+def run_completions(
+    loaded: LoadedModels,
+    plan: Plan,
+    n: int,
+    *,
+    on_chunk: Callable[[int, Chunk], None] | None = None,
+    observe: Callable[[Sequence], None] | None = None,
+) -> list[Completion]:
+    """`n` completions of one plan, completion k drawing from `completion_rng(seed, k)`; up to
+    `loaded.parallel` decode at once, and their prompt is evaluated once."""
+    scheduler = Scheduler(loaded, observe=observe)
+    sequences = [
+        scheduler.submit(plan, completion_rng(plan.config.seed, k), on_chunk=None if on_chunk is None else (lambda c, k=k: on_chunk(k, c)), key=k)
+        for k in range(n)
+    ]
+    scheduler.run()
+    return [s.completion for s in sequences]  # type: ignore[misc]
+
+
+class Stream:
+    """One completion of a plan as it is generated: iterate for its final text pieces, or
+    `chunks()` for `Chunk`s (text plus per-token origins); `completion` is set when it ends.
+    `cancel()` stops it at its next llama.cpp call or round, with finish reason "cancelled".
+    It runs in the scheduler like any other generation (completion 0 of its seed)."""
+
+    def __init__(self, loaded: LoadedModels, plan: Plan) -> None:
+        self.completion: Completion | None = None
+        self._pending: list[Chunk] = []
+        self._scheduler = Scheduler(loaded, slots=[0])
+        self._sequence = self._scheduler.submit(plan, completion_rng(plan.config.seed, 0), on_chunk=self._pending.append)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._sequence.cancel_requested
+
+    def cancel(self) -> None:
+        self._sequence.cancel()
+
+    def chunks(self) -> Iterator[Chunk]:
+        while not self._scheduler.idle:
+            self._scheduler.step()
+            while self._pending:
+                yield self._pending.pop(0)
+        self.completion = self._sequence.completion
+
+    def __iter__(self) -> Iterator[str]:
+        for chunk in self.chunks():
+            if chunk.text:
+                yield chunk.text

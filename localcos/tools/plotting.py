@@ -1,0 +1,67 @@
+"""Figures of the bench and of score, drawn with matplotlib (an optional dependency: a command
+asked for a plot checks for it before any model loads)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..eval.sweep import Sweep
+    from .bench import Row
+
+
+def require_matplotlib() -> Any:
+    """matplotlib's pyplot (drawing to files), or one line saying how to install it: checked
+    before any model loads when a command is asked for a plot."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install 'localcos[plot]'", param="plot") from None
+    return plt
+
+
+def plot_speedups(path: str, rows: Sequence[Row], title: str) -> None:
+    """Speedup against gamma, one line per method, one panel per temperature (task "all")."""
+    plt = require_matplotlib()
+    from matplotlib.ticker import MaxNLocator
+
+    rows = [r for r in rows if r.task == "all"]
+    temps = sorted({r.temperature for r in rows})
+    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 4), squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        for method in ("sd", "naive-cos", "cos"):
+            pts = sorted((r.gamma, r.speedup) for r in rows if r.temperature == t and r.method == method and isinstance(r.gamma, int))
+            if pts:
+                ax.plot([g for g, _ in pts], [s for _, s in pts], marker="o", label=method)
+            auto = [r.speedup for r in rows if r.temperature == t and r.method == method and r.gamma == "auto"]
+            if auto and auto[0]:
+                ax.axhline(auto[0], linestyle=":", linewidth=1, color=ax.lines[-1].get_color() if pts else None, label=f"{method} auto")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("gamma (proposal length)")
+        ax.set_ylabel("speedup over the standard ensemble")
+        ax.set_title(f"{title} T={t:g}")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_sweep(path: str, sweep: Sweep, rows: Sequence[tuple], metric: str) -> None:
+    """The score of r over a sweep's grid, each model alone as a dotted line."""
+    plt = require_matplotlib()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    combined = [v for kind, _, v, _ in rows if kind == "r"]
+    ax.plot(list(sweep.values), combined, marker="o", label="combination r")
+    for kind, label, value, _ in rows:
+        if kind == "model":
+            ax.axhline(value, linestyle=":", linewidth=1, label=f"{label} alone")
+    ax.set_xlabel("weight of the first model" if sweep.name == "weights" else sweep.name)
+    ax.set_ylabel(metric)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
