@@ -53,9 +53,9 @@ def render(
         formatter = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=add_generation_prompt)
         return formatter(messages=[m.as_template_input() for m in messages], tools=list(tools) if tools else None).prompt
     except jinja2.TemplateError as e:
-        raise ConfigError(f"cannot render the chat template: {e}") from None
+        raise ConfigError(f"cannot render the chat template: {e}", param="messages") from None
     except ValueError as e:  # the template's raise_exception(...)
-        raise ConfigError(f"the chat template refused the conversation: {e}") from None
+        raise ConfigError(f"the chat template refused the conversation: {e}", param="messages") from None
 
 
 class ChatFormatter:
@@ -69,14 +69,15 @@ class ChatFormatter:
     def __init__(self, ensemble, template_model: int = 0) -> None:
         models = ensemble.models
         if not 0 <= template_model < len(models):
-            raise ConfigError(f"chat template model must be an index from 0 to {len(models) - 1}")
+            raise ConfigError(f"chat template model must be an index from 0 to {len(models) - 1}", param="chat_template_model")
         self.ensemble = ensemble
         self.model = models[template_model]
         template = self.model.chat_template
         if not template:
             raise ConfigError(
                 f"{self.model.path} has no chat template in its GGUF metadata; choose another model's "
-                "template (--chat-template-model) or generate without --chat"
+                "template (--chat-template-model) or generate without --chat",
+                param="chat_template_model",
             )
         self.template = template
         others = [m.name for m in models if m.chat_template and m.chat_template != template]

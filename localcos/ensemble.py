@@ -87,7 +87,7 @@ class Ensemble(LoadedModels):
         `members`, under each model alone. The text must fit the context."""
         tokens = self.tokenize(text) if isinstance(text, str) else [int(t) for t in text]
         if len(tokens) < 2:
-            raise ConfigError(f"nothing to score: the text has {len(tokens)} token(s)")
+            raise ConfigError(f"nothing to score: the text has {len(tokens)} token(s)", param="text")
         return score_tokens(self, tokens, 1, combiners=None if combiner is None else [combiner], members=members)
 
     def loglikelihood(

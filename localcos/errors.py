@@ -35,9 +35,13 @@ class TokenizerMismatchError(LocalcosError):
 
 
 class ConfigError(LocalcosError):
-    """Bad settings: weights, mu, sampling parameters, method options, models.toml."""
+    """Bad settings: weights, mu, sampling parameters, method options, models.toml; `param`
+    always names the setting at fault."""
 
     code = "invalid_value"
+
+    def __init__(self, message: str, param: str, code: str | None = None) -> None:
+        super().__init__(message, param, code)
 
 
 class PromptTooLongError(LocalcosError):
@@ -62,3 +66,22 @@ class RemoteError(LocalcosError):
 
 class Cancelled(Exception):
     """Work was stopped on request between two llama.cpp calls (not an error of the user's)."""
+
+
+def param_of(what: str) -> str:
+    """The setting a message's `what` names, as `LocalcosError.param` carries it: "--max-tokens"
+    and "max_tokens" are max_tokens, "response_format.json_schema.schema" is response_format,
+    "models.toml: rpc of NAME" is rpc."""
+    word = (what.split(": ", 1)[1] if what.startswith("models.toml: ") else what).split()[0]
+    return word.lstrip("-").replace("-", "_").split(".")[0]
+
+
+def check_range(number: float, what: str, *, minimum: float | None = None, maximum: float | None = None, above: float | None = None) -> float:
+    """`number` unless it is not finite or out of range: the one wording of such errors
+    (`ConfigError` naming `what`), whichever layer owns the range."""
+    if number != number or number in (float("inf"), float("-inf")):
+        raise ConfigError(f"{what} must be a finite number, got {number!r}", param=param_of(what))
+    for bound, broken, relation in ((minimum, lambda b: number < b, ">="), (maximum, lambda b: number > b, "<="), (above, lambda b: number <= b, ">")):
+        if bound is not None and broken(bound):
+            raise ConfigError(f"{what} must be {relation} {bound:g}, got {number:g}", param=param_of(what))
+    return number

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, LocalcosError, param_of
 
 if TYPE_CHECKING:
     from .backend import Model
@@ -51,7 +51,7 @@ def _llguidance() -> Any:
     try:
         import llguidance
     except ImportError as e:  # pragma: no cover - a dependency of the package
-        raise ConfigError(f"structured output needs llguidance ({e}); pip install llguidance") from None
+        raise LocalcosError(f"structured output needs llguidance ({e}); pip install llguidance") from None
     return llguidance
 
 
@@ -59,7 +59,7 @@ def _checked(kind: str, source: str, grammar: str, what: str) -> Constraint:
     llguidance = _llguidance()
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        raise ConfigError(f"{what}: {' '.join(messages[0].split())}")
+        raise ConfigError(f"{what}: {' '.join(messages[0].split())}", param=param_of(what))
     return Constraint(kind, source, grammar)
 
 
@@ -69,16 +69,16 @@ def json_schema(value: Any, what: str = "the JSON schema") -> Constraint:
         try:
             schema = json.loads(value)
         except json.JSONDecodeError as e:
-            raise ConfigError(f"{what} is not valid JSON: {e}") from None
+            raise ConfigError(f"{what} is not valid JSON: {e}", param=param_of(what)) from None
     else:
         schema = value
     if not isinstance(schema, dict):
-        raise ConfigError(f"{what} must be a JSON object (a schema), got {type(schema).__name__}")
+        raise ConfigError(f"{what} must be a JSON object (a schema), got {type(schema).__name__}", param=param_of(what))
     text = json.dumps(schema)
     try:
         grammar = _llguidance().LLMatcher.grammar_from_json_schema(text, overrides=JSON_LAYOUT)
     except ValueError as e:
-        raise ConfigError(f"{what}: {e}") from None
+        raise ConfigError(f"{what}: {e}", param=param_of(what)) from None
     return _checked("json_schema", text, grammar, what)
 
 
@@ -95,20 +95,20 @@ def gbnf(text: str, what: str = "the grammar") -> Constraint:
     try:
         grammar = llguidance.grammar_from("gbnf", text)
     except (ValueError, Exception) as e:  # the converter raises plain exceptions on bad input
-        raise ConfigError(f"{what}: {' '.join(str(e).split())}") from None
+        raise ConfigError(f"{what}: {' '.join(str(e).split())}", param=param_of(what)) from None
     return _checked("grammar", text, grammar, what)
 
 
 def read_source(value: Any, what: str) -> str:
     """A file's text when `value` names a file, else `value` itself (inline text)."""
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{what} must be a file or text, got {value!r}")
+        raise ConfigError(f"{what} must be a file or text, got {value!r}", param=param_of(what))
     path = Path(value).expanduser()
     if len(value) < 4096 and "\n" not in value and path.is_file():
         try:
             return path.read_text(encoding="utf-8")
         except OSError as e:
-            raise ConfigError(f"{what}: cannot read {path}: {e.strerror}") from None
+            raise ConfigError(f"{what}: cannot read {path}: {e.strerror}", param=param_of(what)) from None
     return value
 
 
@@ -166,7 +166,7 @@ class Matcher:
         self.vocabulary = vocabulary
         self._matcher = llguidance.LLMatcher(vocabulary.tokenizer, constraint.grammar, log_level=0)
         if self._matcher.is_error():
-            raise ConfigError(f"the {constraint.describe()} does not fit this vocabulary: {self._matcher.get_error()}")
+            raise ConfigError(f"the {constraint.describe()} does not fit this vocabulary: {self._matcher.get_error()}", param=constraint.kind)
         self.consumed: list[int] = []
 
     def mask(self) -> np.ndarray:

@@ -24,7 +24,7 @@ from typing import Sequence
 import llama_cpp  # noqa: F401  (loads llama.cpp's libraries before ggml is bound below)
 from llama_cpp._ggml import libggml as _ggml
 
-from ..errors import ConfigError, RemoteError, RpcUnavailableError
+from ..errors import ConfigError, RemoteError, RpcUnavailableError, param_of
 
 DEFAULT_PORT = 50052
 REBUILD = (
@@ -111,7 +111,7 @@ def parse_endpoint(text: str, what: str = "--rpc") -> Endpoint:
     text = text.strip()
     host, sep, port_text = text.partition(":")
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536 or any(c.isspace() for c in host):
-        raise ConfigError(f"{what} must be HOST:PORT (or - for a local model), got {text!r}")
+        raise ConfigError(f"{what} must be HOST:PORT (or - for a local model), got {text!r}", param=param_of(what))
     return Endpoint(host, int(port_text))
 
 
@@ -201,7 +201,7 @@ def pick_devices(names: Sequence[str] | None) -> list[Device]:
         by_name = {d.name.lower(): d for d in devices}
         unknown = [n for n in names if n.lower() not in by_name]
         if unknown:
-            raise ConfigError(f"--device: no device {unknown[0]!r} here; this host has {', '.join(d.name for d in devices)}")
+            raise ConfigError(f"--device: no device {unknown[0]!r} here; this host has {', '.join(d.name for d in devices)}", param="device")
         return [by_name[n.lower()] for n in names]
     accelerators = [d for d in devices if d.name != "CPU"]
     return accelerators or [d for d in devices if d.name == "CPU"]

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     for g in args.gammas.split(","):
         gamma = parse_gamma(g)
         if isinstance(gamma, tuple):  # cannot happen for one item; keeps the types honest
-            raise ConfigError(f"--gamma sweeps single values, got {g!r}")
+            raise ConfigError(f"--gamma sweeps single values, got {g!r}", param="gamma")
         gammas.append(gamma)  # type: ignore[arg-type]
     temperatures = [OPTIONS["temperature"].check(t) for t in args.temperatures.split(",")]
     max_tokens = OPTIONS["max_tokens"].check(args.max_tokens)
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         prompts = load_prompts(args.prompts)
     except (FileNotFoundError, ValueError) as e:
-        raise ConfigError(str(e)) from None
+        raise ConfigError(str(e), param="prompts") from None
     if limit:
         prompts = prompts[:limit]
     settings = resolve(args, DEFAULTS)
@@ -193,5 +193,5 @@ def _members(value: str, n_models: int) -> list[int] | str:
         return text
     members = list(parse_ints(text, "--alone", minimum=0))
     if any(m >= n_models for m in members):
-        raise ConfigError(f"--alone takes model indices from 0 to {n_models - 1}, got {value!r}")
+        raise ConfigError(f"--alone takes model indices from 0 to {n_models - 1}, got {value!r}", param="alone")
     return members

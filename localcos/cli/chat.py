@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LocalcosError
 from .options import add_options, resolve
 
 DEFAULTS = {"temperature": 0.7, "max_tokens": 512}
@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def settings_for(args: argparse.Namespace):
     """The chat's settings from its command line (--demo: the synthetic demo pair)."""
     if args.demo and (args.models or args.preset):
-        raise ConfigError("give --demo or --models/--preset, not both")
+        raise ConfigError("give --demo or --models/--preset, not both", param="demo")
     return resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
 
 
@@ -30,5 +30,5 @@ def run(args: argparse.Namespace) -> int:
     try:
         from ..tui.app import run_chat
     except ImportError as e:  # installed without its chat interface
-        raise ConfigError(f"the chat interface is not installed ({e})") from None
+        raise LocalcosError(f"the chat interface is not installed ({e})") from None
     return run_chat(settings_for(args))

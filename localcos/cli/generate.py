@@ -37,11 +37,11 @@ def run(args: argparse.Namespace) -> int:
     prompt = args.prompt
     if prompt is None:
         if sys.stdin.isatty():
-            raise ConfigError("no prompt: give --prompt TEXT or pipe the prompt on stdin")
+            raise ConfigError("no prompt: give --prompt TEXT or pipe the prompt on stdin", param="prompt")
         prompt = sys.stdin.read()
     n = parse_int(args.n, "--n", minimum=1)
     if args.system is not None and not args.chat:
-        raise ConfigError("--system needs --chat")
+        raise ConfigError("--system needs --chat", param="system")
     settings = resolve(args, DEFAULTS)
     if settings.load.parallel is None and n > 1 and not any(settings.load.rpc):  # --n: decode them together
         settings = replace(settings, load=replace(settings.load, parallel=default_parallel(settings.load.n_ctx, n)))

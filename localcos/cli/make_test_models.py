@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     vocab = parse_int(args.vocab, "--vocab", minimum=400)
     if vocab > 300_000:
-        raise ConfigError(f"--vocab must be at most 300000, got {vocab}")
+        raise ConfigError(f"--vocab must be at most 300000, got {vocab}", param="vocab")
     tokenizer = str(check_gguf_file(args.tokenizer)) if args.tokenizer else None
     made = standard_test_models(Path(args.dir), vocab_size=vocab, dtype=args.dtype, tokenizer=tokenizer, arch=args.arch, progress=info)
     for name, path in made.items():

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         return _list(registry)
     if args.action == "pull":
         if not args.names:
-            raise ConfigError("name the models or ensembles to pull")
+            raise ConfigError("name the models or ensembles to pull", param="names")
         for name in args.names:
             refs = list(registry.ensembles[name].models) if name in registry.ensembles else [name]
             for ref in refs:
@@ -40,11 +40,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.action == "info":
         if len(args.names) != 1:
-            raise ConfigError("models info takes one FILE or NAME")
+            raise ConfigError("models info takes one FILE or NAME", param="names")
         return _info(registry.resolve(args.names[0], download=False))
     refs = [r for name in args.names for r in parse_refs(name, "models check")]
     if len(refs) < 2:
-        raise ConfigError("models check takes two or more models: A,B[,C]")
+        raise ConfigError("models check takes two or more models: A,B[,C]", param="names")
     return _check([registry.resolve(r, download=False) for r in refs])
 
 

@@ -84,7 +84,7 @@ def bind(host: str, port: int) -> socket.socket:
         s.bind((host, port))
     except OSError as e:
         s.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}", param="port") from None
     return s
 
 

@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LocalcosError
 from ..config.parse import parse_port
 from .options import check_port_free, is_loopback, note, say
 
@@ -44,7 +44,7 @@ def _listen_address(host: str) -> str:
     try:
         ipaddress.IPv4Address(host)
     except ValueError:
-        raise ConfigError(f"--host must be an IPv4 address (llama.cpp's RPC server listens on IPv4 only), got {host!r}") from None
+        raise ConfigError(f"--host must be an IPv4 address (llama.cpp's RPC server listens on IPv4 only), got {host!r}", param="host") from None
     return host
 
 
@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     threads = parse_int(args.threads, "--threads", minimum=1) if args.threads is not None else default_threads()
     if not is_loopback(host) and not args.trusted_network:
         raise ConfigError(
-            f"refusing to listen on {host}: {NO_AUTH_WARNING} On a trusted network add {TRUST_FLAG}; for this machine only leave --host out"
+            f"refusing to listen on {host}: {NO_AUTH_WARNING} On a trusted network add {TRUST_FLAG}; for this machine only leave --host out",
+            param="host",
         )
     if port == 0:
         with socket.socket() as s:  # ggml's server takes a port, not 0: pick a free one
@@ -90,5 +91,5 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     serve(endpoint, devices, threads, rpc_cache)
-    raise ConfigError(f"llama.cpp's RPC server could not start on {endpoint} (see the lines above)")
+    raise LocalcosError(f"llama.cpp's RPC server could not start on {endpoint} (see the lines above)")
 

@@ -50,29 +50,30 @@ def run(args: argparse.Namespace) -> int:
     given = [flag for flag in ("json_schema", "grammar", "json_object") if getattr(args, f"refused_{flag}") is not None]
     if given:
         raise ConfigError(
-            f"score measures the models' own distributions, unconstrained: --{given[0].replace('_', '-')} is for generate, chat and serve"
+            f"score measures the models' own distributions, unconstrained: --{given[0].replace('_', '-')} is for generate, chat and serve",
+            param=given[0],
         )
     if bool(args.file) == bool(args.choices):
-        raise ConfigError("give --file TEXT (perplexity) or --choices FILE.jsonl (accuracy)")
+        raise ConfigError("give --file TEXT (perplexity) or --choices FILE.jsonl (accuracy)", param="file")
     if args.file:
         path = Path(args.file)
         if not path.is_file():
-            raise ConfigError(f"text file not found: {args.file}")
+            raise ConfigError(f"text file not found: {args.file}", param="file")
         text = path.read_text(encoding="utf-8", errors="replace")
         if not text.strip():
-            raise ConfigError(f"{args.file} is empty")
+            raise ConfigError(f"{args.file} is empty", param="file")
     else:
         items = choice_task.load_choices(args.choices)
     sweep = parse_sweep(args.sweep) if args.sweep else None
     if args.plot:
         if sweep is None:
-            raise ConfigError("--plot draws the figure over a --sweep grid; give --sweep")
+            raise ConfigError("--plot draws the figure over a --sweep grid; give --sweep", param="plot")
         require_matplotlib()
     settings = resolve(args, {"ctx": 512 if args.file else 2048})
     if sweep is not None:
         wanted = ("cd",) if sweep.name in ("mu", "plausibility") else ("we", "logit-mix")
         if settings.combine.combine not in wanted:
-            raise ConfigError(f"--sweep {sweep.name} needs --combine {' or '.join(wanted)} (it is {settings.combine.combine})")
+            raise ConfigError(f"--sweep {sweep.name} needs --combine {' or '.join(wanted)} (it is {settings.combine.combine})", param="sweep")
     points = sweep.settings() if sweep else [{}]
     grid = [settings.with_values(point) for point in points]  # each point checked like an option
     labels = [_label(point) for point in points]

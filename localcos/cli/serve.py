@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LocalcosError
 from .options import add_options, is_loopback, listen, loading_progress, note, option_values, resolve, say
 
 DEFAULTS = {"temperature": 1.0, "max_tokens": 256, "ctx": 4096}
@@ -46,10 +46,10 @@ def run(args: argparse.Namespace) -> int:
         from ..server.guard import GuardPolicy
         from ..server.protocol import ServedEnsemble
     except ImportError as e:  # pragma: no cover - both are dependencies of the package
-        raise ConfigError(f"localcos serve needs FastAPI and uvicorn ({e}); pip install fastapi uvicorn") from None
+        raise LocalcosError(f"localcos serve needs FastAPI and uvicorn ({e}); pip install fastapi uvicorn") from None
 
     if args.demo and (args.models or args.preset):
-        raise ConfigError("--demo serves the synthetic demo pair; leave out --models/--preset, or --demo")
+        raise ConfigError("--demo serves the synthetic demo pair; leave out --models/--preset, or --demo", param="demo")
     server = resolve_server({**option_values(args), "api_key": args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None})
     port, api_key = server.port, server.api_key
     listener = listen(server.host, port)  # held from now on: fail before loading anything when it is taken

@@ -9,11 +9,10 @@ spec built from parsed values (`config.specs`) checks them with the same rule, n
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, check_range, param_of
 from ..grammar import Constraint
 
 if TYPE_CHECKING:
@@ -24,6 +23,7 @@ COMBINERS = ("we", "cd", "logit-mix")  # or FILE.py:FUNCTION / MODULE:FUNCTION
 # the code of a value that is not of the kind asked for at all (a word where a number goes), as
 # against one of the right kind out of range: a list reports the first as a malformed list
 INVALID_TYPE = "invalid_type"
+
 
 def _text(value: Any) -> str | None:
     return value.strip() if isinstance(value, str) else None
@@ -36,13 +36,12 @@ def parse_int(value: Any, what: str, *, minimum: int | None = None) -> int:
         try:
             number = int(text)
         except ValueError:
-            raise ConfigError(f"{what} must be an integer, got {value!r}", code=INVALID_TYPE) from None
+            raise ConfigError(f"{what} must be an integer, got {value!r}", param=param_of(what), code=INVALID_TYPE) from None
     elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
         number = int(value)
     else:
-        raise ConfigError(f"{what} must be an integer, got {value!r}", code=INVALID_TYPE)
-    if minimum is not None and number < minimum:
-        raise ConfigError(f"{what} must be >= {minimum}, got {number}")
+        raise ConfigError(f"{what} must be an integer, got {value!r}", param=param_of(what), code=INVALID_TYPE)
+    check_range(number, what, minimum=minimum)
     return number
 
 
@@ -59,15 +58,8 @@ def parse_float(
         else:
             raise ValueError
     except ValueError:
-        raise ConfigError(f"{what} must be a number, got {value!r}", code=INVALID_TYPE) from None
-    if not math.isfinite(number):
-        raise ConfigError(f"{what} must be a finite number, got {value!r}")
-    if minimum is not None and number < minimum:
-        raise ConfigError(f"{what} must be >= {minimum:g}, got {number:g}")
-    if maximum is not None and number > maximum:
-        raise ConfigError(f"{what} must be <= {maximum:g}, got {number:g}")
-    if above is not None and number <= above:
-        raise ConfigError(f"{what} must be > {above:g}, got {number:g}")
+        raise ConfigError(f"{what} must be a number, got {value!r}", param=param_of(what), code=INVALID_TYPE) from None
+    check_range(number, what, minimum=minimum, maximum=maximum, above=above)
     return number
 
 
@@ -83,7 +75,7 @@ def _items(value: Any, what: str, kind: str) -> list[Any]:
     else:
         items = [value]
     if not items:
-        raise ConfigError(f"{what} must be comma-separated {kind}, got {value!r}")
+        raise ConfigError(f"{what} must be comma-separated {kind}, got {value!r}", param=param_of(what))
     return items
 
 
@@ -95,7 +87,7 @@ def _list(value: Any, what: str, kind: str, parse_one: Callable[[Any], Any]) -> 
         return tuple(parse_one(x) for x in items)
     except ConfigError as e:
         if e.code == INVALID_TYPE:
-            raise ConfigError(f"{what} must be comma-separated {kind}, got {value!r}") from None
+            raise ConfigError(f"{what} must be comma-separated {kind}, got {value!r}", param=param_of(what)) from None
         raise
 
 
@@ -115,7 +107,7 @@ def parse_seed(value: Any, what: str = "--seed") -> int | None:
     if seed == -1:
         return None
     if seed < 0:
-        raise ConfigError(f"{what} must be >= 0 (or -1 for a random seed), got {seed}")
+        raise ConfigError(f"{what} must be >= 0 (or -1 for a random seed), got {seed}", param=param_of(what))
     return seed
 
 
@@ -126,7 +118,7 @@ def parse_gamma(value: Any, what: str = "--gamma") -> Gamma:
     try:
         values = parse_ints(value, what, minimum=1)
     except ConfigError:
-        raise ConfigError(f"{what} must be an integer >= 1, one per model (5,1), or auto; got {value!r}") from None
+        raise ConfigError(f"{what} must be an integer >= 1, one per model (5,1), or auto; got {value!r}", param=param_of(what)) from None
     return values[0] if len(values) == 1 else values
 
 
@@ -142,7 +134,7 @@ def format_gamma(gamma: Gamma) -> str:
 def parse_choice(value: Any, what: str, choices: Sequence[str]) -> str:
     text = _text(value)
     if text not in choices:
-        raise ConfigError(f"{what} must be one of {', '.join(choices)}, got {value!r}")
+        raise ConfigError(f"{what} must be one of {', '.join(choices)}, got {value!r}", param=param_of(what))
     return text  # type: ignore[return-value]
 
 
@@ -154,14 +146,14 @@ def parse_bool(value: Any, what: str) -> bool:
         return True
     if text is not None and text.lower() in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"{what} must be true or false, got {value!r}")
+    raise ConfigError(f"{what} must be true or false, got {value!r}", param=param_of(what))
 
 
 def parse_strings(value: Any, what: str) -> tuple[str, ...]:
     """One string or a list of strings (stop strings: empty ones are dropped)."""
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
-        raise ConfigError(f"{what} must be a string or a list of strings, got {value!r}")
+        raise ConfigError(f"{what} must be a string or a list of strings, got {value!r}", param=param_of(what))
     return tuple(s for s in items if s)
 
 
@@ -172,7 +164,7 @@ def parse_refs(value: Any, what: str) -> tuple[str, ...]:
     else:
         refs = parse_strings(value, what)
     if not refs:
-        raise ConfigError(f"{what} names no models")
+        raise ConfigError(f"{what} names no models", param=param_of(what))
     return refs
 
 
@@ -186,7 +178,7 @@ def parse_rpc(value: Any, what: str = "--rpc") -> tuple[tuple[Endpoint, ...], ..
             return item  # parsed already
         text = _text(item)
         if not text:
-            raise ConfigError(f"{what} takes - or HOST:PORT per model, got {value!r}")
+            raise ConfigError(f"{what} takes - or HOST:PORT per model, got {value!r}", param=param_of(what))
         if text == "-":
             return ()
         return tuple(parse_endpoint(part, what) for part in text.split("+"))
@@ -209,7 +201,7 @@ def parse_combine(value: Any, what: str) -> str:
     text = _text(value)
     if text in COMBINERS or (text and is_custom_combine(text)):
         return text
-    raise ConfigError(f"{what} must be we, cd, logit-mix or FILE.py:FUNCTION, got {value!r}")
+    raise ConfigError(f"{what} must be we, cd, logit-mix or FILE.py:FUNCTION, got {value!r}", param=param_of(what))
 
 
 def parse_served_combine(value: Any, what: str) -> str:
@@ -223,9 +215,10 @@ def parse_served_combine(value: Any, what: str) -> str:
         raise ConfigError(
             f"{what} {text!r} names code to import; a request chooses among {', '.join(COMBINERS)}. "
             "A custom combiner is given when the server starts (localcos serve --combine FILE.py:FUNCTION) "
-            "and is then every request's default"
+            "and is then every request's default",
+            param=param_of(what),
         )
-    raise ConfigError(f"{what} must be one of {', '.join(COMBINERS)}, got {value!r}")
+    raise ConfigError(f"{what} must be one of {', '.join(COMBINERS)}, got {value!r}", param=param_of(what))
 
 
 def parse_proposer(value: Any, what: str) -> int | str:
@@ -235,7 +228,7 @@ def parse_proposer(value: Any, what: str) -> int | str:
     try:
         return parse_int(value, what, minimum=0)
     except ConfigError:
-        raise ConfigError(f"{what} must be a model index >= 0 or lookup, got {value!r}") from None
+        raise ConfigError(f"{what} must be a model index >= 0 or lookup, got {value!r}", param=param_of(what)) from None
 
 
 def parse_ngram_sizes(value: Any, what: str) -> tuple[int, int]:
@@ -244,7 +237,7 @@ def parse_ngram_sizes(value: Any, what: str) -> tuple[int, int]:
     if len(sizes) == 1:
         sizes = (sizes[0], sizes[0])
     if len(sizes) != 2 or sizes[0] > sizes[1]:
-        raise ConfigError(f"{what} must be MIN,MAX with 1 <= MIN <= MAX, got {value!r}")
+        raise ConfigError(f"{what} must be MIN,MAX with 1 <= MIN <= MAX, got {value!r}", param=param_of(what))
     return sizes[0], sizes[1]
 
 
@@ -270,7 +263,7 @@ def parse_grammar(value: Any, what: str) -> Constraint:
 def parse_name(value: Any, what: str) -> str:
     """A non-empty string (a preset's or a set's name, a path)."""
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{what} must be a non-empty string, got {value!r}")
+        raise ConfigError(f"{what} must be a non-empty string, got {value!r}", param=param_of(what))
     return value.strip()
 
 
@@ -278,7 +271,7 @@ def parse_name(value: Any, what: str) -> str:
 def parse_text(value: Any, what: str) -> str:
     """Any string, as given (a system message)."""
     if not isinstance(value, str):
-        raise ConfigError(f"{what} must be a string, got {value!r}")
+        raise ConfigError(f"{what} must be a string, got {value!r}", param=param_of(what))
     return value
 
 
@@ -286,10 +279,10 @@ def parse_names(value: Any, what: str) -> tuple[str, ...]:
     """Names given once each or comma-separated, in one string or a list: "a,b" or ["a", "b,c"]."""
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
-        raise ConfigError(f"{what} must be a name or a list of names, got {value!r}")
+        raise ConfigError(f"{what} must be a name or a list of names, got {value!r}", param=param_of(what))
     names = tuple(part.strip() for item in items for part in item.split(","))
     if any(not name for name in names):
-        raise ConfigError(f"{what} takes names separated by commas, got an empty one")
+        raise ConfigError(f"{what} takes names separated by commas, got an empty one", param=param_of(what))
     return names
 
 
@@ -297,5 +290,5 @@ def parse_port(value: Any, what: str = "--port") -> int:
     """A TCP port, 0 to 65535 (0: any free one)."""
     port = parse_int(value, what, minimum=0)
     if port > 65535:
-        raise ConfigError(f"{what} must be at most 65535, got {port}")
+        raise ConfigError(f"{what} must be at most 65535, got {port}", param=param_of(what))
     return port

@@ -30,7 +30,7 @@ def resolve(
 
     sources = [k for k in ("models", "preset", "synthetic") if k in given]
     if len(sources) > 1:
-        raise ConfigError("give one of " + ", ".join(OPTIONS[k].flag for k in sources) + ", not several")
+        raise ConfigError("give one of " + ", ".join(OPTIONS[k].flag for k in sources) + ", not several", param=sources[-1])
     if not sources and "synthetic" in front:
         given["synthetic"] = front["synthetic"]
         sources = ["synthetic"]

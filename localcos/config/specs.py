@@ -49,6 +49,13 @@ def what(name: str, json: bool) -> str:
 # --- loading -------------------------------------------------------------------------------------
 
 
+def require_models(n: int) -> None:
+    """An ensemble has one model at least."""
+    if n < 1:
+        raise ConfigError("no models given", param="models")
+
+
+
 @dataclass(frozen=True)
 class LoadSpec:
     """What to load and how: the files, and llama.cpp's context and hardware settings, one entry
@@ -70,8 +77,7 @@ class LoadSpec:
     calibrate: bool = False  # measure the models' call costs again (not the cached profile)
 
     def __post_init__(self) -> None:
-        if not self.paths:
-            raise ConfigError("no models given", param="models")
+        require_models(len(self.paths))
         n = len(self.paths)
         if len(self.n_gpu_layers) != n:
             raise ConfigError(f"got {len(self.n_gpu_layers)} {what('n_gpu_layers', False)} values for {n} models", param="n_gpu_layers")

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, check_range
 from .sampling import softmax
 
 
@@ -48,22 +48,12 @@ MAX_MU = 1e6  # mu x logits stays finite in float32
 
 def check_mu(mu: float, what: str) -> float:
     """The one rule of contrastive decoding's mu: finite, 0 <= mu <= MAX_MU."""
-    if not math.isfinite(mu):
-        raise ConfigError(f"{what} must be a finite number, got {mu!r}", param="mu")
-    if mu < 0:
-        raise ConfigError(f"{what} must be >= 0, got {mu:g}", param="mu")
-    if mu > MAX_MU:
-        raise ConfigError(f"{what} must be <= {MAX_MU:g}, got {mu:g}", param="mu")
-    return mu
+    return check_range(mu, what, minimum=0, maximum=MAX_MU)
 
 
 def check_plausibility(alpha: float, what: str) -> float:
     """The one rule of the plausibility threshold alpha: 0 < alpha <= 1."""
-    if alpha <= 0:
-        raise ConfigError(f"{what} must be > 0, got {alpha:g}", param="plausibility")
-    if alpha > 1:
-        raise ConfigError(f"{what} must be <= 1, got {alpha:g}", param="plausibility")
-    return alpha
+    return check_range(alpha, what, above=0, maximum=1)
 
 
 class Combiner(ABC):
@@ -295,9 +285,9 @@ class CustomCombiner(Combiner):
 
     def __init__(self, fn: Callable[[list[np.ndarray]], np.ndarray], level: str = "logits", name: str | None = None) -> None:
         if level not in ("logits", "probs"):
-            raise ConfigError(f"custom combiner level must be 'logits' or 'probs', got {level!r}")
+            raise ConfigError(f"custom combiner level must be 'logits' or 'probs', got {level!r}", param="combine_level")
         if not callable(fn):
-            raise ConfigError("a custom combiner must be callable")
+            raise ConfigError("a custom combiner must be callable", param="combine")
         self.fn = fn
         self.level = level
         self.name = name or getattr(fn, "__name__", "custom")
@@ -307,20 +297,20 @@ class CustomCombiner(Combiner):
             out = np.asarray(self.fn([np.asarray(l, dtype=np.float64) for l in logits]), dtype=np.float64)
             self._check_shape(out, logits[0])
             if np.isnan(out).any():
-                raise ConfigError(f"combiner {self.name} returned NaN logits")
+                raise ConfigError(f"combiner {self.name} returned NaN logits", param="combine")
             return softmax(out, temperature)
         out = np.array(self.fn([softmax(l, temperature) for l in logits]), dtype=np.float64)
         self._check_shape(out, logits[0])
         if not np.isfinite(out).all() or (out < 0).any():
-            raise ConfigError(f"combiner {self.name} must return finite, non-negative probabilities")
+            raise ConfigError(f"combiner {self.name} must return finite, non-negative probabilities", param="combine")
         total = out.sum(axis=-1, keepdims=True)
         if (total <= 0).any():
-            raise ConfigError(f"combiner {self.name} returned a distribution with zero mass")
+            raise ConfigError(f"combiner {self.name} returned a distribution with zero mass", param="combine")
         return (out / total).astype(np.float32)
 
     def _check_shape(self, out: np.ndarray, like: np.ndarray) -> None:
         if out.shape != np.shape(like):
-            raise ConfigError(f"combiner {self.name} returned shape {out.shape}, expected {np.shape(like)}")
+            raise ConfigError(f"combiner {self.name} returned shape {out.shape}, expected {np.shape(like)}", param="combine")
 
 
 def load_function(spec: str) -> Callable[[list[np.ndarray]], np.ndarray]:
@@ -328,13 +318,13 @@ def load_function(spec: str) -> Callable[[list[np.ndarray]], np.ndarray]:
     file is executed (the module imported) to find it. Only the user's own command line, Python
     code or models.toml names one; a server request never does (see `settings.parse_served_combine`)."""
     if ":" not in spec:
-        raise ConfigError(f"custom combiner must look like FILE.py:FUNCTION or MODULE:FUNCTION, got {spec!r}")
+        raise ConfigError(f"custom combiner must look like FILE.py:FUNCTION or MODULE:FUNCTION, got {spec!r}", param="combine")
     where, func = spec.rsplit(":", 1)
     try:
         if where.endswith(".py"):
             path = Path(where)
             if not path.is_file():
-                raise ConfigError(f"combiner file not found: {where}")
+                raise ConfigError(f"combiner file not found: {where}", param="combine")
             mod_spec = importlib.util.spec_from_file_location(f"localcos_user_{path.stem}", path)
             assert mod_spec and mod_spec.loader
             module = importlib.util.module_from_spec(mod_spec)
@@ -345,10 +335,10 @@ def load_function(spec: str) -> Callable[[list[np.ndarray]], np.ndarray]:
     except ConfigError:
         raise
     except Exception as e:  # the user's module failed to import
-        raise ConfigError(f"cannot import combiner module {where}: {type(e).__name__}: {e}") from e
+        raise ConfigError(f"cannot import combiner module {where}: {type(e).__name__}: {e}", param="combine") from e
     fn = getattr(module, func, None)
     if fn is None:
-        raise ConfigError(f"{where} has no function {func}")
+        raise ConfigError(f"{where} has no function {func}", param="combine")
     return fn
 
 
@@ -376,10 +366,10 @@ def make_combiner(
         return WeightedEnsemble(weights)
     if kind == "cd":
         if weights is not None:
-            raise ConfigError("--weights does not apply to cd; use --mu")
+            raise ConfigError("--weights does not apply to cd; use --mu", param="weights")
         return Contrastive(mu, plausibility, expert)
     if kind == "logit-mix":
         return LogitMix(weights)
     if ":" in kind:
         return load_custom(kind, level)
-    raise ConfigError(f"unknown combiner {kind!r}; use we, cd, logit-mix or FILE.py:FUNCTION")
+    raise ConfigError(f"unknown combiner {kind!r}; use we, cd, logit-mix or FILE.py:FUNCTION", param="combine")

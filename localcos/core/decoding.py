@@ -349,7 +349,7 @@ class Decoder:
                 continue
             n_allowed = int(allowed.sum())
             if n_allowed == 0:
-                raise ConfigError("the constraint allows no token of this vocabulary here (does it fit these models' tokenizer?)")
+                raise ConfigError("the constraint allows no token of this vocabulary here (does it fit these models' tokenizer?)", param=self.constraint.kind)
             row[allowed] = np.float32(1.0 / n_allowed)
         return rows
 

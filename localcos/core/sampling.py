@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import LocalcosError, check_range
 
 
 def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
@@ -75,18 +75,9 @@ def check_setting(name: str, value: float, what: str) -> float:
     """The one rule of each sampling setting's range (`ConfigError` naming it as `what`):
     temperature >= 0, top_k >= 0, 0 < top_p <= 1, 0 <= min_p <= 1. The settings layer's options
     check their values with it too."""
-    if name == "temperature" and not (np.isfinite(value) and value >= 0):
-        raise ConfigError(f"{what} must be >= 0, got {value:g}")
-    if name == "top_k" and value < 0:
-        raise ConfigError(f"{what} must be >= 0, got {value}")
-    if name in ("top_p", "min_p"):
-        if name == "top_p" and value <= 0:
-            raise ConfigError(f"{what} must be > 0, got {value:g}")
-        if value < 0:
-            raise ConfigError(f"{what} must be >= 0, got {value:g}")
-        if value > 1:
-            raise ConfigError(f"{what} must be <= 1, got {value:g}")
-    return value
+    if name == "top_p":
+        return check_range(value, what, above=0, maximum=1)
+    return check_range(value, what, minimum=0, maximum=1 if name == "min_p" else None)
 
 
 @dataclass(frozen=True)
@@ -154,7 +145,7 @@ class Sampler:
             p[p < self.min_p * p.max(axis=1, keepdims=True)] = 0.0
         total = p.sum(axis=1, keepdims=True)
         if np.any(total <= 0):
-            raise ConfigError("every token was excluded by the sampling settings")
+            raise LocalcosError("every token was excluded by the sampling settings", code="invalid_value")
         p /= total
         return p if np.ndim(probs) == 2 else p[0]
 

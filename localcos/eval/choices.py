@@ -29,7 +29,7 @@ def load_choices(path: str | Path) -> list[ChoiceItem]:
     """A multiple-choice set: one JSON object per line, {"context", "choices": [...], "answer": i}."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"choices file not found: {path}")
+        raise ConfigError(f"choices file not found: {path}", param="choices")
     items = []
     for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -38,19 +38,19 @@ def load_choices(path: str | Path) -> list[ChoiceItem]:
         try:
             data = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ConfigError(f"{where}: not JSON ({e.msg})") from None
+            raise ConfigError(f"{where}: not JSON ({e.msg})", param="choices") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"{where}: expected an object with context, choices and answer")
+            raise ConfigError(f"{where}: expected an object with context, choices and answer", param="choices")
         context, choices, answer = data.get("context"), data.get("choices"), data.get("answer")
         if not isinstance(context, str) or not context:
-            raise ConfigError(f"{where}: context must be a non-empty string")
+            raise ConfigError(f"{where}: context must be a non-empty string", param="choices")
         if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) and c for c in choices):
-            raise ConfigError(f"{where}: choices must be a list of two or more non-empty strings")
+            raise ConfigError(f"{where}: choices must be a list of two or more non-empty strings", param="choices")
         if not isinstance(answer, int) or isinstance(answer, bool) or not 0 <= answer < len(choices):
-            raise ConfigError(f"{where}: answer must be the index of a choice (0 to {len(choices) - 1})")
+            raise ConfigError(f"{where}: answer must be the index of a choice (0 to {len(choices) - 1})", param="choices")
         items.append(ChoiceItem(context, tuple(choices), answer))
     if not items:
-        raise ConfigError(f"{path} holds no items")
+        raise ConfigError(f"{path} holds no items", param="choices")
     return items
 
 
@@ -90,7 +90,7 @@ def score_choices(
         try:
             scored = continuation_scores(ens, item.context, item.choices, combiners, what="choice")
         except ConfigError as e:
-            raise ConfigError(f"item {number + 1}: {e}") from None
+            raise ConfigError(f"item {number + 1}: {e}", param=e.param) from None
         for s in scored:
             for k, logprobs in enumerate(s.combined):
                 sums_c[k].append(float(logprobs.sum()))

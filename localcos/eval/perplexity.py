@@ -67,11 +67,12 @@ class PerplexityResult:
 def windows(tokens: Sequence[int], n_ctx: int, bos: int | None) -> list[list[int]]:
     """llama-perplexity's chunks: consecutive n_ctx tokens, the first one replaced by `bos`."""
     if n_ctx < 4:
-        raise ConfigError(f"--ctx must be at least 4 tokens to make perplexity windows, got {n_ctx}")
+        raise ConfigError(f"--ctx must be at least 4 tokens to make perplexity windows, got {n_ctx}", param="ctx")
     if len(tokens) < 2 * n_ctx:
         raise ConfigError(
             f"the text has {len(tokens)} tokens; perplexity with --ctx {n_ctx} needs at least {2 * n_ctx} "
-            "(two windows): give a longer text or a smaller --ctx"
+            "(two windows): give a longer text or a smaller --ctx",
+            param="text",
         )
     out = []
     for i in range(len(tokens) // n_ctx):
@@ -92,10 +93,10 @@ def perplexity(
 ) -> PerplexityResult:
     """Perplexity of `text` under each of `combiners` and each model, in llama-perplexity's windows."""
     if not text.strip():
-        raise ConfigError("the text is empty")
+        raise ConfigError("the text is empty", param="text")
     n_ctx = n_ctx or ens.n_ctx
     if n_ctx > ens.n_ctx:
-        raise ConfigError(f"windows of {n_ctx} tokens do not fit the context of {ens.n_ctx}")
+        raise ConfigError(f"windows of {n_ctx} tokens do not fit the context of {ens.n_ctx}", param="ctx")
     tokens = ens.tokenize(text)
     first = ens.models[0]
     chunks = windows(tokens, n_ctx, first.bos if first.add_bos and first.bos >= 0 else None)

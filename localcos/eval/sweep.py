@@ -28,7 +28,7 @@ def parse_sweep(text: str) -> Sweep:
     name, sep, spec = text.partition("=")
     name = name.strip()
     if not sep or name not in ("weights", "mu", "plausibility"):
-        raise ConfigError(f"--sweep must look like weights=0:1:0.1, mu=0,0.1,0.2 or plausibility=0.05,0.1; got {text!r}")
+        raise ConfigError(f"--sweep must look like weights=0:1:0.1, mu=0,0.1,0.2 or plausibility=0.05,0.1; got {text!r}", param="sweep")
     try:
         if ":" in spec:
             start, stop, step = (float(x) for x in spec.split(":"))
@@ -39,9 +39,9 @@ def parse_sweep(text: str) -> Sweep:
         else:
             values = tuple(float(x) for x in spec.split(","))
     except ValueError:
-        raise ConfigError(f"--sweep {name}: values must be START:STOP:STEP or comma-separated numbers, got {spec!r}") from None
+        raise ConfigError(f"--sweep {name}: values must be START:STOP:STEP or comma-separated numbers, got {spec!r}", param="sweep") from None
     if not values or any(not math.isfinite(v) for v in values):
-        raise ConfigError(f"--sweep {name}: no values in {spec!r}")
+        raise ConfigError(f"--sweep {name}: no values in {spec!r}", param="sweep")
     if name == "weights" and any(not 0 <= v <= 1 for v in values):
-        raise ConfigError("--sweep weights takes the first model's weight, from 0 to 1")
+        raise ConfigError("--sweep weights takes the first model's weight, from 0 to 1", param="sweep")
     return Sweep(name, values)

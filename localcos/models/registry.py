@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ConfigError, ModelFileError, ModelNotAvailableError
+from ..backend.model import check_gguf_file
 from ..paths import config_dir
 from .packaged import PackagedFile, fetch
 
@@ -112,7 +113,7 @@ class Registry:
             reg.merge_file(user_file)
         if extra is not None:
             if not Path(extra).is_file():
-                raise ConfigError(f"config file not found: {extra}")
+                raise ConfigError(f"config file not found: {extra}", param="config")
             reg.merge_file(Path(extra))
         reg._check_references()
         return reg
@@ -122,12 +123,12 @@ class Registry:
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: malformed TOML: {e}") from None
+            raise ConfigError(f"{path}: malformed TOML: {e}", param="config") from None
         self.files.append(str(path))
         parser = _Parser(path, text)
         for key in data:
             if key not in ("models", "ensembles"):
-                raise ConfigError(parser.where(key) + f"unknown table [{key}]; use [models.NAME] or [ensembles.NAME]")
+                raise ConfigError(parser.where(key) + f"unknown table [{key}]; use [models.NAME] or [ensembles.NAME]", param="config")
         for name, body in _table(data.get("models", {}), parser, "models").items():
             self.models[name] = parser.model(name, body)
         for name, body in _table(data.get("ensembles", {}), parser, "ensembles").items():
@@ -137,9 +138,9 @@ class Registry:
         for e in self.ensembles.values():
             for m in e.models:
                 if m not in self.models and not m.startswith("hf:") and not Path(m).expanduser().exists():
-                    raise ConfigError(f"{e.source}: ensemble {e.name} names model {m!r}, which is not defined")
+                    raise ConfigError(f"{e.source}: ensemble {e.name} names model {m!r}, which is not defined", param="config")
             if e.chat_template is not None and e.chat_template not in e.models:
-                raise ConfigError(f"{e.source}: ensemble {e.name}: chat_template {e.chat_template!r} is not one of its models")
+                raise ConfigError(f"{e.source}: ensemble {e.name}: chat_template {e.chat_template!r} is not one of its models", param="config")
 
     # --- references -----------------------------------------------------------------------------
     def resolve(self, ref: str, *, download: bool = True) -> Path:
@@ -168,7 +169,7 @@ class Registry:
             assert entry.repo and entry.file
             return hub_file(entry.repo, entry.file, name=ref, download=download)
         if "/" in ref or ref.endswith(".gguf"):
-            raise ModelFileError(f"model file not found: {ref}")
+            check_gguf_file(ref)  # the file's own one-line error: not found, not a GGUF file
         raise ModelNotAvailableError(
             f"unknown model {ref!r}: not a file and not a name in models.toml (see `localcos models list`)"
         )
@@ -196,7 +197,7 @@ def parse_hf_ref(ref: str) -> tuple[str, str]:
     """hf:OWNER/REPO/FILE -> (OWNER/REPO, FILE)."""
     parts = ref[3:].split("/")
     if len(parts) < 3 or not all(parts):
-        raise ConfigError(f"hub reference must look like hf:OWNER/REPO/FILE.gguf, got {ref!r}")
+        raise ConfigError(f"hub reference must look like hf:OWNER/REPO/FILE.gguf, got {ref!r}", param="models")
     return "/".join(parts[:2]), "/".join(parts[2:])
 
 
@@ -250,10 +251,10 @@ def hub_file(repo: str, file: str, *, name: str, download: bool = True) -> Path:
 
 def _table(value: Any, parser: "_Parser", kind: str) -> dict[str, dict]:
     if not isinstance(value, dict):
-        raise ConfigError(parser.where(kind) + f"[{kind}] must be a table of [{kind}.NAME] tables")
+        raise ConfigError(parser.where(kind) + f"[{kind}] must be a table of [{kind}.NAME] tables", param="config")
     for name, body in value.items():
         if not isinstance(body, dict):
-            raise ConfigError(parser.where(kind, name) + f"{kind}.{name} must be a table")
+            raise ConfigError(parser.where(kind, name) + f"{kind}.{name} must be a table", param="config")
     return value
 
 
@@ -288,7 +289,7 @@ class _Parser:
 
     def fail(self, kind: str, name: str, key: str | None, problem: str) -> ConfigError:
         keys = (kind, name, key) if key else (kind, name)
-        return ConfigError(self.where(*keys) + f"{kind}.{name}" + (f".{key}" if key else "") + f": {problem}")
+        return ConfigError(self.where(*keys) + f"{kind}.{name}" + (f".{key}" if key else "") + f": {problem}", param="config")
 
     def model(self, name: str, body: dict) -> ModelEntry:
         for key in body:

@@ -21,7 +21,7 @@ def file_type(name: str) -> LlamaFileType:
     try:
         return LlamaFileType[key]
     except KeyError:
-        raise ConfigError(f"unknown weight type {name!r}") from None
+        raise ConfigError(f"unknown weight type {name!r}", param="type") from None
 
 
 def type_name(value: int | None) -> str | None:

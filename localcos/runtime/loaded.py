@@ -12,7 +12,7 @@ from ..core.combiners import BoundCombiner, Combiner, WeightedEnsemble
 from ..core.hostmem import keep_freed_memory
 from ..core.lookup import LookupOutcomes
 from ..core.speedmodel import AutoGammaControllers, CallCosts, PlannedCosts
-from ..errors import ConfigError
+from ..config.specs import require_models
 from ..grammar import Vocabulary
 
 if TYPE_CHECKING:
@@ -35,8 +35,7 @@ class LoadedModels:
     """
 
     def __init__(self, models: Sequence[Model], combiner: Combiner | None = None) -> None:
-        if not models:
-            raise ConfigError("no models given", param="models")
+        require_models(len(models))
         keep_freed_memory()  # vocabulary-sized arrays come and go every token (see core.hostmem)
         self.models = list(models)
         self.n_vocab = shared_vocab_size(self.models)

@@ -21,7 +21,7 @@ from ..backend import common_prefix
 from ..core.combiners import BoundCombiner, Combiner
 from ..core.logprobs import Scratch, score_rows
 from .plan import check_token_ids
-from ..errors import Cancelled, ConfigError, PromptTooLongError
+from ..errors import Cancelled, ConfigError, PromptTooLongError, param_of
 
 if TYPE_CHECKING:
     from .loaded import LoadedModels
@@ -124,7 +124,7 @@ def score_tokens(
     tokens = [int(t) for t in tokens]
     n = len(tokens)
     if not 1 <= start <= n:
-        raise ConfigError(f"nothing to score: {n} tokens, scoring from token {start}")
+        raise ConfigError(f"nothing to score: {n} tokens, scoring from token {start}", param="prompt")
     if n > loaded.n_ctx:
         raise PromptTooLongError(f"{n} tokens do not fit the context of {loaded.n_ctx}; raise --ctx or score a shorter text")
     check_token_ids(loaded, tokens)
@@ -254,7 +254,7 @@ def continuation_scores(
     tokenize(context), or, where the two disagree at the seam, its own tokens."""
     ctx = loaded.tokenize(context) if isinstance(context, str) else [int(t) for t in context]
     if not ctx:
-        raise ConfigError("the context is empty")
+        raise ConfigError("the context is empty", param="context")
     out = []
     for i, cont in enumerate(continuations):
         if isinstance(cont, str):
@@ -264,7 +264,7 @@ def continuation_scores(
         else:
             toks = [int(t) for t in cont]
         if not toks:
-            raise ConfigError(f"{what} {i} ({cont!r}) tokenises to nothing")
+            raise ConfigError(f"{what} {i} ({cont!r}) tokenises to nothing", param=param_of(what))
         out.append(score_tokens(loaded, ctx + toks, len(ctx), combiners=combiners, members=True))
     return out
 

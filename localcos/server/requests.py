@@ -19,7 +19,7 @@ from typing import Annotated, Any, Callable, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictStr, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
-from ..errors import ConfigError
+from ..errors import ConfigError, check_range, param_of
 from ..grammar import Constraint, gbnf, json_object, json_schema
 from ..config import OPTIONS
 from ..config.parse import Gamma, parse_int, parse_served_combine
@@ -52,10 +52,7 @@ def _option(name: str) -> BeforeValidator:
 
 def _integer(minimum: int, maximum: int | None = None) -> BeforeValidator:
     def parse(value: Any, what: str) -> int:
-        number = parse_int(value, what, minimum=minimum)
-        if maximum is not None and number > maximum:
-            raise ConfigError(f"{what} must be <= {maximum}, got {number}")
-        return number
+        return int(check_range(parse_int(value, what, minimum=minimum), what, maximum=maximum))
 
     return _checked(parse)
 
@@ -65,7 +62,7 @@ def _neutral(*allowed: Any) -> BeforeValidator:
 
     def parse(value: Any, what: str) -> Any:
         if value not in allowed:
-            raise ConfigError(f"{what} is not supported by localcos", code="unsupported_parameter")
+            raise ConfigError(f"{what} is not supported by localcos", code="unsupported_parameter", param=param_of(what))
         return value
 
     return _checked(parse)
@@ -87,14 +84,14 @@ def parse_prompt(value: Any, what: str) -> list[str | list[int]]:
             return list(value)
         if all(isinstance(x, list) and x and all(_is_token_id(t) for t in x) for x in value):
             return [list(x) for x in value]
-    raise ConfigError(f"{what} must be a string, a list of strings, a list of token ids (integers >= 0) or a list of such lists")
+    raise ConfigError(f"{what} must be a string, a list of strings, a list of token ids (integers >= 0) or a list of such lists", param=param_of(what))
 
 
 def parse_token_ids(value: Any, what: str) -> list[int]:
     """A list of token ids (integers >= 0; the vocabulary's size is checked with the models)."""
     if isinstance(value, list) and all(_is_token_id(x) for x in value):
         return list(value)
-    raise ConfigError(f"{what} must be a list of token ids (integers >= 0)")
+    raise ConfigError(f"{what} must be a list of token ids (integers >= 0)", param=param_of(what))
 
 
 class _Body(BaseModel):
@@ -182,11 +179,11 @@ def parse_response_format(value: Any, what: str) -> ResponseFormat:
     {"name": ..., "schema": {...}, "strict": ...}}; the schema compiled and checked now, before
     any model call. Nothing here reads a file: a request gives the schema itself."""
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
-        raise ConfigError(f'{what} must be an object with a type: "text", "json_object" or "json_schema"')
+        raise ConfigError(f'{what} must be an object with a type: "text", "json_object" or "json_schema"', param=param_of(what))
     kind = value["type"]
     extra = set(value) - {"type", "json_schema"}
     if extra:
-        raise ConfigError(f"{what} has fields localcos does not know: {', '.join(sorted(extra))}")
+        raise ConfigError(f"{what} has fields localcos does not know: {', '.join(sorted(extra))}", param=param_of(what))
     if kind == "text":
         return ResponseFormat(kind, None)
     if kind == "json_object":
@@ -194,13 +191,13 @@ def parse_response_format(value: Any, what: str) -> ResponseFormat:
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-            raise ConfigError(f'{what}.json_schema must be an object with a schema: {{"name": ..., "schema": {{...}}}}')
+            raise ConfigError(f'{what}.json_schema must be an object with a schema: {{"name": ..., "schema": {{...}}}}', param=param_of(what))
         return ResponseFormat(kind, json_schema(spec["schema"], f"{what}.json_schema.schema"))
-    raise ConfigError(f'{what}.type must be "text", "json_object" or "json_schema", got {kind!r}')
+    raise ConfigError(f'{what}.type must be "text", "json_object" or "json_schema", got {kind!r}', param=param_of(what))
 
 
 def _not_text(what: str) -> Any:
-    raise ConfigError(f"{what} must be a GBNF grammar's text")
+    raise ConfigError(f"{what} must be a GBNF grammar's text", param=param_of(what))
 
 
 class StreamOptions(_Body):

@@ -1,0 +1,160 @@
+"""The shape of the code, checked: a request travels one way, each rule and message has one owner.
+
+1. The import graph of localcos/ (imports inside functions included) has no cycle; nothing under
+   runtime/ or core/ imports the `Ensemble` facade; the product never imports localcos.testing.
+2. Errors are routed by their type, `param` and `code`, never by their text: no `... in str(e)`;
+   every `ConfigError` names its setting (`param`).
+3. Every user-facing error message is written in one file.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+from pathlib import Path
+
+import localcos
+
+PACKAGE = Path(localcos.__file__).resolve().parent
+ROOT = PACKAGE.parent
+ERRORS = {"LocalcosError", "ModelFileError", "TokenizerMismatchError", "ConfigError", "PromptTooLongError", "ModelNotAvailableError",
+          "RpcUnavailableError", "RemoteError", "APIError", "SdistUnavailable"}  # fmt: skip
+
+
+def _modules() -> dict[str, Path]:
+    """localcos's modules by dotted name (the chat app lives in tui/ and installs as localcos.tui)."""
+    out = {}
+    for base, prefix in ((PACKAGE, "localcos"), (ROOT / "tui", "localcos.tui")):
+        for path in base.rglob("*.py"):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([prefix, *parts])] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    """An `if TYPE_CHECKING:` block: imports for the type checker, none at run time."""
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The localcos modules `name` imports at run time, at any depth of its code."""
+    is_package = path.name == "__init__.py"
+    base = name.split(".") if is_package else name.split(".")[:-1]
+    found = set()
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if _is_type_checking(block) for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else [])) if node.level else node.module or ""
+            targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES else module for a in node.names]
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def test_the_import_graph_has_no_cycle():
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(GRAPH[module]):
+            if state.get(target) == 1:
+                cycle = path[path.index(target) :] + [target]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module)
+
+
+def test_the_runtime_and_the_core_do_not_know_the_facade_and_the_product_not_the_tests():
+    for module, targets in GRAPH.items():
+        if module.startswith(("localcos.runtime", "localcos.core")):
+            assert "localcos.ensemble" not in targets, f"{module} imports the Ensemble facade"
+        if not module.startswith("localcos.testing"):
+            assert not any(t.startswith("localcos.testing") for t in targets), f"{module} imports test code"
+    # the layers: the core imports no llama.cpp layer, config no runtime
+    for module, targets in GRAPH.items():
+        if module.startswith("localcos.core"):
+            assert not any(t.startswith(("localcos.backend", "localcos.runtime", "localcos.config")) for t in targets), module
+        if module.startswith("localcos.config"):
+            assert not any(t.startswith(("localcos.runtime", "localcos.server", "localcos.cli")) for t in targets), module
+
+
+def _calls(name: str):
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                if (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None) == name:
+                    yield module, node
+
+
+def test_errors_are_never_routed_by_their_text():
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        caught = {h.name for h in ast.walk(tree) if isinstance(h, ast.ExceptHandler) and h.name}
+
+        def is_message(node: ast.AST) -> bool:  # str(e) of an exception caught here
+            return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "str" and len(node.args) == 1
+                    and isinstance(node.args[0], ast.Name) and node.args[0].id in caught)  # fmt: skip
+
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+                assert not any(is_message(side) for side in node.comparators), f"{module}:{node.lineno} routes on an exception's text"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("endswith", "startswith"):
+                assert not is_message(node.func.value), f"{module}:{node.lineno} routes on an exception's text"
+
+
+def test_every_config_error_names_its_setting():
+    calls = list(_calls("ConfigError"))
+    assert len(calls) > 100
+    for module, node in calls:
+        named = len(node.args) >= 2 or any(k.arg == "param" for k in node.keywords)
+        assert named, f"{module}:{node.lineno}: a ConfigError without its param"
+
+
+def _template(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _template(node.left), _template(node.right)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def test_every_error_message_is_written_in_one_file():
+    where: dict[str, set[str]] = collections.defaultdict(set)
+    for name in ERRORS:
+        for module, node in _calls(name):
+            args = node.args[1:] if name == "APIError" else node.args
+            text = _template(args[0]) if args else None
+            if text and any(c.isalpha() for c in text.replace("{}", "")):
+                where[text].add(module)
+    assert len(where) > 150
+    twice = {text: sorted(modules) for text, modules in where.items() if len(modules) > 1}
+    assert not twice, twice
