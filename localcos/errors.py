@@ -30,6 +30,20 @@ class ModelFileError(LocalcosError):
     """A model file is missing, unreadable, not a GGUF file, or cannot be loaded by llama.cpp."""
 
 
+class ModelHeaderError(ModelFileError):
+    """A GGUF file's header is damaged: a length, count, type or offset that the file cannot
+    hold. The message names the field and its byte offset."""
+
+
+class IncompleteModelError(ModelFileError):
+    """A GGUF file whose tensor data runs past its end (an interrupted download or copy)."""
+
+
+class StorageError(LocalcosError):
+    """localcos could not write a file: the disk is full, read-only, not writable, or a folder
+    on the way is a file. Nothing half-written is left under the target's name."""
+
+
 class TokenizerMismatchError(LocalcosError):
     """The models of an ensemble do not share one tokenizer."""
 

@@ -12,7 +12,7 @@ import pytest
 from localcos import Ensemble, GenerationStats, ModelRunStats
 from localcos.core.sampling import Sampler
 from localcos.tools.bench import Config, Run, configurations, summarize
-from localcos.core.speedmodel import AutoGamma, CallCosts, expected_speedup, expected_tokens
+from localcos.core.speedmodel import AutoGamma, CallProfile, Costs, expected_speedup, expected_tokens
 
 
 def test_expected_tokens():
@@ -82,13 +82,8 @@ def test_summary_by_hand():
 
 
 def amateur_and_expert() -> AutoGamma:
-    """A controller that has timed a cheap amateur (model 0) and an expert whose batches are cheap."""
-    auto = AutoGamma(CallCosts([1, 10]))
-    for _ in range(50):
-        auto.costs.observe(0, 1, 0.001)
-        auto.costs.observe(1, 1, 0.010)
-        auto.costs.observe(1, 6, 0.012)
-    return auto
+    """A controller for a cheap amateur (model 0) and an expert whose batches are cheap."""
+    return AutoGamma(Costs([CallProfile({1: 0.001}), CallProfile({1: 0.010, 6: 0.012})]))
 
 
 def test_auto_gamma_prefers_long_drafts_from_a_cheap_accurate_proposer():
@@ -99,11 +94,7 @@ def test_auto_gamma_prefers_long_drafts_from_a_cheap_accurate_proposer():
         proposer, gamma = auto.choose(method)
         assert proposer == 0 and gamma >= 4, (method, proposer, gamma)
     # a proposer that is almost always rejected should draft one token at a time
-    bad = AutoGamma(CallCosts([1, 10]))
-    for _ in range(50):
-        bad.costs.observe(0, 1, 0.001)
-        bad.costs.observe(1, 1, 0.010)
-        bad.costs.observe(1, 2, 0.011)
+    bad = AutoGamma(Costs([CallProfile({1: 0.001}), CallProfile({1: 0.010, 2: 0.011})]))
     bad.observe_verdicts(0, 5, 95)
     bad.observe_verdicts(1, 5, 95)
     assert bad.choose("naive-cos")[1] <= 1  # one token at a time, or no draft at all
@@ -111,12 +102,8 @@ def test_auto_gamma_prefers_long_drafts_from_a_cheap_accurate_proposer():
 
 def _equal_pair(batch_of_two: float) -> AutoGamma:
     """Two models of equal cost whose 2-token calls cost `batch_of_two` single-token calls."""
-    auto = AutoGamma(CallCosts([10, 10]))
-    for _ in range(50):
-        for m in (0, 1):
-            auto.costs.observe(m, 1, 0.010)
-            auto.costs.observe(m, 2, 0.010 * batch_of_two)
-    return auto
+    profile = CallProfile({1: 0.010, 2: 0.010 * batch_of_two})
+    return AutoGamma(Costs([profile, profile]))
 
 
 def test_auto_gamma_takes_the_ensembles_step_when_speculation_does_not_pay_and_returns():
@@ -169,15 +156,6 @@ def test_auto_gamma_keeps_a_choice_until_enough_new_verdicts():
     assert auto.choose("naive-cos") == first and len(evaluations) == 2 * auto.gamma_max
     auto.observe_verdicts(0, 0, 200)  # the cheap proposer turns out to be wrong most of the time
     assert auto.choose("naive-cos") != first and len(evaluations) == 4 * auto.gamma_max
-
-
-def test_call_costs_before_measurements_follow_parameter_counts():
-    costs = CallCosts([100, 1000])
-    assert costs(1, 1) == pytest.approx(10 * costs(0, 1))
-    costs.observe(0, 1, 0.002)
-    assert costs(0, 1) == pytest.approx(0.002)
-    assert costs(1, 1) == pytest.approx(0.02)  # scaled to the measured model
-    assert costs(1, 3) > costs(1, 1)
 
 
 def test_auto_gamma_end_to_end(models):
@@ -277,23 +255,25 @@ def test_memory_at_a_152k_vocabulary_and_8k_context(models):
     assert overhead < 300, f"{overhead:.0f} MiB above the loaded models"
 
 
-def test_call_costs_are_kept_per_batch_size():
-    """Call time is not linear in the batch size (on CPUs one token runs matrix-vector kernels,
-    two or more matrix-matrix ones): measured sizes are used as measured, others interpolated or
-    extrapolated from the batched sizes."""
-    costs = CallCosts([100])
-    for _ in range(5):
-        for n, seconds in ((1, 1.0), (2, 1.65), (4, 1.95)):
-            costs.observe(0, n, seconds)
-    assert costs(0, 1) == pytest.approx(1.0)
+def test_call_profiles_interpolate_between_measured_row_counts():
+    """Call time is not linear in the rows (on CPUs one row runs matrix-vector kernels, two or
+    more matrix-matrix ones): measured counts are used as measured, others interpolated, larger
+    ones extrapolated along the slope of the two largest; under load a sequence's rows cost what
+    they add to the others' rows."""
+    profile = CallProfile({1: 1.0, 2: 1.65, 4: 1.95})
+    assert profile(1) == pytest.approx(1.0) and profile(0) == 0.0
+    assert profile(2) == pytest.approx(1.65)
+    assert profile(3) == pytest.approx(1.80)  # between 2 and 4
+    assert profile(6) == pytest.approx(2.25)  # the slope of 2 -> 4, not of 1 -> 2
+    assert profile.batch_cost(4) == pytest.approx(1.95)
+    costs = Costs([profile])
     assert costs(0, 2) == pytest.approx(1.65)
-    assert costs(0, 3) == pytest.approx(1.80)  # between 2 and 4
-    assert costs(0, 6) == pytest.approx(2.25)  # the slope of 2 -> 4, not of 1 -> 2
-    # a later change (another program took a core) shows within a hundred calls
-    for _ in range(100):
-        costs.observe(0, 2, 3.3)
-    assert costs(0, 2) == pytest.approx(3.3, rel=0.05)
-
+    # 2 rows beside 2 others: the 4-row call less the others' share of a 3-row call
+    assert costs.under_load([2])(0, 2) == pytest.approx(1.95 - 2 * 1.80 / 3)
+    assert costs.ensemble_seconds(11) == pytest.approx(10.0)
+    assert CallProfile.from_dict(profile.to_dict()) == profile
+    with pytest.raises(ValueError):
+        CallProfile({2: 1.0})  # no single-row cost: nothing to compare with
 
 def test_batch_cost_script_prints_a_row_per_weight_type():
     """benchmarks/batch_cost.py (the README's table of batched call costs) runs end to end."""

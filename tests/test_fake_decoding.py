@@ -16,7 +16,7 @@ import pytest
 from fakes import FakeModel, exact_joint
 from localcos import Contrastive, Ensemble, LogitMix, WeightedEnsemble
 from localcos.core.sampling import Sampler
-from localcos.core.speedmodel import AutoGamma, CallCosts
+from localcos.core.speedmodel import AutoGamma, CallProfile, Costs
 from localcos.testing.invariants import checked
 from statcheck import assert_matches
 
@@ -125,10 +125,6 @@ def test_cos_speed_model_predicts_the_decoders_calls(n):
     """--gamma auto ranks choices by a model of the cos turn schedule; with every call costing
     the same, its tokens per call must be what the real decoder does, for 2 to 4 models."""
 
-    class UnitCost(CallCosts):
-        def __call__(self, model: int, n_tokens: int) -> float:
-            return 1.0
-
     base = FakeModel(seed=60, sharpness=2.5)
     models = [base] + [FakeModel(seed=60 + i, sharpness=2.5) for i in range(1, n)]
     for m in models[1:]:  # relatives of the first: acceptance about 0.7-0.8
@@ -140,7 +136,7 @@ def test_cos_speed_model_predicts_the_decoders_calls(n):
         calls = sum(m.calls for o in outs for m in o.stats.models)
         accepted = sum(o.stats.accepted for o in outs)
         tested = accepted + sum(o.stats.rejected for o in outs)
-        model = AutoGamma(UnitCost([1] * n))
+        model = AutoGamma(Costs([CallProfile.flat(1.0)] * n))
         for m in range(n):
             model.observe_verdicts(m, accepted, tested - accepted)
         predicted = model.tokens_per_second("cos", 0, gamma)

@@ -22,7 +22,8 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from localcos.chat import ChatFormatter, Conversation
 from localcos.ensemble import Ensemble
 from localcos.runtime import Completion, Stream
-from localcos.errors import LocalcosError
+from localcos.errors import LocalcosError, StorageError
+from localcos.files import write_text
 from localcos.config import Settings
 
 from .screens import HelpScreen, SettingsScreen
@@ -322,12 +323,12 @@ class ChatApp(App):
         base = self.save_dir / f"localcos-chat-{stamp}"
         md, js = base.with_suffix(".md"), base.with_suffix(".json")
         transcript = self.transcript()
-        try:
-            self.save_dir.mkdir(parents=True, exist_ok=True)
-            md.write_text(transcript.markdown(), encoding="utf-8")
-            js.write_text(json.dumps(transcript.json(), indent=1), encoding="utf-8")
-        except OSError as e:
-            self.notify(f"Cannot save: {e}", severity="error")
+        try:  # each file whole or not at all; the conversation stays on screen either way
+            write_text(md, transcript.markdown())
+            write_text(js, json.dumps(transcript.json(), indent=1))
+        except (StorageError, OSError) as e:
+            self.notify(f"{e}. The conversation is still here: free some space or set another folder, then save again.",
+                        title="Not saved", severity="error")  # fmt: skip
             return
         self.notify(f"Saved {md.name} and {js.name} in {self.save_dir}", title="Transcript saved")
 

@@ -4,11 +4,11 @@ Nothing here knows about combining models or decoding strategies; everything abo
 llama.cpp only through `Model` (or `RemoteModel`, the same interface for a model on RPC servers).
 """
 
+from .gguf_file import GGUFInfo, check_gguf_file, check_model_file, read_info
 from .model import (
     MIN_CTX,
     Model,
     ModelStats,
-    check_gguf_file,
     common_prefix,
     default_threads,
     set_verbose,
@@ -23,7 +23,10 @@ __all__ = [
     "Model",
     "ModelStats",
     "RemoteModel",
+    "GGUFInfo",
     "check_gguf_file",
+    "check_model_file",
+    "read_info",
     "common_prefix",
     "default_threads",
     "parse_endpoint",

@@ -31,9 +31,9 @@ import llama_cpp  # isort: skip
 import numpy as np
 
 from ..errors import Cancelled, ModelFileError
+from .gguf_file import check_model_file
 from ..paths import env_switch
 
-GGUF_MAGIC = b"GGUF"
 MIN_CTX = 8
 SPLIT_MODES = {
     "none": llama_cpp.LLAMA_SPLIT_MODE_NONE,
@@ -135,23 +135,6 @@ def default_extra_buffers() -> bool:
     return not amx_in_use() if switch is None else switch
 
 
-def check_gguf_file(path: str | os.PathLike[str]) -> Path:
-    """Raise `ModelFileError` unless `path` is a readable file that starts with the GGUF magic."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise ModelFileError(f"model file not found: {p}")
-    if not p.is_file():
-        raise ModelFileError(f"not a file: {p}")
-    try:
-        with open(p, "rb") as f:
-            magic = f.read(4)
-    except OSError as e:
-        raise ModelFileError(f"cannot read {p}: {e.strerror}") from e
-    if magic != GGUF_MAGIC:
-        raise ModelFileError(f"{p} is not a GGUF file (it does not start with the GGUF magic bytes)")
-    return p
-
-
 @dataclass
 class ModelStats:
     """Work done by one model: llama_decode calls, tokens evaluated, seconds inside llama.cpp."""
@@ -217,7 +200,7 @@ class Model:
         devices: Sequence[int] = (),
         load_progress: Callable[[float], None] | None = None,
     ) -> None:
-        self.path = check_gguf_file(path)
+        self.path = check_model_file(path)  # llama.cpp never reads a damaged or partial file
         self.name = self.path.name
         if n_ctx < MIN_CTX:
             raise ValueError(f"n_ctx must be at least {MIN_CTX}")
@@ -241,6 +224,7 @@ class Model:
         mparams.main_gpu = main_gpu
         mparams.split_mode = SPLIT_MODES[split_mode]
         mparams.use_extra_bufts = default_extra_buffers() if extra_buffers is None else extra_buffers
+        self.extra_buffers = bool(mparams.use_extra_bufts)
         mparams.vocab_only = vocab_only
         if devices:  # NULL-terminated; llama.cpp copies the list while loading
             device_list = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)

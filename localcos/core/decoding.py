@@ -40,7 +40,7 @@ from ..errors import ConfigError
 from .combiners import BoundCombiner
 from .lookup import LookupState, worth_drafting
 from .sampling import Sampler, softmax
-from .speedmodel import AutoGamma
+from .speedmodel import AutoGamma, Costs
 from .text import TextAssembler
 from .verify import verify
 
@@ -139,8 +139,9 @@ class Decoder:
         observer: AutoGamma | None = None,
         banned: Sequence[int] = (),
         lookup: LookupState | None = None,
-        costs: Callable[[int, int], float] | None = None,
+        costs: Costs | None = None,
         constraint: Matcher | None = None,
+        others: Callable[[], int] | None = None,
     ) -> None:
         if not isinstance(combiner, BoundCombiner):
             raise TypeError("the decoder takes a combiner bound to its models (Combiner.bind)")
@@ -165,9 +166,12 @@ class Decoder:
         self.on_commit = on_commit
         self.observer = observer
         self.lookup = lookup
-        # costs(model, n_tokens): a call's estimated cost (speedmodel's CallCosts or PlannedCosts);
-        # lookup's auto mode weighs the rows of a draft against the tokens it saves
-        self.costs = costs
+        # costs(model, rows): a call's cost from the models' profiles; lookup's auto mode weighs
+        # the rows of a draft against the tokens it saves
+        self._costs = costs
+        # others(): rows other sequences put into each call right now (the scheduler's load);
+        # drafts are priced at what they add to those calls
+        self.others = others or (lambda: 0)
         self.spent = 0.0  # the estimated cost of the calls this completion asked for
         # the constraint's matcher follows committed + pending (lazily, `_sync`); masks[p]: the
         # tokens allowed at position p, kept while p can still be verified
@@ -401,6 +405,14 @@ class Decoder:
                 break
         return appended
 
+    @property
+    def costs(self) -> Costs | None:
+        """The call costs as this sequence sees them now (beside the others' rows)."""
+        others = self.others()
+        if self._costs is None or not others:
+            return self._costs
+        return self._costs.under_load([others] * len(self.slots))
+
     def _rows_cost(self, caller: int | None) -> Callable[[int], float]:
         """What k more rows add to the calls that will score them (estimated costs)."""
         costs = self.costs
@@ -575,7 +587,7 @@ class _DrafterStrategy(Strategy):
     def choose(self) -> bool:
         """Pick drafter and gamma (--gamma auto); False when this round is an ensemble step."""
         if self.auto and self.dec.observer is not None:
-            self.drafter, self.gamma = self.dec.observer.choose(self.name)
+            self.drafter, self.gamma = self.dec.observer.choose(self.name, others=self.dec.others())
             if self.gamma == 0:
                 return False
         return True
@@ -648,7 +660,7 @@ class CoS(Strategy):
         dec = self.dec
         n = len(dec.slots)
         if self.auto and self.turn == 0 and not dec.pending and dec.observer is not None:
-            proposer, gamma = dec.observer.choose("cos")
+            proposer, gamma = dec.observer.choose("cos", others=dec.others())
             if gamma == 0:
                 yield from ensemble_step(dec)
                 return

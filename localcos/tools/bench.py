@@ -26,6 +26,7 @@ import numpy as np
 from ..core.combiners import WeightedEnsemble
 from ..core.speedmodel import expected_speedup
 from ..ensemble import Ensemble
+from ..files import atomic_write
 from ..stats import GenerationStats
 
 
@@ -421,12 +422,12 @@ def current_rss_mb() -> float:
 
 
 def write_json(path: str, report: dict) -> None:
-    with open(path, "w") as f:
+    with atomic_write(path) as f:
         json.dump(report, f, indent=1)
 
 
 def write_csv(path: str, rows: Sequence[Row]) -> None:
-    with open(path, "w", newline="") as f:
+    with atomic_write(path, newline="") as f:
         w = csv.writer(f)
         w.writerow(list(Row.__dataclass_fields__))
         for r in rows:

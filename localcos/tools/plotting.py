@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ConfigError
+from ..files import atomic_path
 
 if TYPE_CHECKING:
     from ..eval.sweep import Sweep
@@ -23,6 +24,14 @@ def require_matplotlib() -> Any:
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install 'localcos[plot]'", param="plot") from None
     return plt
+
+
+def save(fig: Any, path: str) -> None:
+    """Write a figure to `path` whole (in the format its suffix names) or not at all."""
+    from pathlib import Path
+
+    with atomic_path(path) as temp:
+        fig.savefig(temp, dpi=120, format=Path(path).suffix.lstrip(".") or "png")
 
 
 def plot_speedups(path: str, rows: Sequence[Row], title: str) -> None:
@@ -48,7 +57,7 @@ def plot_speedups(path: str, rows: Sequence[Row], title: str) -> None:
         ax.set_title(f"{title} T={t:g}")
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path)
 
 
 def plot_sweep(path: str, sweep: Sweep, rows: Sequence[tuple], metric: str) -> None:
@@ -64,4 +73,4 @@ def plot_sweep(path: str, sweep: Sweep, rows: Sequence[tuple], metric: str) -> N
     ax.set_ylabel(metric)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path)

@@ -1,0 +1,133 @@
+"""Measured call costs: what a llama_decode call of k rows costs each model, on this machine.
+
+Speculation pays only where scoring k tokens in one call costs little more than scoring one, and
+on a CPU that depends on the weight type, the instruction set and the threads far more than on
+the model's size. So every model is timed when it is loaded: calls of `PROFILE_ROWS` rows on a
+scratch sequence (slot 0, emptied after), a fraction of a second per model. The profile is
+cached in the user cache directory under a key made of everything that changes it (the file's
+size, modification time and the digest of its first MiB, the llama.cpp build and its CPU
+features, threads, offload, flash attention, weight repacking, the machine), so later loads
+cost nothing; `--calibrate` measures again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from ..core.speedmodel import CallProfile
+from ..files import CACHE_HINT, atomic_write
+from ..paths import cache_dir
+
+# rows per call timed: single-token steps, CoS drafts and verifications up to 8 tokens; other
+# counts are interpolated, larger ones extrapolated along the slope of 6 -> 8 (compute-bound)
+PROFILE_ROWS = (1, 2, 3, 4, 6, 8)
+# each model's profiling stops after the round that crosses this many seconds (one round at
+# least; small models get several, and keep each count's fastest call)
+PROFILE_SECONDS = 0.5
+PROFILE_ROUNDS = 5
+PROFILE_VERSION = 1
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def profile_key(model: Any) -> str:
+    """The cache key of a model's profile: a digest of everything that changes its call costs."""
+    import llama_cpp
+
+    path = Path(model.path)
+    stat = path.stat()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))  # the header's start: the model's metadata and tensor layout
+    parts = {
+        "version": PROFILE_VERSION,
+        "file": [stat.st_size, stat.st_mtime_ns, h.hexdigest()],
+        "llama.cpp": [llama_cpp.__version__, llama_cpp.llama_print_system_info().decode(errors="replace")],
+        "threads": getattr(model, "n_threads", None),
+        "offload": [getattr(model, "n_gpu_layers", 0), getattr(model, "offloaded", None), getattr(model, "main_gpu", 0),
+                    getattr(model, "split_mode", None), [str(e) for e in getattr(model, "rpc", ())]],
+        "flash_attn": getattr(model, "flash_attn", None),
+        "extra_buffers": getattr(model, "extra_buffers", None),
+        "machine": [platform.machine(), _cpu_name(), os.cpu_count()],
+    }  # fmt: skip
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def measure(model: Any, rows: tuple[int, ...] = PROFILE_ROWS, seconds: float = PROFILE_SECONDS) -> CallProfile:
+    """Time calls of `rows` rows (all their logits asked, as a verification asks) on the model's
+    slot 0, which must be empty, and empty it again. Rounds go over every count in turn until
+    `seconds` have passed; each count keeps its fastest call (the least disturbed)."""
+    token = model.bos if model.bos >= 0 else 0
+    best: dict[int, float] = {}
+    start = time.perf_counter()
+    model.evaluate([token], 1)  # the first call pays for paging the weights in: not a cost of k rows
+    model.reset()
+    for _ in range(PROFILE_ROUNDS):
+        for k in rows:
+            t0 = time.perf_counter()
+            model.evaluate([token] * k, k)
+            elapsed = time.perf_counter() - t0
+            model.reset()
+            best[k] = min(best.get(k, elapsed), elapsed)
+        if time.perf_counter() - start >= seconds:
+            break
+    model.stats.reset()
+    model.slots[0].stats.reset()
+    return CallProfile(best)
+
+
+def _cache_file(key: str) -> Path:
+    return cache_dir() / "profiles" / f"{key}.json"
+
+
+def cached(model: Any) -> CallProfile | None:
+    """The model's cached profile, if this machine measured it before in the same setting."""
+    try:
+        data = json.loads(_cache_file(profile_key(model)).read_text())
+        return CallProfile.from_dict(data["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def profile(model: Any, calibrate: bool = False) -> CallProfile:
+    """The model's call profile: cached, or measured now (always with `calibrate`) and cached.
+    Models that carry their own (`call_profile`: fakes, tests) keep it."""
+    own = getattr(model, "call_profile", None)
+    if own is not None:
+        return own
+    found = None if calibrate else cached(model)
+    if found is not None:
+        return found
+    measured = measure(model)
+    record = {"model": os.fspath(model.path), "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": measured.to_dict()}
+    with atomic_write(_cache_file(profile_key(model)), hint=CACHE_HINT) as f:
+        json.dump(record, f, indent=1)
+    return measured
+
+
+def advice(weights: str, profile: CallProfile) -> str | None:
+    """One line for a user when the profile says batched calls are dear on this machine, naming
+    weight types whose kernels batch cheaper on many CPUs (None when they are cheap)."""
+    b4 = profile.batch_cost(4)
+    if b4 <= 2.0:
+        return None
+    better = "Q4_0 or IQ4_NL" if weights.upper() not in ("Q4_0", "IQ4_NL") else "Q8_0"
+    return (
+        f"a 4-token call costs {b4:.2f} single calls here, so drafts pay little: llama.cpp's CPU kernels batch "
+        f"{better} weights in groups of rows on many CPUs; try `localcos models quantize` and compare b(4)"
+    )

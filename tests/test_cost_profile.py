@@ -1,0 +1,110 @@
+"""Cost-aware speculation: each model's call costs are measured once per machine and setting,
+cached, and every auto plan (--gamma auto, --lookup auto, the back-off under load) is made from
+them; the weight types whose batched calls are cheap are one command away (`models quantize`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fakes import FakeModel
+from localcos import Ensemble, WeightedEnsemble
+from localcos.backend import Model, read_info
+from localcos.core.speedmodel import CallProfile
+from localcos.runtime import profile as profiling
+from localcos.runtime.scheduler import run_completions
+from localcos.runtime.plan import plan
+from localcos.config.specs import GenerationConfig
+
+# a CPU whose batched calls cost what their rows do: no draft can pay
+LINEAR = CallProfile({1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0})
+# an accelerator's: a call of 8 rows costs about one of one row
+FLAT = CallProfile({1: 1.0, 2: 1.01, 4: 1.02, 8: 1.05})
+# cheap up to 4 rows, then every row costs a call: drafting pays alone, not beside 3 others
+KNEE = CallProfile({1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15, 5: 2.15, 6: 3.15, 8: 5.15})
+
+
+def relatives(profile: CallProfile, n: int = 2) -> list[FakeModel]:
+    """Fake models that agree most of the time (acceptance ~0.8), planned with `profile`."""
+    base = FakeModel(seed=80, sharpness=2.5)
+    models = [base] + [FakeModel(seed=80 + i, sharpness=2.5) for i in range(1, n)]
+    for m in models[1:]:
+        m.table = (0.9 * base.table + 0.3 * m.table).astype(base.table.dtype)
+    for m in models:
+        m.call_profile = profile
+    return models
+
+
+def greedy(ens: Ensemble, **options):
+    return ens.generate([1, 2], method="cos", max_tokens=60, seed=0, temperature=0.0, ignore_eos=True, lookup="off", **options)
+
+
+@pytest.mark.parametrize("profile, drafts", [(LINEAR, False), (FLAT, True)])
+def test_auto_plans_from_the_profile_from_the_first_token(profile, drafts):
+    """Where a batched call costs its rows, --gamma auto takes only the ensemble's steps from the
+    first token; where it costs about one call, it drafts. The output is the ensemble's either
+    way (greedy: token for token)."""
+    ens = Ensemble(relatives(profile), WeightedEnsemble())
+    plain = greedy(ens, gamma=3).token_ids
+    want = ens.generate([1, 2], method="ensemble", max_tokens=60, seed=0, temperature=0.0, ignore_eos=True).token_ids
+    assert plain == want
+    auto = greedy(ens, gamma="auto")
+    assert auto.token_ids == want
+    if drafts:
+        assert auto.stats.proposed > 0 and auto.origins[0].kind != "sample"
+    else:
+        assert auto.stats.proposed == 0 and all(o.kind == "sample" for o in auto.origins)
+
+
+def test_speculation_backs_off_beside_other_sequences(models):
+    """With a profile whose rows are cheap up to 4 a call and dear beyond, a sequence alone
+    drafts; four sequences sharing the calls take the ensemble's steps while all four decode
+    (a draft's rows are priced at what they add beside the others' rows)."""
+    with Ensemble.load([models["base"], models["sibling"]], n_ctx=256, parallel=4) as ens:
+        ens.profiles = [KNEE, KNEE]
+        config = GenerationConfig(method="cos", gamma="auto", max_tokens=24, seed=0, temperature=0.0, ignore_eos=True, lookup="off")
+        request = plan(ens, "The river runs", config)
+        (alone,) = run_completions(ens, request, 1)
+        assert alone.stats.proposed > 0
+        together = run_completions(ens, request, 4)
+        # (the last to finish may decode its final tokens alone, and draft again)
+        assert all(o.kind == "sample" for c in together for o in c.origins[:20]), [c.stats.proposed for c in together]
+        ens.profiles = [FLAT, FLAT]  # where rows are nearly free, drafting pays beside others too
+        assert all(c.stats.proposed > 0 for c in run_completions(ens, request, 4))
+
+
+def test_profiles_are_measured_once_and_cached_per_file_and_threads(models, tmp_path, monkeypatch):
+    """The first load measures (k rows per call, k = 1..8); the next load with the same file and
+    settings reads the cache; another thread count or a changed file measures again."""
+    monkeypatch.setenv("LOCALCOS_CACHE", str(tmp_path / "cache"))
+    measured = []
+    real = profiling.measure
+
+    def counting(model, *args, **kwargs):
+        measured.append(model.n_threads)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(profiling, "measure", counting)
+    path = tmp_path / "m.gguf"
+    path.write_bytes(models["base"].read_bytes())
+
+    def profile_of(threads: int, calibrate: bool = False) -> CallProfile:
+        with Model(path, n_ctx=64, n_threads=threads) as m:
+            return profiling.profile(m, calibrate)
+
+    first = profile_of(1)
+    assert measured == [1] and set(first.seconds) == set(profiling.PROFILE_ROWS)
+    assert all(t > 0 for t in first.seconds.values())
+    assert profile_of(1) == first and measured == [1]  # cached: nothing measured
+    assert len(list((tmp_path / "cache" / "profiles").glob("*.json"))) == 1
+    profile_of(2)
+    assert measured == [1, 2]  # another thread count: another profile
+    profile_of(1, calibrate=True)
+    assert measured == [1, 2, 1]  # --calibrate measures again
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    profile_of(1)
+    assert measured == [1, 2, 1, 1]  # the file changed
+    assert not list((tmp_path / "cache" / "profiles").glob(".localcos-tmp-*"))
