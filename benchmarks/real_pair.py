@@ -11,6 +11,8 @@ ensemble costs over the big model), plus acceptance and calls per token.
 
     .venv/bin/python benchmarks/real_pair.py                     # everything (long on a small CPU)
     .venv/bin/python benchmarks/real_pair.py --combiners we --gammas 3,5,auto --prompts 2 --json out.json
+    .venv/bin/localcos models quantize coder-0.5b --type q4_0 && .venv/bin/localcos models quantize coder-1.5b --type q4_0
+    .venv/bin/python benchmarks/real_pair.py --weights q4_0      # the pair requantised (batched calls cheap on many CPUs)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from localcos.config import parse_gamma
 from localcos.tools import bench
 from localcos.tools.prompts import BUILTIN_PROMPTS
 from localcos.models.registry import Registry
+from localcos.runtime.profile import cpu_name, describe
 
 CHAT_QUESTIONS = [
     "Explain in two sentences what a Python generator is.",
@@ -46,14 +49,18 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", help="write every run and row as JSON")
+    p.add_argument("--weights", default="as-shipped", help="as-shipped (Q4_K_M), or a type made by `localcos models quantize` (q4_0, iq4_nl, q8_0)")
     args = p.parse_args()
 
     registry = Registry.load(user=False)
     paths = [registry.pull(name, progress=print) for name in ("coder-0.5b", "coder-1.5b")]
+    if args.weights != "as-shipped":
+        paths = [registry.resolve(f"{name}@{args.weights}") for name in ("coder-0.5b", "coder-1.5b")]
     gammas = [parse_gamma(g) for g in args.gammas.split(",")]
     temperatures = [float(t) for t in args.temperatures.split(",")]
     report: dict = {"machine": bench.machine(), "settings": vars(args), "tables": []}
     with Ensemble.load(paths, n_ctx=2048, n_threads=args.threads) as ens:
+        report["profiles"] = [p.to_dict() for p in ens.profiles]
         formatter = ChatFormatter(ens)
         chat = [formatter.tokens([Message("user", q)]) for q in CHAT_QUESTIONS[: args.prompts]]
         prompts = [("code", text) for text in BUILTIN_PROMPTS["code"][: args.prompts]]
@@ -66,6 +73,9 @@ def main() -> None:
             f"configurations: {', '.join(c.label for c in configs)}",
             flush=True,
         )
+        print(f"batched calls here ({cpu_name()}):")
+        for label, profile in zip(names, ens.profiles):
+            print(f"  {label}: {describe(profile)}")
         for name in args.combiners.split(","):
             ens.combiner = COMBINERS[name]
             t0 = time.perf_counter()

@@ -44,15 +44,17 @@ def is_storage_fault(error: OSError) -> bool:
     return (error.errno in _CAUSES) or (error.errno is None and "space" in str(error).lower())
 
 
-def make_folder(folder: str | os.PathLike[str], hint: str = "") -> Path:
-    """`folder`, created with its parents if missing; a `StorageError` when it cannot be."""
+def make_folder(folder: str | os.PathLike[str], hint: str = "", for_file: str | os.PathLike[str] | None = None) -> Path:
+    """`folder`, created with its parents if missing; a `StorageError` (naming `for_file`, the
+    file to be written there, when given) when it cannot be."""
     folder = Path(folder)
+    named = folder if for_file is None else for_file
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise storage_error(folder, e, hint) from None
+        raise storage_error(named, e, hint) from None
     if not folder.is_dir():
-        raise storage_error(folder, OSError(errno.ENOTDIR, "not a folder"), hint)
+        raise storage_error(named, OSError(errno.ENOTDIR, "not a folder"), hint)
     return folder
 
 
@@ -62,7 +64,7 @@ def atomic_path(target: str | os.PathLike[str], hint: str = "") -> Iterator[Path
     library that takes a file name); renamed to `target` when the block ends without error,
     removed otherwise. Storage faults become a `StorageError` naming `target`."""
     target = Path(target)
-    folder = make_folder(target.parent, hint)
+    folder = make_folder(target.parent, hint, for_file=target)
     try:
         fd, name = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=target.suffix, dir=folder)
         os.close(fd)

@@ -91,7 +91,7 @@ def test_not_a_gguf(tmp_path):
 def test_truncated_gguf(tmp_path, models):
     f = tmp_path / "cut.gguf"
     f.write_bytes(models["base"].read_bytes()[:300_000])
-    assert_one_line_error(run("generate", "--models", str(f), "--prompt", "x"), "cut.gguf", "corrupted or incomplete")
+    assert_one_line_error(run("generate", "--models", str(f), "--prompt", "x"), "cut.gguf", "incomplete", "the file has 0.3 MB")
 
 
 def test_tokenizer_mismatch(models):

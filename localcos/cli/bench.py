@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from ..ensemble import Ensemble
     from ..tools import bench
     from ..tools.prompts import load_prompts
+    from ..models.weights import type_name
+    from ..runtime.profile import advice, cpu_name, describe
 
     methods = [parse_choice(m, "--methods", METHODS) for m in args.methods.split(",")]
     gammas: list[int | str] = []
@@ -148,6 +150,13 @@ def run(args: argparse.Namespace) -> int:
                 f"\ntiming noise: the ensemble ran each prompt twice (before and after the others); the two runs "
                 f"differ by {noise[len(noise) // 2]:.1%} in the median, {noise[-1]:.1%} at most. Speedups use both."
             )
+        print(f"\nbatched calls on this machine ({cpu_name()}, {ens.models[0].n_threads} threads), from the models' profiles:")
+        for name, model, profile in zip(names, ens.models, ens.profiles):
+            print(f"  {name}: {describe(profile)}")
+            file_type = model.meta("general.file_type") or ""
+            tip = advice((type_name(int(file_type)) if file_type.isdigit() else None) or "?", profile)
+            if tip:
+                print(f"    {tip}")
         sizes = sum(m.size_bytes for m in ens.models) / 2**20
         print(
             f"\nmemory: {rss_start:.0f} MiB before loading the models, {rss_loaded:.0f} MiB after, "

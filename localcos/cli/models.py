@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..models.weights import QUANTIZE_TYPES
-from ..runtime.profile import advice
+from ..runtime.profile import advice, describe
 from .options import say
 
 
@@ -115,7 +115,7 @@ def _info(path: Path, timing: bool, threads: int | None) -> int:
         return 1
     if timing:
         profile = _profile(path, threads)
-        print(f"{'batched calls':<15} {_batch_costs(profile)}")
+        print(f"{'batched calls':<15} {describe(profile)}")
         tip = advice(info.quantization, profile)
         if tip:
             print(f"{'':<15} {tip}")
@@ -129,14 +129,6 @@ def _profile(path: Path, threads: int | None):
 
     with Model(path, n_ctx=64, n_threads=threads) as model:
         return profile(model)
-
-
-def _batch_costs(profile) -> str:
-    """b(2), b(4), b(8) and the one-row call time, as `models info`, `quantize` and `bench` print them."""
-    return (
-        f"b(2) {profile.batch_cost(2):.2f}, b(4) {profile.batch_cost(4):.2f}, b(8) {profile.batch_cost(8):.2f} "
-        f"single calls (1 row {profile(1) * 1000:.1f} ms; b(k): a call of k rows in one-row calls)"
-    )
 
 
 def _quantize(registry, ref: str, dtype: str, output: str | None, measure: bool, threads: int | None) -> int:
@@ -176,7 +168,7 @@ def _compare(source: Path, target: Path, text: str, threads: int | None) -> None
         if new > old:
             print("requantising costs quality; compare the speed it buys with `localcos bench`")
         for label, profile in zip((source.name, target.name), pair.profiles):
-            print(f"{label}: {_batch_costs(profile)}")
+            print(f"{label}: {describe(profile)}")
 
 
 def _check(paths: list[Path]) -> int:

@@ -97,6 +97,7 @@ class LoadedModels:
                     models.append(RemoteModel(path, rpc=spec.rpc[i], timeout=spec.rpc_timeout, **options))
                 else:
                     models.append(Model(path, n_seq=parallel, **options))
+                models[-1].warm_up(timed_calls=0)  # the first call pages the weights in: not a generation's
             return cls(models, combiner, calibrate=spec.calibrate)
         except BaseException:
             for m in models:

@@ -34,7 +34,8 @@ PROFILE_ROUNDS = 5
 PROFILE_VERSION = 1
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (as lscpu says it), for figures that hold only for it."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -63,7 +64,7 @@ def profile_key(model: Any) -> str:
                     getattr(model, "split_mode", None), [str(e) for e in getattr(model, "rpc", ())]],
         "flash_attn": getattr(model, "flash_attn", None),
         "extra_buffers": getattr(model, "extra_buffers", None),
-        "machine": [platform.machine(), _cpu_name(), os.cpu_count()],
+        "machine": [platform.machine(), cpu_name(), os.cpu_count()],
     }  # fmt: skip
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
@@ -77,8 +78,10 @@ def measure(model: Any, rows: tuple[int, ...] = PROFILE_ROWS, seconds: float = P
     start = time.perf_counter()
     model.evaluate([token], 1)  # the first call pays for paging the weights in: not a cost of k rows
     model.reset()
+    # one row twice a round: every b(k) is relative to it, and it is the cheapest to repeat
+    order = [rows[0], *rows[1 : len(rows) // 2 + 1], rows[0], *rows[len(rows) // 2 + 1 :]]
     for _ in range(PROFILE_ROUNDS):
-        for k in rows:
+        for k in order:
             t0 = time.perf_counter()
             model.evaluate([token] * k, k)
             elapsed = time.perf_counter() - t0
@@ -118,6 +121,15 @@ def profile(model: Any, calibrate: bool = False) -> CallProfile:
     with atomic_write(_cache_file(profile_key(model)), hint=CACHE_HINT) as f:
         json.dump(record, f, indent=1)
     return measured
+
+
+def describe(profile: CallProfile) -> str:
+    """b(2), b(4), b(8) and the one-row call time, as `models info`, `models quantize` and `bench`
+    print them."""
+    return (
+        f"b(2) {profile.batch_cost(2):.2f}, b(4) {profile.batch_cost(4):.2f}, b(8) {profile.batch_cost(8):.2f} "
+        f"(a call of k rows in one-row calls; 1 row {profile(1) * 1000:.1f} ms)"
+    )
 
 
 def advice(weights: str, profile: CallProfile) -> str | None:

@@ -27,6 +27,7 @@ from ..core.combiners import WeightedEnsemble
 from ..core.speedmodel import expected_speedup
 from ..ensemble import Ensemble
 from ..files import atomic_write
+from ..runtime.profile import cpu_name
 from ..stats import GenerationStats
 
 
@@ -442,6 +443,7 @@ def machine() -> dict:
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
         "gpu_offload_supported": bool(llama_cpp.llama_supports_gpu_offload()),
