@@ -77,7 +77,7 @@ def test_speculation_backs_off_beside_other_sequences(models):
 
 
 def test_profiles_are_measured_once_and_cached_per_file_and_threads(models, tmp_path, monkeypatch):
-    """The first load measures (k rows per call, k = 1..8); the next load with the same file and
+    """The first load measures (k rows per call, k = 1..6); the next load with the same file and
     settings reads the cache; another thread count or a changed file measures again."""
     monkeypatch.setenv("LOCALCOS_CACHE", str(tmp_path / "cache"))
     measured = []
@@ -108,3 +108,36 @@ def test_profiles_are_measured_once_and_cached_per_file_and_threads(models, tmp_
     profile_of(1)
     assert measured == [1, 2, 1, 1]  # the file changed
     assert not list((tmp_path / "cache" / "profiles").glob(".localcos-tmp-*"))
+
+
+def test_models_quantize_writes_the_type_asked_and_is_usable_by_name(models, tmp_path):
+    """`models quantize FILE --type q4_0` writes a file llama.cpp loads whose general.file_type is
+    Q4_0, into the cache as NAME@TYPE, listed by `models list` and usable by that name; it prints
+    the sizes, the perplexity change and both files' batched call costs."""
+    env = {**os.environ, "LOCALCOS_CACHE": str(tmp_path / "cache")}
+    source = tmp_path / "small.gguf"
+    source.write_bytes(models["base"].read_bytes())
+
+    def localcos(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "localcos", *args], capture_output=True, text=True, timeout=600, env=env)
+
+    done = localcos("models", "quantize", str(source), "--type", "q4_0")
+    assert done.returncode == 0, done.stderr
+    made = tmp_path / "cache" / "quantized" / "small@q4_0.gguf"
+    assert f"wrote {made}" in done.stdout and "use it as small@q4_0" in done.stdout
+    assert "perplexity on" in done.stdout and "b(4)" in done.stdout
+    assert read_info(made).quantization == "Q4_0"
+    with Model(made, n_ctx=32) as m:
+        assert m.evaluate([1, 2, 3], 1).shape == (1, m.n_vocab)
+    assert "small@q4_0" in localcos("models", "list").stdout
+    info = localcos("models", "info", "small@q4_0", "--no-profile")
+    assert info.returncode == 0 and "Q4_0" in info.stdout, info.stderr
+    for args, words in [
+        (("models", "quantize", str(source), "--type", "q5_1"), ("--type", "q4_0, iq4_nl, q8_0")),
+        (("models", "quantize", str(tmp_path / "missing.gguf"), "--type", "q4_0"), ("not found",)),
+        (("models", "quantize", str(made), "--type", "q4_0"), ("q4_0 weights already",)),
+        (("models", "info", "small@iq4_nl"), ("models quantize small --type iq4_nl",)),
+    ]:
+        proc = localcos(*args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and all(w in lines[0] for w in words), (args, proc.stderr)
