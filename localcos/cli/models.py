@@ -140,8 +140,7 @@ def _quantize(registry, ref: str, dtype: str, output: str | None, measure: bool,
     name = ref if ref in registry.models else Path(ref).stem
     target = Path(output).expanduser() if output else quantized_path(name, dtype)
     before = source.stat().st_size
-    say(f"quantising {source.name} to {dtype} ...")
-    requantize(source, dtype, target, "" if output else CACHE_HINT)
+    requantize(source, dtype, target, "" if output else CACHE_HINT, on_start=lambda: say(f"quantising {source.name} to {dtype} ..."))
     after = target.stat().st_size
     print(f"wrote {target}: {after / 2**20:.1f} MiB (from {before / 2**20:.1f} MiB)")
     if not output:

@@ -143,8 +143,9 @@ class AutoGamma:
     cost structure, re-evaluated once `rechoose_every` more draft tokens have been judged. With
     other sequences in the same calls (`others` rows per call), it prices a draft at what its
     rows add to those calls, so under load it backs off to the ensemble's step where drafts stop
-    paying. Choices depend only on the past and the profile, never on timing noise, so the output
-    distribution stays exact and a seed pins the output on one machine.
+    paying. Choices depend only on the past and the profile, never on timing noise: the output
+    distribution stays exact, and on one machine the same requests in the same order give the
+    same output.
 
     gamma 0 is a choice too: no draft, every model r uses scores the next token (the standard
     ensemble's step). It wins where speculation does not pay (models that disagree, batches that

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 from pathlib import Path
+from typing import Callable
 
 from ..backend import check_model_file, read_info
 from ..errors import ConfigError
@@ -59,13 +60,15 @@ def check_quantize_type(dtype: str) -> str:
     return dtype
 
 
-def requantize(source: Path, dtype: str, target: Path, hint: str = CACHE_HINT) -> Path:
+def requantize(source: Path, dtype: str, target: Path, hint: str = CACHE_HINT, on_start: Callable[[], None] | None = None) -> Path:
     """`source` (checked whole) quantised to `dtype` at `target`; a `ConfigError` when it has that
-    type already."""
+    type already. `on_start()` is called once the checks passed, before the long part."""
     check_model_file(source)
     have = type_name(read_info(source, tokens=False).metadata.get("general.file_type"))
     if have == dtype:
         raise ConfigError(f"{source} has {dtype} weights already", param="type")
+    if on_start is not None:
+        on_start()
     return quantize(source, target, dtype, allow_requantize=have not in (None, "f32", "f16", "bf16"), hint=hint)
 
 

@@ -135,7 +135,7 @@ class Generation:
         strategy = plan.strategy
         lookup = None
         if plan.lookup is not None:
-            # learnt across generations only where timing already steers (--gamma auto): otherwise
+            # learnt across generations only where acceptance already is (--gamma auto): otherwise
             # each completion starts from the prior, so a seed pins it whatever ran before
             key = (combiner.description, plan.sampler)
             outcomes = loaded.lookups.setdefault(key, LookupOutcomes()) if strategy.auto else LookupOutcomes()
