@@ -167,10 +167,11 @@ class Decoder:
         self.observer = observer
         self.lookup = lookup
         # costs(model, rows): a call's cost from the models' profiles; lookup's auto mode weighs
-        # the rows of a draft against the tokens it saves
-        self._costs = costs
+        # the rows of a draft against the tokens it saves (as if alone: with a fixed gamma a seed
+        # then pins the text whatever else shares the calls)
+        self.costs = costs
         # others(): rows other sequences put into each call right now (the scheduler's load);
-        # drafts are priced at what they add to those calls
+        # --gamma auto prices its drafts at what they add to those calls
         self.others = others or (lambda: 0)
         self.spent = 0.0  # the estimated cost of the calls this completion asked for
         # the constraint's matcher follows committed + pending (lazily, `_sync`); masks[p]: the
@@ -404,14 +405,6 @@ class Decoder:
             if self.is_end(token):
                 break
         return appended
-
-    @property
-    def costs(self) -> Costs | None:
-        """The call costs as this sequence sees them now (beside the others' rows)."""
-        others = self.others()
-        if self._costs is None or not others:
-            return self._costs
-        return self._costs.under_load([others] * len(self.slots))
 
     def _rows_cost(self, caller: int | None) -> Callable[[int], float]:
         """What k more rows add to the calls that will score them (estimated costs)."""

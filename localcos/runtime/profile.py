@@ -102,10 +102,10 @@ def _cache_file(key: str) -> Path:
     return cache_dir() / "profiles" / f"{key}.json"
 
 
-def cached(model: Any) -> CallProfile | None:
+def cached(model: Any, key: str | None = None) -> CallProfile | None:
     """The model's cached profile, if this machine measured it before in the same setting."""
     try:
-        data = json.loads(_cache_file(profile_key(model)).read_text())
+        data = json.loads(_cache_file(key or profile_key(model)).read_text())
         return CallProfile.from_dict(data["seconds"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -117,12 +117,13 @@ def profile(model: Any, calibrate: bool = False) -> CallProfile:
     own = getattr(model, "call_profile", None)
     if own is not None:
         return own
-    found = None if calibrate else cached(model)
+    key = profile_key(model)
+    found = None if calibrate else cached(model, key)
     if found is not None:
         return found
     measured = measure(model)
     record = {"model": os.fspath(model.path), "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": measured.to_dict()}
-    with atomic_write(_cache_file(profile_key(model)), hint=CACHE_HINT) as f:
+    with atomic_write(_cache_file(key), hint=CACHE_HINT) as f:
         json.dump(record, f, indent=1)
     return measured
 
