@@ -58,7 +58,7 @@ def completion(client: httpx.Client, url: str, i: int, tokens: int, method: str 
     return latency, (r.json() if r.status_code == 200 else None)
 
 
-def load(url: str, concurrency: int, requests: int, tokens: int, method: str, one: dict[str, float]) -> None:
+def load(url: str, concurrency: int, requests: int, tokens: int, method: str, one: dict[str, float]) -> float:
     latencies, generated, errors = [], 0, 0
     with httpx.Client() as client, concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         t0 = time.perf_counter()
@@ -77,6 +77,7 @@ def load(url: str, concurrency: int, requests: int, tokens: int, method: str, on
         f"{statistics.median(latencies) * 1e3:>10.0f}{q[18] * 1e3:>10.0f}{errors:>8}",
         flush=True,
     )
+    return rate
 
 
 def overhead(url: str, requests: int, tokens: int) -> None:
@@ -160,9 +161,11 @@ def main() -> None:
         completion(httpx.Client(), url, 0, 4)  # warm up
         print(f"\n{'method':<10}{'clients':>8}{'requests':>10}{'req/s':>12}{'tok/s':>10}{'vs 1':>8}{'p50 ms':>10}{'p95 ms':>10}{'errors':>8}")
         one: dict[str, float] = {}
-        for method in dict.fromkeys([args.method, "ensemble"]):
-            for concurrency in (int(c) for c in args.levels.split(",")):
-                load(url, concurrency, max(args.requests, concurrency), args.tokens, method, one)
+        # the methods take turns at each level, so a drift of the machine's speed falls on both
+        for concurrency in (int(c) for c in args.levels.split(",")):
+            rates = {m: load(url, concurrency, max(args.requests, concurrency), args.tokens, m, one) for m in dict.fromkeys([args.method, "ensemble"])}
+            if args.method != "ensemble":
+                print(f"{'':<10}{'':>8}  {args.method} / ensemble at {concurrency} clients: {rates[args.method] / rates['ensemble']:.2f}x")
         overhead(url, args.requests, args.tokens)
         if not args.stress:
             return
