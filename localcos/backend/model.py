@@ -260,7 +260,6 @@ class Model:
         self.eos: int = llama_cpp.llama_vocab_eos(self._vocab)
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.stats = ModelStats()  # every call, whichever slots took part
-        self.last_call_seconds = 0.0
         # Logits are returned for ids below this bound: an ensemble lowers it to the vocabulary
         # its members share when one of them pads its embedding matrix.
         self.logits_vocab: int = self.n_vocab
@@ -453,7 +452,7 @@ class Model:
             for slot, _, _, _ in parts:
                 slot._publish()  # a failed call removed what it added
             raise
-        seconds = self.last_call_seconds = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
         out = []
         offset = 0
         for slot, tokens, out_from, out_to in parts:

@@ -16,7 +16,6 @@ class OwnSlot:
     tokens: list[int]
     seq_id = 0
     max_logit_rows = 1 << 30  # no limit on the rows of a call
-    last_call_seconds = 0.0
 
     @property
     def call_profile(self) -> CallProfile:
