@@ -65,15 +65,15 @@ def _cli(paths: list[Path], *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def _response(url: str, prompt: str, seed: int, method: str, tokens: int) -> dict:
-    body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0.8, "seed": seed, "method": method, "ignore_eos": True}
+def _response(url: str, prompt: str, seed: int, method: str, tokens: int, temperature: float = 0.8) -> dict:
+    body = {"prompt": prompt, "max_tokens": tokens, "temperature": temperature, "seed": seed, "method": method, "ignore_eos": True}
     r = httpx.post(url + "/v1/completions", json=body, timeout=600)
     assert r.status_code == 200, r.text
     return r.json()
 
 
-def _completion(url: str, prompt: str, seed: int, method: str, tokens: int) -> str:
-    return _response(url, prompt, seed, method, tokens)["choices"][0]["text"]
+def _completion(url: str, prompt: str, seed: int, method: str, tokens: int, temperature: float = 0.8) -> str:
+    return _response(url, prompt, seed, method, tokens, temperature)["choices"][0]["text"]
 
 
 def check_one_text(paths: list[Path], tokens: int) -> None:
@@ -105,13 +105,16 @@ def test_one_seed_gives_one_text_on_the_trained_pair(trained):
 
 
 def test_a_request_decoded_beside_three_others_gives_its_own_text(models):
+    """Greedy: a row computed in a call of four sequences differs from the row computed alone by
+    llama.cpp's batch noise (small on this F32 pair, larger in BF16), which flips a sampled draw now and
+    then (seen in 1 of ~20 runs at T=0.8) but not an argmax away from near-ties."""
     paths = [models["base"], models["sibling"]]
     for method in ("cos", "ensemble"):
         with serving(["--models", ",".join(map(str, paths)), "--ctx", "512", "--parallel", "4", "--method", method, "--gamma", "2"]) as server:
-            alone = _completion(server.url, PROMPT, 7, method, 32)
+            alone = _completion(server.url, PROMPT, 7, method, 32, temperature=0.0)
             calls = httpx.get(server.url + "/health").json()["models"][0]["calls"]
             with concurrent.futures.ThreadPoolExecutor(4) as pool:  # four requests at once: one decode
-                beside = list(pool.map(lambda a: _response(server.url, *a, method, 32), [(PROMPT, 7), *((p, 20 + i) for i, p in enumerate(OTHERS))]))
+                beside = list(pool.map(lambda a: _response(server.url, *a, method, 32, 0.0), [(PROMPT, 7), *((p, 20 + i) for i, p in enumerate(OTHERS))]))
             calls = httpx.get(server.url + "/health").json()["models"][0]["calls"] - calls
         # they ran side by side: model 0 made fewer calls than the four took part in
         assert calls < sum(b["localcos"]["models"][0]["calls"] for b in beside), calls
