@@ -28,20 +28,24 @@ _CAUSES = {
 TEMP_PREFIX = ".localcos-tmp-"
 
 
+def _fault(error: OSError) -> str | None:
+    """What a storage fault means to a user; None for other OS errors. The gguf writer reports a
+    full disk as a plain OSError without errno: counted too."""
+    if error.errno is None and "space" in str(error).lower():
+        return _CAUSES[errno.ENOSPC]
+    return _CAUSES.get(error.errno or 0)
+
+
 def storage_error(path: str | os.PathLike[str], error: OSError, hint: str = "") -> StorageError:
     """The one-line `StorageError` for an OS error met writing `path` (`hint`: what to do, e.g.
     which environment variable chose the folder)."""
-    if error.errno is None and "space" in str(error).lower():  # the gguf writer's own check
-        cause = _CAUSES[errno.ENOSPC]
-    else:
-        cause = _CAUSES.get(error.errno or 0) or (error.strerror or str(error)).rstrip(".").lower()
+    cause = _fault(error) or (error.strerror or str(error)).rstrip(".").lower()
     return StorageError(f"cannot write {os.fspath(path)}: {cause}{'; ' + hint if hint else ''}")
 
 
 def is_storage_fault(error: OSError) -> bool:
-    """Whether an OS error is one of the storage faults `storage_error` words for users (the
-    gguf writer reports a full disk as a plain OSError without errno: counted too)."""
-    return (error.errno in _CAUSES) or (error.errno is None and "space" in str(error).lower())
+    """Whether an OS error is one of the storage faults `storage_error` words for users."""
+    return _fault(error) is not None
 
 
 def make_folder(folder: str | os.PathLike[str], hint: str = "", for_file: str | os.PathLike[str] | None = None) -> Path:
@@ -89,18 +93,13 @@ def atomic_write(
     target: str | os.PathLike[str], mode: str = "w", hint: str = "", encoding: str | None = "utf-8", newline: str | None = None
 ) -> Iterator[IO]:
     """An open file ("w" text or "wb" binary) whose content becomes `target` when the block ends
-    without error (see `atomic_path`)."""
+    without error (see `atomic_path`, which also turns a failed write into a `StorageError`)."""
+    text = "b" not in mode
     with atomic_path(target, hint) as temp:
-        try:
-            text = "b" not in mode
-            with open(temp, mode, encoding=encoding if text else None, newline=newline if text else None) as f:
-                yield f
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as e:
-            if is_storage_fault(e):
-                raise storage_error(target, e, hint) from None
-            raise
+        with open(temp, mode, encoding=encoding if text else None, newline=newline if text else None) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def write_text(target: str | os.PathLike[str], text: str, hint: str = "") -> None:

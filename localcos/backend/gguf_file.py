@@ -169,9 +169,9 @@ class _Cursor:
     def fail(self, what: str, at: int, problem: str) -> ModelHeaderError:
         return ModelHeaderError(f"{self.path}: damaged GGUF header: {what} at byte {at} {problem}; the file is corrupt or cut short")
 
-    def need(self, n: int, what: str, at: int | None = None) -> None:
+    def need(self, n: int, what: str) -> None:
         if n > self.size - self.pos:
-            raise self.fail(what, self.pos if at is None else at, f"needs {n} bytes, the file has {self.size - self.pos} left")
+            raise self.fail(what, self.pos, f"needs {n} bytes, the file has {self.size - self.pos} left")
 
     def scalar(self, fmt: str, what: str) -> Any:
         n = struct.calcsize(fmt)

@@ -102,10 +102,10 @@ def _cache_file(key: str) -> Path:
     return cache_dir() / "profiles" / f"{key}.json"
 
 
-def cached(model: Any, key: str | None = None) -> CallProfile | None:
-    """The model's cached profile, if this machine measured it before in the same setting."""
+def cached(key: str) -> CallProfile | None:
+    """The cached profile under `key` (`profile_key`), if this machine measured it before."""
     try:
-        data = json.loads(_cache_file(key or profile_key(model)).read_text())
+        data = json.loads(_cache_file(key).read_text())
         return CallProfile.from_dict(data["seconds"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -118,7 +118,7 @@ def profile(model: Any, calibrate: bool = False) -> CallProfile:
     if own is not None:
         return own
     key = profile_key(model)
-    found = None if calibrate else cached(model, key)
+    found = None if calibrate else cached(key)
     if found is not None:
         return found
     measured = measure(model)
