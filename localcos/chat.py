@@ -58,6 +58,20 @@ def render(
         raise ConfigError(f"the chat template refused the conversation: {e}", param="messages") from None
 
 
+def own_prompt(model, messages: Sequence[Message]) -> list[int]:
+    """The conversation in `model`'s own chat template and special tokens (the byte level, where
+    every model reads the conversation in its own form)."""
+    template = model.chat_template
+    if not template:
+        raise ConfigError(f"{model.path} has no chat template in its GGUF metadata; at the byte level every model formats "
+                          "the conversation itself: generate without --chat", param="chat_template_model")  # fmt: skip
+    bos = model.token_text(model.bos).decode("utf-8", errors="replace") if model.bos >= 0 else ""
+    eos = model.token_text(model.eos).decode("utf-8", errors="replace") if model.eos >= 0 else ""
+    text = render(template, messages, bos_token=bos, eos_token=eos)
+    add_bos = None if not (bos and text.startswith(bos)) else False
+    return model.tokenize(text, add_bos=add_bos, special=True)
+
+
 class ChatFormatter:
     """Turns a conversation into prompt tokens for an ensemble.
 

@@ -355,9 +355,10 @@ class Model:
         return h.hexdigest()
 
     # --- text -----------------------------------------------------------------------------------
-    def tokenize(self, text: str, *, add_bos: bool | None = None, special: bool = False) -> list[int]:
-        """Token ids of `text`; BOS is added as the model's metadata says unless `add_bos` is given."""
-        data = text.encode("utf-8")
+    def tokenize(self, text: str | bytes, *, add_bos: bool | None = None, special: bool = False) -> list[int]:
+        """Token ids of `text` (or of raw bytes); BOS is added as the model's metadata says unless
+        `add_bos` is given."""
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
         add = self.add_bos if add_bos is None else add_bos
         cap = len(data) + 8
         buf = (llama_cpp.llama_token * cap)()

@@ -15,9 +15,14 @@ DEFAULTS = {"temperature": 1.0, "max_tokens": 128}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate text with an ensemble of models", description="Generate text with an ensemble of GGUF models.")
+    p = sub.add_parser(
+        "generate",
+        help="generate text with an ensemble of models",
+        description="Generate text with an ensemble of GGUF models. Models with different tokenizers are combined at the byte "
+        "level (--level): each reads the prompt in its own tokens, and --max-tokens then counts characters.",
+    )
     p.add_argument("--prompt", "-p", default=None, help="prompt text (default: read stdin); raw text unless --chat")
-    add_options(p, ["models", "hardware", "combination", "method", "sampling", "output"], defaults=DEFAULTS, exclude={"synthetic", "synthetic_dtype"})
+    add_options(p, ["models", "hardware", "combination", "method", "level", "sampling", "output"], defaults=DEFAULTS, exclude={"synthetic", "synthetic_dtype"})
     g = p.add_argument_group("chat")
     g.add_argument("--chat", action="store_true", help="format the prompt as a user message with the models' chat template")
     add_options(p, ["chat"], defaults=DEFAULTS)
@@ -48,6 +53,10 @@ def run(args: argparse.Namespace) -> int:
     config = settings.generation
     if config.seed is None:  # a seed the user can repeat: printed with the stats
         config = replace(config, seed=int.from_bytes(os.urandom(4), "little"))
+    from ..runtime.bytelevel import uses_byte_level
+
+    if uses_byte_level(settings.load):
+        return _generate_bytes(args, settings, config, prompt, n)
     with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress) as ens:
         if args.chat:
             formatter = ChatFormatter(ens, settings.chat_template_model)
@@ -80,4 +89,47 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
         sys.stdout.flush()
         print("[localcos] " + GenerationStats.aggregate([c.stats for c in completions]).summary(), file=sys.stderr)
+    return 0
+
+
+def _generate_bytes(args: argparse.Namespace, settings, config, prompt: str, n: int) -> int:
+    """generate at the byte level: each model in its own tokens and chat template."""
+    from ..chat import Message, own_prompt
+    from ..runtime.bytelevel import ByteModels, run_to_end
+    from ..runtime.generation import completion_rng
+
+    refused = [(args.method not in (None, "ensemble"), "method", f"--method {args.method}"),
+               (config.constraint is not None, "grammar", "--grammar, --json-schema and --json-object")]  # fmt: skip
+    for bad, param, what in refused:
+        if bad:
+            raise ConfigError(f"{what}: not available at the byte level yet (models with different tokenizers, or --level byte)", param=param)
+    load = settings.load
+    with ByteModels.load(load, settings.combiner(), max_paths=load.byte_paths, prune=load.byte_prune, progress=loading_progress) as models:
+        if args.chat:
+            messages = ([Message("system", settings.system)] if settings.system else []) + [Message("user", prompt)]
+            prompts = [own_prompt(m, messages) for m in models.models]
+        else:
+            prompts = models.prompts(prompt)
+        sampler = config.sampler()
+        completions = []
+        for k in range(n):
+            generation = models.generation(prompts, sampler, completion_rng(config.seed, k), max_chars=config.max_tokens, stop=config.stop,
+                                            ignore_end=config.ignore_eos)  # fmt: skip
+            if args.json:
+                completions.append(run_to_end(generation))
+                continue
+            if k:
+                sys.stdout.write("\n---\n")
+            for piece in generation.run():
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            completions.append(generation.completion)
+        if args.json:
+            print(json.dumps({"completions": [c.to_dict() for c in completions], "stats": [c.stats.to_dict() for c in completions],
+                              "seed": config.seed, "combiner": models.combiner.description}))  # fmt: skip
+            return 0
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        for c in completions:
+            note(f"{models.combiner.description}, seed {config.seed}, " + c.stats.summary(models.names))
     return 0

@@ -22,6 +22,7 @@ GROUP_TITLES = {
     "hardware": "hardware",
     "combination": "combination (how the models' distributions are combined)",
     "method": "decoding method",
+    "level": "level (tokens, or bytes for models with different tokenizers)",
     "sampling": "sampling",
     "output": "output",
     "chat": "chat",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..backend import MIN_CTX
+from ..core.bytelevel import check_prune
 from ..core.combiners import check_mu, check_plausibility
 from ..core.decoding import METHODS
 from ..core.lookup import LOOKUP_MODES
@@ -47,6 +48,7 @@ from .parse import (
 SPLIT_MODES = ("none", "layer", "row")
 FLASH_ATTN = ("auto", "on", "off")
 COMBINE_LEVELS = ("logits", "probs")
+LEVELS = ("auto", "token", "byte")
 MAX_QUEUE = 64  # the server's default
 
 # --- the options ---------------------------------------------------------------------------------
@@ -173,6 +175,15 @@ _OPTIONS = [
     _option("expert", "--expert", "combination", "combine", _at_least(0), "cd: index of the expert model (default: the larger)", metavar="I"),
     _option("combine_level", "--combine-level", "combination", "combine", _choice(COMBINE_LEVELS),
             "custom combiner: what FUNCTION receives", default="logits", attr="level", choices=COMBINE_LEVELS),
+    # the level models are combined at
+    _option("level", "--level", "level", "load", _choice(LEVELS),
+            "combine next-token distributions (token: one tokenizer) or next-byte distributions (byte: any tokenizers, "
+            "each model in its own tokens); auto: token when the models share a tokenizer, else byte", default="auto", choices=LEVELS),
+    _option("byte_paths", "--byte-paths", "level", "load", _at_least(1),
+            "byte level: the most tokenisations of the text each model keeps (its llama.cpp sequences)", default=8, metavar="N"),
+    _option("byte_prune", "--byte-prune", "level", "load", lambda v, what: check_prune(parse_float(v, what), what),
+            "byte level: drop a tokenisation whose mass is below this fraction of the largest; 0 keeps all (exact, slower)",
+            default=0.01, metavar="P"),
     # how to generate
     _option("method", "--method", "method", "generation", _choice(METHODS),
             "ensemble (every model, every token), sd, naive-cos, or cos (default: cos; ensemble for one model)", choices=METHODS),

@@ -75,6 +75,9 @@ class LoadSpec:
     flash_attn: str = "auto"
     verbose: bool = False
     calibrate: bool = False  # measure the models' call costs again (not the cached profile)
+    level: str = "auto"  # token, byte, or auto (byte when the tokenizers differ)
+    byte_paths: int = 8  # byte level: tokenisations (sequences) held per model
+    byte_prune: float = 0.01  # byte level: relative mass below which a tokenisation is dropped
 
     def __post_init__(self) -> None:
         require_models(len(self.paths))

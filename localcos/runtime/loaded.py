@@ -20,6 +20,20 @@ if TYPE_CHECKING:
     from ..config.specs import LoadSpec
 
 
+def model_options(spec: "LoadSpec", i: int, max_logit_rows: int) -> dict:
+    """`Model`'s keyword arguments for model i of `spec` (its sequences aside)."""
+    return dict(
+        n_ctx=spec.n_ctx,
+        n_gpu_layers=spec.n_gpu_layers[i],
+        n_threads=spec.n_threads,
+        n_batch=spec.n_batch,
+        main_gpu=spec.main_gpu,
+        split_mode=spec.split_mode,
+        flash_attn=spec.flash_attn,
+        max_logit_rows=max_logit_rows,
+    )
+
+
 class LoadedModels:
     """Two or more GGUF models sharing one tokenizer, loaded, with what decoding needs to know of
     them.
@@ -74,7 +88,11 @@ class LoadedModels:
         scoring more); `extra_slots` sequences beyond `spec.parallel` (a server's slot for
         scoring). A model on RPC servers is a `RemoteModel`, driven from a worker process."""
         from ..backend import set_verbose
+        from ..errors import ConfigError
 
+        if spec.level == "byte":
+            raise ConfigError("the byte level runs in `localcos generate` (and runtime.bytelevel.ByteModels) so far; "
+                              "leave out level byte here", param="level")  # fmt: skip
         if spec.verbose:
             set_verbose(True)
         parallel = (spec.parallel or 1) + extra_slots
@@ -83,16 +101,7 @@ class LoadedModels:
             for i, path in enumerate(spec.paths):
                 if progress:
                     progress(i, len(spec.paths), os.fspath(path))
-                options = dict(
-                    n_ctx=spec.n_ctx,
-                    n_gpu_layers=spec.n_gpu_layers[i],
-                    n_threads=spec.n_threads,
-                    n_batch=spec.n_batch,
-                    main_gpu=spec.main_gpu,
-                    split_mode=spec.split_mode,
-                    flash_attn=spec.flash_attn,
-                    max_logit_rows=max_logit_rows,
-                )
+                options = model_options(spec, i, max_logit_rows)
                 if spec.rpc[i]:
                     models.append(RemoteModel(path, rpc=spec.rpc[i], timeout=spec.rpc_timeout, **options))
                 else:

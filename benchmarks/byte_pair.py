@@ -1,0 +1,87 @@
+"""The byte level on trained models: what combining two tokenizers costs.
+
+SmolLM2-135M-Instruct (its own tokenizer) with Qwen2.5-Coder-0.5B-Instruct, combined at the byte
+level (WE 0.5/0.5), against the 0.5B alone on its usual token path; and the same-tokenizer Qwen
+pair (0.5B + 1.5B) through the byte path against its token path (the standard ensemble). One
+process, every configuration on the same prompts and seeds, interleaved prompt by prompt.
+Reported: characters per second, the ratios, calls per model per character and the paths held.
+
+    .venv/bin/python benchmarks/byte_pair.py --prompts 3 --chars 160 --temperatures 0,1
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from localcos import Ensemble
+from localcos.config.specs import LoadSpec
+from localcos.core.combiners import WeightedEnsemble
+from localcos.core.sampling import Sampler
+from localcos.models.registry import Registry
+from localcos.runtime.bytelevel import ByteModels, run_to_end
+from localcos.runtime.generation import completion_rng
+from localcos.runtime.profile import cpu_name
+from localcos.tools.prompts import builtin_prompts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--chars", type=int, default=160, help="characters per completion")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--paths", type=int, default=8)
+    ap.add_argument("--prune", type=float, default=0.01)
+    ap.add_argument("--ctx", type=int, default=1024)
+    args = ap.parse_args()
+    registry = Registry.load(user=False)
+    small, coder, big = (registry.pull(n) for n in ("smollm2-135m", "coder-0.5b", "coder-1.5b"))
+    print(f"CPU: {cpu_name()}")
+    prompts = [text for _, text in builtin_prompts()][: args.prompts]
+    we = WeightedEnsemble([0.5, 0.5])
+    alone = Ensemble.load([coder], n_ctx=args.ctx)
+    qwen_tokens = Ensemble.load([coder, big], n_ctx=args.ctx, combiner=we)
+    cross = ByteModels.load(LoadSpec.make([small, coder], n_ctx=args.ctx), we, max_paths=args.paths, prune=args.prune)
+    qwen_bytes = ByteModels.load(LoadSpec.make([coder, big], n_ctx=args.ctx), we, max_paths=args.paths, prune=args.prune)
+    for t in [float(x) for x in args.temperatures.split(",")]:
+        speeds: dict[str, list[float]] = {k: [] for k in ("0.5B alone", "smollm+0.5B byte", "qwen pair token", "qwen pair byte")}
+        totals: dict[str, list[float]] = {k: [0.0, 0.0] for k in speeds}  # chars, seconds
+        calls: dict[str, list[list[float]]] = {"smollm+0.5B byte": [], "qwen pair byte": []}
+        paths: dict[str, list[list[int]]] = {"smollm+0.5B byte": [], "qwen pair byte": []}
+        for i, prompt in enumerate(prompts):
+            # token path: max_tokens chosen so the text is about as long; speed is chars / s
+            for name, ens in (("0.5B alone", alone), ("qwen pair token", qwen_tokens)):
+                c = ens.generate(prompt, max_tokens=args.chars // 3, temperature=t, seed=i, method="ensemble")
+                speeds[name].append(len(c.text) / c.stats.seconds)
+                totals[name][0] += len(c.text)
+                totals[name][1] += c.stats.seconds
+            for name, models in (("smollm+0.5B byte", cross), ("qwen pair byte", qwen_bytes)):
+                g = models.generation(models.prompts(prompt), Sampler(temperature=t), completion_rng(i), max_chars=args.chars)
+                c = run_to_end(g)
+                speeds[name].append(c.stats.chars_per_second)
+                totals[name][0] += c.stats.chars
+                totals[name][1] += c.stats.seconds
+                calls[name].append([k / max(c.stats.chars, 1) for k in c.stats.calls])
+                paths[name].append(c.stats.most_paths)
+        med = {k: c / s for k, (c, s) in totals.items()}  # a completion that ends at once weighs nothing
+        print(f"\nT={t:g}, {len(prompts)} prompts, ~{args.chars} chars each, prune {args.prune:g}, {args.paths} paths at most (chars/s over all prompts)")
+        for k, v in med.items():
+            print(f"  {k:18s} {v:7.1f} chars/s   per prompt: " + ", ".join(f"{x:.1f}" for x in speeds[k]))
+        print(f"  smollm+0.5B byte / 0.5B alone:   {med['smollm+0.5B byte'] / med['0.5B alone']:.2f}x (worst prompt "
+              f"{min(a / b for a, b in zip(speeds['smollm+0.5B byte'], speeds['0.5B alone']) if a):.2f}x)")
+        print(f"  qwen pair byte / token path:     {med['qwen pair byte'] / med['qwen pair token']:.2f}x (worst prompt "
+              f"{min(a / b for a, b in zip(speeds['qwen pair byte'], speeds['qwen pair token'])):.2f}x)")
+        for k in calls:
+            c = np.mean(calls[k], axis=0)
+            p = np.max(paths[k], axis=0)
+            print(f"  {k}: calls per char per model " + ", ".join(f"{x:.2f}" for x in c) + "; most paths " + ", ".join(map(str, p)))
+    for m in (alone, qwen_tokens, cross, qwen_bytes):
+        m.close()
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    main()
+    print(f"\n({time.time() - t0:.0f} s)")

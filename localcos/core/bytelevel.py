@@ -1,0 +1,347 @@
+"""Byte-level views of tokenised models: each model's distribution over the next byte of its output.
+
+A model generates tokens until an end token; its output is the concatenation of the tokens'
+bytes. For a byte string s its output has begun with, p(b | s) is the probability that the output
+continues s with byte b, or ends right there (the end symbol `END`), marginalised over every token
+sequence whose bytes begin with s (Phan et al. 2024; Hayase et al. 2025). Two models with different
+tokenizers then speak one alphabet of 257 symbols, where any combiner can combine them exactly.
+
+The token sequences that matter are kept as *paths*: a path is a token sequence T whose bytes are
+s[:start], with its probability P(T) and its next-token distribution (one logits row of the
+model, after prompt + T). The tokens that may follow it are those whose bytes begin with its
+*pending* bytes s[start:] and reach past the end of s; a token whose bytes are exactly the pending
+bytes ends at the end of s and makes a new path, whose row the model must compute. Every way the
+model can produce s passes through exactly one path's pending token (or ends exactly on a path,
+which is then at the end of s), so
+
+    P(s b) = sum over paths of P(T) * P(next token's bytes begin with s[start:] b | T)
+
+summed from prefix sums of the paths' distributions over the vocabulary sorted by bytes, in which
+the tokens beginning with any byte string form one contiguous range. Nothing here loops over the
+vocabulary in Python; one step costs a few binary searches per path.
+
+Paths whose mass falls below `prune` times the largest are dropped (0 keeps every one: exact), at
+most `max_paths` are kept, and the mass dropped is counted (`ByteView.dropped`).
+
+This module is NumPy only: a `ByteView` says which new paths need a row (`ByteView.advance`), and
+whoever owns the model evaluates them (`runtime.bytelevel` with llama.cpp, or a test's fake).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError, check_range
+
+END = 256  # the end symbol's index in a byte distribution
+SYMBOLS = 257  # 256 byte values and END
+_DEEP = 4  # byte columns precomputed for the whole vocabulary; deeper ones are read per range
+_ALL_SYMBOLS = np.arange(SYMBOLS)
+
+
+def check_prune(value: float, what: str = "prune") -> float:
+    """The one rule of the pruning threshold: 0 <= prune < 1 (0 keeps every path: exact)."""
+    value = check_range(value, what, minimum=0)
+    if value >= 1:
+        raise ConfigError(f"{what} must be below 1 (a path is dropped when its mass is below prune x the largest), got {value:g}", param="byte_prune")
+    return value
+
+
+class ByteVocab:
+    """A model's vocabulary as byte strings, sorted so that the tokens beginning with any byte
+    string form one contiguous range.
+
+    Args:
+        pieces: each token id's bytes in generated text (empty for control tokens).
+        end_tokens: the model's end-of-generation tokens: they make the end symbol.
+        name: the model as error messages name it.
+    Tokens with no bytes that do not end generation (control tokens) are never generated at the
+    byte level: each row's distribution is renormalised over the byte tokens and the end tokens.
+    """
+
+    def __init__(self, pieces: Sequence[bytes], end_tokens: Iterable[int], name: str = "the model") -> None:
+        self.n_vocab = len(pieces)
+        self.end_tokens = np.array(sorted(set(end_tokens)), dtype=np.int64)
+        if len(self.end_tokens) == 0:
+            raise ConfigError(f"{name} has no end-of-generation token, so its output never ends at the byte level", param="models")
+        ends = set(self.end_tokens.tolist())
+        ids = [t for t, p in enumerate(pieces) if p and t not in ends]
+        ids.sort(key=lambda t: pieces[t])
+        self.order = np.array(ids, dtype=np.int64)  # sorted position -> token id
+        self.pieces: list[bytes] = [pieces[t] for t in ids]  # sorted
+        self.size = len(ids)
+        self.lengths = np.array([len(p) for p in self.pieces], dtype=np.int64)
+        deep = np.full((self.size, _DEEP), -1, dtype=np.int16)  # -1: the token is shorter
+        for d in range(_DEEP):
+            has = self.lengths > d
+            deep[has, d] = [p[d] for p, h in zip(self.pieces, has) if h]
+        self._columns = deep
+        self.root_bounds = np.searchsorted(deep[:, 0], _ALL_SYMBOLS)  # ranges by first byte
+
+    def column(self, depth: int, lo: int, hi: int) -> np.ndarray:
+        """Byte `depth` of the sorted tokens lo..hi (all longer than `depth`)."""
+        if depth < _DEEP:
+            return self._columns[lo:hi, depth]
+        return np.frombuffer(bytes(p[depth] for p in self.pieces[lo:hi]), dtype=np.uint8)
+
+    def prefix_range(self, prefix: bytes) -> tuple[int, int]:
+        """The sorted positions of the tokens whose bytes begin with `prefix`."""
+        lo = bisect.bisect_left(self.pieces, prefix)
+        hi = bisect.bisect_right(self.pieces, prefix, lo=lo, key=lambda p: p[: len(prefix)])
+        return lo, hi
+
+
+@dataclass(eq=False)
+class Path:
+    """One token sequence whose bytes are the text so far up to `start` (see the module's doc).
+
+    `lo`..`hi` are the sorted positions of the tokens that may still follow it (their bytes begin
+    with the pending bytes and reach past them); `bounds` splits that range by the next byte.
+    `cum` is the prefix sum of its next-token distribution in sorted order and `end` its end
+    tokens' probability, both renormalised over the tokens that can be generated; None until the
+    row is known. `handle` is the evaluator's (a llama.cpp slot holding prompt + tokens)."""
+
+    tokens: tuple[int, ...]
+    start: int
+    log_mass: float
+    lo: int
+    hi: int
+    parent: "Path | None" = None
+    cum: np.ndarray | None = None
+    end: float = 0.0
+    bounds: np.ndarray | None = field(default=None, repr=False)
+    handle: object = None
+
+    @property
+    def token(self) -> int:
+        """The last token (the one the row after `parent` is needed for)."""
+        return self.tokens[-1]
+
+
+class Unreachable(ValueError):
+    """The byte has no mass under the paths the view holds (pruning dropped the ones that led
+    there, or no token has it): the view is unchanged; `restart` it from another tokenisation."""
+
+
+@dataclass
+class Advance:
+    """What one byte changed: the new paths (each needs the row after its tokens; its parent's
+    handle holds all but the last) and the paths let go (their handles may be reused, after the
+    new paths took what they need of them)."""
+
+    new: list[Path]
+    gone: list[Path]
+
+
+class ByteView:
+    """One model's distribution over the next byte, given the bytes generated so far.
+
+    Start it with the row after the prompt (`start`), then alternate `distribution` and
+    `advance(byte)`, giving each new path its row (`set_row`) before the next `distribution`.
+    """
+
+    def __init__(self, vocab: ByteVocab, *, max_paths: int = 8, prune: float = 0.0) -> None:
+        self.vocab = vocab
+        self.max_paths = max_paths
+        self.prune = prune
+        self.text = bytearray()
+        self.paths: list[Path] = []
+        self.dropped = 0.0  # the model's probability mass given up by pruning, of all strings
+        self._kept = 1.0  # fraction of the mass kept, over every step
+        self.most_paths = 0  # the most paths held at once
+        self.rows = 0  # rows asked for (the prompt's excluded)
+        self.restarts = 0  # times the paths were rebuilt from a tokenisation of the text
+
+    def start(self, row: np.ndarray, handle: object = None) -> Path:
+        """Begin at the end of the prompt, whose next-token logits are `row`."""
+        root = Path((), 0, 0.0, 0, self.vocab.size, handle=handle)
+        self.set_row(root, row)
+        self.text.clear()
+        self.paths = [root]
+        self.most_paths = 1
+        self.restarts = 0
+        return root
+
+    def restart(self, tokens: Sequence[int], start: int, row: np.ndarray, handle: object = None) -> Path:
+        """Hold one path again: `tokens`, whose bytes are the text's first `start` bytes, with
+        the row after them; the text after `start` is dropped (the caller advances through it
+        again). What the other paths held is counted as dropped."""
+        root = Path(tuple(tokens), start, 0.0, 0, self.vocab.size, handle=handle)
+        self.set_row(root, row)
+        del self.text[start:]
+        self.paths = [root]
+        self.restarts += 1
+        return root
+
+    def set_row(self, path: Path, row: np.ndarray) -> None:
+        """The next-token logits after `path`'s tokens."""
+        z = np.asarray(row[: self.vocab.n_vocab], dtype=np.float64)
+        p = np.exp(z - z.max())
+        byte_tokens = p[self.vocab.order]
+        end = float(p[self.vocab.end_tokens].sum())
+        cum = np.empty(self.vocab.size + 1)
+        cum[0] = 0.0
+        np.cumsum(byte_tokens, out=cum[1:])
+        total = cum[-1] + end
+        cum /= total
+        path.cum, path.end = cum, end / total
+
+    def _bounds(self, path: Path) -> np.ndarray:
+        """Where the tokens that may follow `path` split by their next byte: SYMBOLS entries, the
+        first sorted position of each byte value's tokens, then `hi`."""
+        if path.bounds is None:
+            depth = len(self.text) - path.start
+            if depth == 0:
+                path.bounds = self.vocab.root_bounds
+            else:
+                path.bounds = path.lo + np.searchsorted(self.vocab.column(depth, path.lo, path.hi), _ALL_SYMBOLS)
+        return path.bounds
+
+    def distribution(self) -> np.ndarray:
+        """p(next symbol | text): SYMBOLS float64 probabilities (bytes, then END), summing to 1."""
+        masses = np.zeros(SYMBOLS)
+        top = max(p.log_mass for p in self.paths)
+        for path in self.paths:
+            assert path.cum is not None, "give every new path its row first"
+            weight = math.exp(path.log_mass - top)
+            split = path.cum[self._bounds(path)]
+            masses[:END] += weight * np.diff(split)
+            if path.start == len(self.text):
+                masses[END] += weight * path.end
+        total = masses.sum()
+        if total <= 0:
+            raise ValueError("the byte view holds no mass (every path was dropped)")
+        return masses / total
+
+    def advance(self, byte: int) -> Advance:
+        """Append `byte` (not END) to the text; returns the paths that need a row and those let go."""
+        if not 0 <= byte < END:
+            raise ValueError(f"not a byte: {byte}")
+        vocab = self.vocab
+        depth_after = {}  # path -> depth of its pending bytes after this byte
+        survivors: list[tuple[Path, float]] = []  # (path, log of the mass it carries now)
+        new: list[Path] = []
+        gone: list[Path] = []
+        n = len(self.text) + 1
+        for path in self.paths:
+            bounds = self._bounds(path)
+            lo, hi = int(bounds[byte]), int(bounds[byte + 1])
+            if lo == hi:
+                gone.append(path)
+                continue
+            depth = n - path.start
+            depth_after[path] = depth
+            exact = lo
+            while exact < hi and vocab.lengths[exact] == depth:  # tokens ending exactly here
+                exact += 1
+            cum = path.cum
+            assert cum is not None
+            for k in range(lo, exact):
+                p = cum[k + 1] - cum[k]
+                if p > 0:
+                    child = Path(path.tokens + (int(vocab.order[k]),), n, path.log_mass + math.log(p), 0, vocab.size, parent=path)
+                    new.append(child)
+            if exact < hi and cum[hi] > cum[exact]:
+                path.lo, path.hi, path.bounds = exact, hi, None
+                survivors.append((path, path.log_mass + math.log(cum[hi] - cum[exact])))
+            else:
+                gone.append(path)
+        self.text.append(byte)
+        kept = survivors + [(c, c.log_mass) for c in new]
+        if not kept:
+            del self.text[-1]
+            raise Unreachable(f"byte {byte} has probability 0 under this model's paths")
+        kept, dropped = self._prune(kept)
+        gone += [p for p in dropped if p.cum is not None]  # a dropped new path was never evaluated
+        kept_ids = {id(p) for p in kept}
+        new = [c for c in new if id(c) in kept_ids]
+        self.paths = kept
+        self.most_paths = max(self.most_paths, len(kept))
+        self.rows += len(new)
+        return Advance(new, gone)
+
+    def _prune(self, paths: list[tuple[Path, float]]) -> tuple[list[Path], list[Path]]:
+        """Keep the paths above `prune` x the largest mass, at most `max_paths` (the heaviest)."""
+        if self.prune == 0 and len(paths) <= self.max_paths:
+            return [p for p, _ in paths], []
+        paths = sorted(paths, key=lambda x: -x[1])
+        top = paths[0][1]
+        floor = top + math.log(self.prune) if self.prune > 0 else -math.inf
+        keep = [(p, m) for p, m in paths[: self.max_paths] if m >= floor]
+        drop = [p for p, _ in paths[len(keep) :]]  # sorted: what is kept is a prefix
+        if drop:
+            total = _logsumexp([m for _, m in paths])
+            kept = math.exp(_logsumexp([m for _, m in keep]) - total)
+            self._kept *= kept
+            self.dropped = 1.0 - self._kept
+        return [p for p, _ in keep], drop
+
+
+def _logsumexp(values: Sequence[float]) -> float:
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+# --- UTF-8: which bytes keep the text valid ----------------------------------------------------
+
+def _utf8_masks() -> dict[tuple[int, int, int], np.ndarray]:
+    masks = {}
+
+    def allow(*ranges: tuple[int, int], end: bool = False) -> np.ndarray:
+        m = np.zeros(SYMBOLS, dtype=bool)
+        for a, b in ranges:
+            m[a : b + 1] = True
+        m[END] = end
+        return m
+
+    masks[(0, 0, 0)] = allow((0x00, 0x7F), (0xC2, 0xF4), end=True)
+    masks[(1, 0x80, 0xBF)] = allow((0x80, 0xBF))
+    for lo, hi in ((0xA0, 0xBF), (0x80, 0x9F), (0x90, 0xBF), (0x80, 0x8F)):
+        for need in (1, 2, 3):
+            masks[(need, lo, hi)] = allow((lo, hi))
+    for need in (2, 3):
+        masks[(need, 0x80, 0xBF)] = allow((0x80, 0xBF))
+    return masks
+
+
+_UTF8 = _utf8_masks()
+
+
+class Utf8State:
+    """Where a byte string stands in UTF-8: which next symbols keep it valid (`allowed`), and
+    whether it ends on a character boundary. The end symbol is allowed only there."""
+
+    def __init__(self) -> None:
+        self.need = 0  # continuation bytes still to come
+        self.lo, self.hi = 0, 0  # the range of the next continuation byte
+
+    @property
+    def allowed(self) -> np.ndarray:
+        return _UTF8[(self.need, self.lo, self.hi)]
+
+    @property
+    def at_boundary(self) -> bool:
+        return self.need == 0
+
+    def push(self, byte: int) -> None:
+        if self.need:
+            self.need -= 1
+            self.lo, self.hi = (0x80, 0xBF) if self.need else (0, 0)
+            return
+        if byte < 0x80:
+            return
+        if 0xC2 <= byte <= 0xDF:
+            self.need, self.lo, self.hi = 1, 0x80, 0xBF
+        elif 0xE0 <= byte <= 0xEF:
+            self.need = 2
+            self.lo, self.hi = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F)}.get(byte, (0x80, 0xBF))
+        elif 0xF0 <= byte <= 0xF4:
+            self.need = 3
+            self.lo, self.hi = {0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}.get(byte, (0x80, 0xBF))
+        else:
+            raise ValueError(f"byte {byte:#x} cannot start a UTF-8 character")

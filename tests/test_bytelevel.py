@@ -1,0 +1,159 @@
+"""The byte-level view of a tokenised model (`core.bytelevel`): exact against brute force over
+token sequences, on tiny models with deliberately ambiguous vocabularies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bytefakes import VOCAB_A, VOCAB_B, BruteForce, TinyModel, all_strings, alphabet_of
+from localcos.core.bytelevel import END, ByteView, ByteVocab, check_prune
+from localcos.errors import ConfigError
+
+PROMPT = (0, 1)
+
+
+def view_after(model: TinyModel, s: bytes, **options) -> ByteView:
+    """A view of `model` after PROMPT, advanced through `s`, every new path evaluated."""
+    options.setdefault("max_paths", 10**6)  # exact unless a test caps it
+    view = ByteView(ByteVocab(model.pieces, model.end_tokens), **options)
+    view.start(model.logits(PROMPT))
+    for b in s:
+        for path in view.advance(b).new:
+            view.set_row(path, model.logits(PROMPT + path.tokens))
+    return view
+
+
+@pytest.mark.parametrize("model", [VOCAB_A, VOCAB_B], ids=["A", "B"])
+def test_next_byte_equals_brute_force_marginalisation(model):
+    brute = BruteForce(model, PROMPT)
+    checked = 0
+    for s in all_strings(alphabet_of(VOCAB_A, VOCAB_B), 4):
+        if brute.prefix(s) <= 0:
+            continue
+        expected = brute.next_symbol(s)
+        got = view_after(model, s).distribution()
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9, err_msg=repr(s))
+        checked += 1
+    assert checked > 40  # the ambiguous strings were reached, not just the empty one
+
+
+def test_paths_cover_every_tokenisation_and_pruning_counts_what_it_drops():
+    s = b"ababa"
+    exact = view_after(VOCAB_A, s)
+    assert exact.dropped == 0.0
+    assert exact.most_paths >= 3  # 'ab'+'aba', 'aba'+'ba', 'a'+'b'+... held at once
+    capped = view_after(VOCAB_A, s, max_paths=1)
+    assert 0 < capped.dropped < 1
+    assert len(capped.paths) == 1
+    # what is kept is a distribution still, close to the exact one when little was dropped
+    assert capped.distribution().sum() == pytest.approx(1.0)
+    pruned = view_after(VOCAB_A, s, prune=0.5)
+    assert pruned.dropped > 0
+    assert all(p.log_mass > -np.inf for p in pruned.paths)
+
+
+def test_a_byte_of_probability_zero_is_refused():
+    view = view_after(VOCAB_A, b"")
+    with pytest.raises(ValueError, match="probability 0"):
+        view.advance(ord("z"))
+
+
+def test_a_model_without_an_end_token_and_a_bad_prune_value_are_refused():
+    with pytest.raises(ConfigError, match="no end-of-generation token"):
+        ByteVocab((b"a", b"b"), ())
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ConfigError):
+            check_prune(bad)
+    assert check_prune(0.0) == 0.0
+
+
+def test_end_symbol_only_where_a_path_ends_exactly():
+    # after a lone lead byte of 'é' no path of A ends at a boundary with an end token possible
+    # unless a token ends there: A has the token b'\xc3', so END has mass; B too
+    for model in (VOCAB_A, VOCAB_B):
+        brute = BruteForce(model, PROMPT)
+        got = view_after(model, b"\xc3").distribution()
+        assert got[END] == pytest.approx(brute.ends(b"\xc3") / brute.prefix(b"\xc3"), abs=1e-12)
+
+
+# --- sampling through the byte-level generation -----------------------------------------------
+
+from collections import Counter  # noqa: E402
+
+from bytefakes import FakeMember, string_distribution  # noqa: E402
+from statcheck import assert_matches  # noqa: E402
+
+from localcos.core.combiners import Contrastive, WeightedEnsemble  # noqa: E402
+from localcos.core.sampling import Sampler  # noqa: E402
+from localcos.runtime.bytelevel import RULED_OUT, ByteGeneration, run_to_end  # noqa: E402
+
+LENGTH = 3  # characters per sampled string
+
+
+def sample_outcomes(models, combiner, n: int, seed: int, temperature: float = 1.0) -> Counter:
+    members = [FakeMember(m) for m in models]
+    bound = combiner.bind(len(models), [1, 2])
+    rng = np.random.default_rng(seed)
+    counts: Counter = Counter()
+    for _ in range(n):
+        gen = ByteGeneration(members, [PROMPT] * len(models), bound, Sampler(temperature=temperature), rng, max_chars=LENGTH)
+        c = run_to_end(gen)
+        counts[(c.data, c.finish_reason == "stop")] += 1
+    return counts
+
+
+def check_against(counts: Counter, exact: dict, what: str) -> None:
+    keys = sorted(exact)
+    assert abs(sum(exact.values()) - 1) < 1e-9
+    index = {k: i for i, k in enumerate(keys)}
+    unknown = [k for k in counts if k not in index]
+    assert not unknown, f"{what}: outcomes of probability 0: {unknown[:3]}"
+    assert_matches(Counter({index[k]: c for k, c in counts.items()}), np.array([exact[k] for k in keys]), what)
+
+
+def test_one_model_through_the_byte_path_samples_its_own_string_distribution():
+    brute = BruteForce(VOCAB_A, PROMPT)
+    exact = string_distribution(brute.next_symbol, LENGTH, alphabet_of(VOCAB_A))
+    check_against(sample_outcomes([VOCAB_A], WeightedEnsemble(), 4000, seed=33), exact, "model A alone")
+
+
+def _r_we(brutes):
+    return lambda s: sum(0.5 * b.next_symbol(s) for b in brutes)
+
+
+def _r_cd(expert, amateur, mu):
+    def r(s):
+        pe, pa = expert.next_symbol(s), amateur.next_symbol(s)
+        allowed = (pe > 0) | (pa > 0)  # a symbol one rules out and the other allows: RULED_OUT
+        pe, pa = (np.where(allowed & (p == 0), RULED_OUT, p) for p in (pe, pa))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z = np.log(pe) - mu * np.log(pa)
+        z[pe == 0] = -np.inf
+        p = np.exp(z - z[np.isfinite(z)].max())
+        return p / p.sum()
+    return r
+
+
+@pytest.mark.parametrize("kind", ["we", "cd"])
+def test_two_tokenizers_combined_sample_r_exactly(kind):
+    brutes = [BruteForce(VOCAB_A, PROMPT), BruteForce(VOCAB_B, PROMPT)]
+    if kind == "we":
+        combiner, r = WeightedEnsemble(), _r_we(brutes)
+    else:
+        combiner, r = Contrastive(mu=0.5, expert=1), _r_cd(brutes[1], brutes[0], 0.5)
+    exact = string_distribution(r, LENGTH, alphabet_of(VOCAB_A, VOCAB_B))
+    check_against(sample_outcomes([VOCAB_A, VOCAB_B], combiner, 4000, seed=34), exact, f"{kind} of A and B")
+
+
+def test_greedy_byte_ensemble_takes_the_argmax_of_r_every_byte():
+    brutes = [BruteForce(VOCAB_A, PROMPT), BruteForce(VOCAB_B, PROMPT)]
+    r = _r_we(brutes)
+    (out,) = sample_outcomes([VOCAB_A, VOCAB_B], WeightedEnsemble(), 1, seed=1, temperature=0)
+    data, ended = out
+    s = b""
+    for b in data:
+        assert int(np.argmax(r(s))) == b
+        s += bytes([b])
+    if ended:
+        assert int(np.argmax(r(s))) == END

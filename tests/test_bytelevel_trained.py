@@ -1,0 +1,102 @@
+"""The byte level on trained models of two families: SmolLM2-135M-Instruct (its own tokenizer)
+with Qwen2.5-Coder-0.5B-Instruct, through real llama.cpp and the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from localcos.backend import Model
+from localcos.runtime.bytelevel import ByteMember
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localcos", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def pair(trained):
+    return [trained("smollm2-135m"), trained("coder-0.5b")]
+
+
+def test_a_real_models_first_byte_is_the_mass_of_the_tokens_that_begin_with_it(pair):
+    """p(b | prompt) from the view equals the sum of the token probabilities of the tokens whose
+    bytes begin with b (the end symbol: of the end tokens), renormalised over byte and end
+    tokens: computed here straight from the row, without the view's sorted prefix sums."""
+    with Model(pair[0], n_ctx=256, n_seq=2) as model:
+        member = ByteMember(model, max_paths=2, prune=0.0)
+        prompt = model.tokenize("The capital of France is")
+        member.start(prompt)
+        got = member.view.distribution()
+        row = model.slots[0].prefill(prompt).astype(np.float64)
+        p = np.exp(row - row.max())
+        first = np.full(model.n_vocab, -1)
+        for t in range(model.n_vocab):
+            piece = model.piece(t)
+            if model.is_eog(t):
+                first[t] = 256
+            elif piece:
+                first[t] = piece[0]
+        want = np.bincount(first[first >= 0], weights=p[first >= 0], minlength=257)
+        np.testing.assert_allclose(got, want / want.sum(), atol=1e-9)
+        # and after a byte in the middle of a token the view holds the tokens that go on with it
+        member.advance(ord(" "))
+        after_space = member.view.distribution()
+        assert after_space[ord("P")] > 0.2  # " Paris"
+
+
+@pytest.mark.parametrize("combine", ["we", "cd"])
+def test_generate_combines_two_tokenizers_at_the_byte_level(pair, combine):
+    out = run_cli("generate", "--models", ",".join(map(str, pair)), "--combine", combine, "-p", "def add(a, b):\n",
+                  "--temperature", "0", "--max-tokens", "60", "--json", "--ctx", "512")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    (completion,) = result["completions"]
+    (stats,) = result["stats"]
+    text = completion["text"]
+    assert stats["level"] == "byte"
+    assert "return" in text and "a" in text and "b" in text  # the body of add
+    assert stats["chars"] == len(text) and stats["bytes"] == len(text.encode())
+    assert all(0 < c < 1 for c in stats["calls_per_char"])  # bytes inside a token cost no call
+    assert result["combiner"].startswith(combine)
+
+
+def test_chat_prompts_each_model_in_its_own_template(pair):
+    out = run_cli("generate", "--models", ",".join(map(str, pair)), "--chat", "-p", "What is the capital of France? One word.",
+                  "--temperature", "0", "--max-tokens", "40", "--ctx", "512")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout
+    assert "<|im_start|>" not in out.stdout and "<|im_end|>" not in out.stdout  # the reply ends at the end token
+    assert "byte level" in out.stderr
+
+
+def test_level_auto_keeps_the_token_path_for_one_tokenizer_and_byte_is_forced(trained):
+    pair = ",".join(map(str, [trained("coder-0.5b"), trained("coder-1.5b")]))
+    common = ["generate", "--models", pair, "-p", "def add(a, b):", "--temperature", "0", "--max-tokens", "16", "--ctx", "512", "--seed", "1"]
+    token = run_cli(*common, "--method", "ensemble")
+    assert token.returncode == 0, token.stderr
+    assert "byte level" not in token.stderr
+    forced = run_cli(*common, "--level", "byte")
+    assert forced.returncode == 0, forced.stderr
+    assert "byte level" in forced.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--byte-prune", "1.5"], "--byte-prune must be below 1"),
+        (["--byte-prune", "-1"], "--byte-prune"),
+        (["--method", "cos"], "not available at the byte level yet"),
+        (["--json-object"], "not available at the byte level yet"),
+        (["--level", "bytes"], "--level"),
+    ],
+)
+def test_bad_byte_level_input_is_one_line(pair, flags, message):
+    out = run_cli("generate", "--models", ",".join(map(str, pair)), "-p", "x", "--max-tokens", "4", *flags)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
