@@ -95,8 +95,9 @@ def test_truncated_gguf(tmp_path, models):
 
 
 def test_tokenizer_mismatch(models):
+    # at the token level; auto (the default) combines them at the byte level (test_bytelevel_trained)
     assert_one_line_error(
-        run("generate", "--models", f"{models['base']},{models['other_tokenizer']}", "--prompt", "x"),
+        run("generate", "--models", f"{models['base']},{models['other_tokenizer']}", "--prompt", "x", "--level", "token"),
         "tokenizer mismatch",
         "token id",
     )

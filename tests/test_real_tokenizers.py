@@ -210,11 +210,25 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "localcos", *args], capture_output=True, text=True, timeout=300, env=os.environ.copy())
 
 
-def test_qwen2_with_llama3_is_a_tokenizer_mismatch_in_one_line(real_models):
-    proc = run("generate", "--models", f"{real_models['qwen2']},{real_models['llama3']}", "--prompt", "Hello")
+def test_qwen2_with_llama3_is_a_tokenizer_mismatch_in_one_line_at_the_token_level(real_models):
+    proc = run("generate", "--models", f"{real_models['qwen2']},{real_models['llama3']}", "--prompt", "Hello", "--level", "token")
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and proc.stdout == ""
     assert lines[0].startswith("localcos: error: tokenizer mismatch:") and "r-qwen2" in lines[0] and "r-llama3" in lines[0]
+
+
+def test_qwen2_with_llama3_decodes_at_the_byte_level_by_default(real_models):
+    proc = run("generate", "--models", f"{real_models['qwen2']},{real_models['llama3']}", "--prompt", "Hello", "--max-tokens", "24",
+               "--seed", "5", "--json", "--ctx", "256")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    result = json.loads(proc.stdout)
+    (stats,) = result["stats"]
+    (completion,) = result["completions"]
+    assert stats["level"] == "byte"
+    assert stats["chars"] == len(completion["text"]) <= 24
+    assert stats["bytes"] == len(completion["text"].encode("utf-8"))  # valid UTF-8 throughout
 
 
 def test_models_info_on_real_tokenizers_and_quantisation(real_models):
