@@ -160,10 +160,6 @@ def all_strings(alphabet: Sequence[int], length: int) -> list[bytes]:
     return out
 
 
-def log_or_neg_inf(p: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore"):
-        return np.log(p)
-
 
 
 class FakeMember:

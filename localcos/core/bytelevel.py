@@ -223,7 +223,6 @@ class ByteView:
         if not 0 <= byte < END:
             raise ValueError(f"not a byte: {byte}")
         vocab = self.vocab
-        depth_after = {}  # path -> depth of its pending bytes after this byte
         survivors: list[tuple[Path, float]] = []  # (path, log of the mass it carries now)
         new: list[Path] = []
         gone: list[Path] = []
@@ -235,7 +234,6 @@ class ByteView:
                 gone.append(path)
                 continue
             depth = n - path.start
-            depth_after[path] = depth
             exact = lo
             while exact < hi and vocab.lengths[exact] == depth:  # tokens ending exactly here
                 exact += 1
