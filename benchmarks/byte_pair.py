@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from localcos import Ensemble
+from localcos.config.options import OPTIONS
 from localcos.config.specs import LoadSpec
 from localcos.core.combiners import WeightedEnsemble
 from localcos.core.sampling import Sampler
@@ -32,8 +33,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--chars", type=int, default=160, help="characters per completion")
     ap.add_argument("--temperatures", default="0,1")
-    ap.add_argument("--paths", type=int, default=8)
-    ap.add_argument("--prune", type=float, default=0.01)
+    ap.add_argument("--paths", type=int, default=OPTIONS["byte_paths"].default)
+    ap.add_argument("--prune", type=float, default=OPTIONS["byte_prune"].default)
     ap.add_argument("--ctx", type=int, default=1024)
     args = ap.parse_args()
     registry = Registry.load(user=False)
@@ -43,8 +44,9 @@ def main() -> None:
     we = WeightedEnsemble([0.5, 0.5])
     alone = Ensemble.load([coder], n_ctx=args.ctx)
     qwen_tokens = Ensemble.load([coder, big], n_ctx=args.ctx, combiner=we)
-    cross = ByteModels.load(LoadSpec.make([small, coder], n_ctx=args.ctx), we, max_paths=args.paths, prune=args.prune)
-    qwen_bytes = ByteModels.load(LoadSpec.make([coder, big], n_ctx=args.ctx), we, max_paths=args.paths, prune=args.prune)
+    level = dict(n_ctx=args.ctx, level="byte", byte_paths=args.paths, byte_prune=args.prune)
+    cross = ByteModels.load(LoadSpec.make([small, coder], **level), we)
+    qwen_bytes = ByteModels.load(LoadSpec.make([coder, big], **level), we)
     for t in [float(x) for x in args.temperatures.split(",")]:
         speeds: dict[str, list[float]] = {k: [] for k in ("0.5B alone", "smollm+0.5B byte", "qwen pair token", "qwen pair byte")}
         totals: dict[str, list[float]] = {k: [0.0, 0.0] for k in speeds}  # chars, seconds

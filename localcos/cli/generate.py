@@ -103,8 +103,7 @@ def _generate_bytes(args: argparse.Namespace, settings, config, prompt: str, n: 
     for bad, param, what in refused:
         if bad:
             raise ConfigError(f"{what}: not available at the byte level yet (models with different tokenizers, or --level byte)", param=param)
-    load = settings.load
-    with ByteModels.load(load, settings.combiner(), max_paths=load.byte_paths, prune=load.byte_prune, progress=loading_progress) as models:
+    with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress) as models:
         if args.chat:
             messages = ([Message("system", settings.system)] if settings.system else []) + [Message("user", prompt)]
             prompts = [own_prompt(m, messages) for m in models.models]

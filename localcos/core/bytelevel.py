@@ -29,7 +29,6 @@ whoever owns the model evaluates them (`runtime.bytelevel` with llama.cpp, or a 
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -88,12 +87,6 @@ class ByteVocab:
         if depth < _DEEP:
             return self._columns[lo:hi, depth]
         return np.frombuffer(bytes(p[depth] for p in self.pieces[lo:hi]), dtype=np.uint8)
-
-    def prefix_range(self, prefix: bytes) -> tuple[int, int]:
-        """The sorted positions of the tokens whose bytes begin with `prefix`."""
-        lo = bisect.bisect_left(self.pieces, prefix)
-        hi = bisect.bisect_right(self.pieces, prefix, lo=lo, key=lambda p: p[: len(prefix)])
-        return lo, hi
 
 
 @dataclass(eq=False)

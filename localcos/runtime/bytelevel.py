@@ -20,18 +20,14 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..backend import Model
+from ..backend import Model, shared_vocab_size
 from ..core.bytelevel import END, Advance, ByteView, ByteVocab, Unreachable, Utf8State
 from ..core.combiners import BoundCombiner
 from ..core.sampling import Sampler
-from ..errors import ConfigError
+from ..errors import ConfigError, TokenizerMismatchError
 
 if TYPE_CHECKING:
     from ..config.specs import LoadSpec
-
-DEFAULT_MAX_PATHS = 8
-DEFAULT_PRUNE = 1e-3
-
 
 def byte_vocab(model: Model) -> ByteVocab:
     """The model's vocabulary as byte strings (built once per model)."""
@@ -46,9 +42,6 @@ def byte_vocab(model: Model) -> ByteVocab:
 
 def shares_tokenizer(models: Sequence[Model]) -> bool:
     """Whether the models can decode at the token level together (one tokenizer)."""
-    from ..backend import shared_vocab_size
-    from ..errors import TokenizerMismatchError
-
     try:
         shared_vocab_size(models)
     except TokenizerMismatchError:
@@ -162,11 +155,8 @@ class ByteMember:
                 inherited.add(id(parent))
                 slot = parent.handle
             else:
-                slot = self.free.pop()
-                source = parent.handle
-                slot.truncate(0)
-                self.model._share(source.seq_id, slot.seq_id, len(source.tokens))
-                slot.tokens.extend(source.tokens)
+                slot = self.free.pop()  # empty: it takes the parent's cells from the parent's sequence
+                slot.share_prefix(parent.handle.tokens)
             path.handle = slot
             out.append((path, slot))
         for key, path in gone.items():
@@ -299,7 +289,6 @@ class ByteGeneration:
         text = ""
         emitted = 0  # characters of `text` already yielded
         hold = max((len(s) for s in self.stop), default=1) - 1  # a stop string may still begin here
-        chars = 0
         finish = ""
         while not finish:
             r = self.symbol_distribution() * utf8.allowed
@@ -320,13 +309,12 @@ class ByteGeneration:
             piece = decoder.decode(bytes([symbol]))
             if piece:
                 text += piece
-                chars += len(piece)
                 hit = _find_stop(text, self.stop, len(text) - len(piece))
                 if hit is not None:
                     text = text[:hit]
                     finish = "stop"
                     break
-                if chars >= self.max_chars:
+                if len(text) >= self.max_chars:
                     finish = "length"
                     break
                 if self.n_ctx is not None and any(m.longest >= self.n_ctx for m in self.members):
@@ -378,8 +366,6 @@ class ByteModels:
     def __init__(self, models: Sequence[Model], combiner: BoundCombiner, *, max_paths: int, prune: float) -> None:
         self.models = list(models)
         self.combiner = combiner
-        self.max_paths = max_paths
-        self.prune = prune
         self.members = [ByteMember(m, max_paths=max_paths, prune=prune) for m in self.models]
         self.n_ctx = min(m.n_ctx for m in self.models)
 
@@ -389,10 +375,10 @@ class ByteModels:
         spec: "LoadSpec",
         combiner,
         *,
-        max_paths: int = DEFAULT_MAX_PATHS,
-        prune: float = DEFAULT_PRUNE,
         progress: Callable[[int, int, str], None] | None = None,
     ) -> "ByteModels":
+        """Load every model of `spec` with `spec.byte_paths` sequences; paths pruned at
+        `spec.byte_prune`."""
         import os
 
         from .loaded import model_options
@@ -402,12 +388,12 @@ class ByteModels:
             for i, path in enumerate(spec.paths):
                 if progress:
                     progress(i, len(spec.paths), os.fspath(path))
-                models.append(Model(path, n_seq=max_paths, **model_options(spec, i, max(8, max_paths))))
+                models.append(Model(path, n_seq=spec.byte_paths, **model_options(spec, i, max(8, spec.byte_paths))))
                 models[-1].warm_up(timed_calls=0)
             bound = combiner.bind(len(models), [m.n_params for m in models])
             for m in models:
                 byte_vocab(m)
-            return cls(models, bound, max_paths=max_paths, prune=prune)
+            return cls(models, bound, max_paths=spec.byte_paths, prune=spec.byte_prune)
         except BaseException:
             for m in models:
                 m.close()
