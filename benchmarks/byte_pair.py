@@ -1,7 +1,8 @@
 """The byte level on trained models: what combining two tokenizers costs.
 
 SmolLM2-135M-Instruct (its own tokenizer) with Qwen2.5-Coder-0.5B-Instruct, combined at the byte
-level (WE 0.5/0.5), against the 0.5B alone on its usual token path; and the same-tokenizer Qwen
+level (WE 0.5/0.5), against the 0.5B alone on its usual token path, and with byte-level cos (the
+two take turns drafting bytes, the other scores them in one call) against that ensemble; and the same-tokenizer Qwen
 pair (0.5B + 1.5B) through the byte path against its token path (the standard ensemble). One
 process, every configuration on the same prompts and seeds, interleaved prompt by prompt.
 Reported: characters per second, the ratios, calls per model per character and the paths held.
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--paths", type=int, default=OPTIONS["byte_paths"].default)
     ap.add_argument("--prune", type=float, default=OPTIONS["byte_prune"].default)
     ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--gammas", default="8,16", help="byte-level cos of the cross pair at these draft lengths (bytes); empty: none")
     args = ap.parse_args()
     registry = Registry.load(user=False)
     small, coder, big = (registry.pull(n) for n in ("smollm2-135m", "coder-0.5b", "coder-1.5b"))
@@ -48,10 +50,13 @@ def main() -> None:
     cross = ByteModels.load(LoadSpec.make([small, coder], **level), we)
     qwen_bytes = ByteModels.load(LoadSpec.make([coder, big], **level), we)
     for t in [float(x) for x in args.temperatures.split(",")]:
-        speeds: dict[str, list[float]] = {k: [] for k in ("0.5B alone", "smollm+0.5B byte", "qwen pair token", "qwen pair byte")}
+        gammas = [int(g) for g in args.gammas.split(",") if g]
+        cos_names = [f"smollm+0.5B cos {g}" for g in gammas]
+        speeds: dict[str, list[float]] = {k: [] for k in ("0.5B alone", "smollm+0.5B byte", *cos_names, "qwen pair token", "qwen pair byte")}
+        judged = {k: [0, 0] for k in cos_names}  # accepted, drafted
         totals: dict[str, list[float]] = {k: [0.0, 0.0] for k in speeds}  # chars, seconds
-        calls: dict[str, list[list[float]]] = {"smollm+0.5B byte": [], "qwen pair byte": []}
-        paths: dict[str, list[list[int]]] = {"smollm+0.5B byte": [], "qwen pair byte": []}
+        calls: dict[str, list[list[float]]] = {k: [] for k in ("smollm+0.5B byte", *cos_names, "qwen pair byte")}
+        paths: dict[str, list[list[int]]] = {k: [] for k in calls}
         for i, prompt in enumerate(prompts):
             # token path: max_tokens chosen so the text is about as long; speed is chars / s
             for name, ens in (("0.5B alone", alone), ("qwen pair token", qwen_tokens)):
@@ -59,9 +64,13 @@ def main() -> None:
                 speeds[name].append(len(c.text) / c.stats.seconds)
                 totals[name][0] += len(c.text)
                 totals[name][1] += c.stats.seconds
-            for name, models in (("smollm+0.5B byte", cross), ("qwen pair byte", qwen_bytes)):
-                g = models.generation(models.prompts(prompt), Sampler(temperature=t), completion_rng(i), max_chars=args.chars)
+            runs = [("smollm+0.5B byte", cross, "ensemble", 8), *((n, cross, "cos", g) for n, g in zip(cos_names, gammas)), ("qwen pair byte", qwen_bytes, "ensemble", 8)]
+            for name, models, method, gamma in runs:
+                g = models.generation(models.prompts(prompt), Sampler(temperature=t), completion_rng(i), max_chars=args.chars, method=method, gamma=gamma)
                 c = run_to_end(g)
+                if method == "cos":
+                    judged[name][0] += c.stats.accepted
+                    judged[name][1] += c.stats.drafted
                 speeds[name].append(c.stats.chars_per_second)
                 totals[name][0] += c.stats.chars
                 totals[name][1] += c.stats.seconds
@@ -75,6 +84,10 @@ def main() -> None:
               f"{min(a / b for a, b in zip(speeds['smollm+0.5B byte'], speeds['0.5B alone']) if a):.2f}x)")
         print(f"  qwen pair byte / token path:     {med['qwen pair byte'] / med['qwen pair token']:.2f}x (worst prompt "
               f"{min(a / b for a, b in zip(speeds['qwen pair byte'], speeds['qwen pair token'])):.2f}x)")
+        for k in cos_names:
+            a, d = judged[k]
+            print(f"  {k} / byte ensemble:  {med[k] / med['smollm+0.5B byte']:.2f}x (worst prompt "
+                  f"{min(a / b for a, b in zip(speeds[k], speeds['smollm+0.5B byte']) if b):.2f}x), {a}/{d} draft bytes accepted")
         for k in calls:
             c = np.mean(calls[k], axis=0)
             p = np.max(paths[k], axis=0)

@@ -165,9 +165,11 @@ def all_strings(alphabet: Sequence[int], length: int) -> list[bytes]:
 class FakeMember:
     """A `TinyModel` as the byte-level generation drives a member: rows computed on the spot."""
 
-    def __init__(self, model: TinyModel, *, max_paths: int = 10**6, prune: float = 0.0) -> None:
+    def __init__(self, model: TinyModel, *, max_paths: int = 10**6, prune: float = 0.0, tree_limit: int = 8) -> None:
         from localcos.core.bytelevel import ByteView, ByteVocab
 
+        self.tree_limit = tree_limit
+        self.missed = 0
         self.model = model
         self.view = ByteView(ByteVocab(model.pieces, model.end_tokens), max_paths=max_paths, prune=prune)
         self.prompt: tuple[int, ...] = ()
@@ -179,11 +181,54 @@ class FakeMember:
         self.calls = 0
 
     def advance(self, byte: int) -> None:
-        new = self.view.advance(byte).new
-        if new:
+        from localcos.core.bytelevel import Unreachable
+
+        try:
+            self._evaluate(self.view.advance(byte).new)
+        except Unreachable:  # pruned away: one path again, the longest-match tokenisation
+            data = bytes(self.view.text) + bytes([byte])
+            tokens: list[int] = []
+            pos = 0
+            while pos < len(data):
+                token, n = self.view.vocab.longest(data[pos:])
+                tokens.append(token)
+                pos += n
+            tokens.pop()
+            start = sum(len(self.model.pieces[t]) for t in tokens)
+            self.view.restart(tokens, start, self.model.logits(self.prompt + tuple(tokens)))
+            for b in data[start:]:
+                self._evaluate(self.view.advance(b).new)
+
+    def _evaluate(self, paths) -> None:
+        if paths:
             self.calls += 1
-        for path in new:
+        for path in paths:
             self.view.set_row(path, self.model.logits(self.prompt + path.tokens))
+
+    def snapshot(self):
+        return self.view.snapshot()
+
+    def rollback(self, state) -> None:
+        self.view.restore(state)
+
+    def score(self, draft: bytes):
+        """As `ByteMember.score`: the lattice's rows ahead, then the replay (missing rows
+        counted)."""
+        from localcos.core.bytelevel import replay
+
+        known = {}
+        for base, tokens in self.view.lattice(draft, self.tree_limit):
+            for i in range(len(tokens)):
+                seq = base.tokens + tuple(tokens[: i + 1])
+                known[seq] = self.view.normalise(self.model.logits(self.prompt + seq))
+        if known:
+            self.calls += 1
+
+        def evaluate(paths) -> None:
+            self.missed += len(paths)
+            self._evaluate(paths)
+
+        return replay(self.view, draft, known, evaluate)
 
     @property
     def longest(self) -> int:

@@ -91,13 +91,13 @@ from localcos.runtime.bytelevel import RULED_OUT, ByteGeneration, run_to_end  # 
 LENGTH = 3  # characters per sampled string
 
 
-def sample_outcomes(models, combiner, n: int, seed: int, temperature: float = 1.0) -> Counter:
+def sample_outcomes(models, combiner, n: int, seed: int, temperature: float = 1.0, **method) -> Counter:
     members = [FakeMember(m) for m in models]
     bound = combiner.bind(len(models), [1, 2])
     rng = np.random.default_rng(seed)
     counts: Counter = Counter()
     for _ in range(n):
-        gen = ByteGeneration(members, [PROMPT] * len(models), bound, Sampler(temperature=temperature), rng, max_chars=LENGTH)
+        gen = ByteGeneration(members, [PROMPT] * len(models), bound, Sampler(temperature=temperature), rng, max_chars=LENGTH, **method)
         c = run_to_end(gen)
         counts[(c.data, c.finish_reason == "stop")] += 1
     return counts
@@ -135,15 +135,20 @@ def _r_cd(expert, amateur, mu):
     return r
 
 
-@pytest.mark.parametrize("kind", ["we", "cd"])
-def test_two_tokenizers_combined_sample_r_exactly(kind):
+@pytest.mark.parametrize(
+    "kind,method,gamma", [("we", "ensemble", 0), ("cd", "ensemble", 0), ("we", "cos", 2), ("we", "cos", 5), ("cd", "cos", 3)]
+)
+def test_two_tokenizers_combined_sample_r_exactly(kind, method, gamma):
+    """The ensemble, and speculation across the tokenizers (cos: drafts of `gamma` bytes)."""
     brutes = [BruteForce(VOCAB_A, PROMPT), BruteForce(VOCAB_B, PROMPT)]
     if kind == "we":
         combiner, r = WeightedEnsemble(), _r_we(brutes)
     else:
         combiner, r = Contrastive(mu=0.5, expert=1), _r_cd(brutes[1], brutes[0], 0.5)
     exact = string_distribution(r, LENGTH, alphabet_of(VOCAB_A, VOCAB_B))
-    check_against(sample_outcomes([VOCAB_A, VOCAB_B], combiner, 4000, seed=34), exact, f"{kind} of A and B")
+    options = {"method": "cos", "gamma": gamma} if method == "cos" else {}
+    counts = sample_outcomes([VOCAB_A, VOCAB_B], combiner, 4000, seed=34 + gamma, **options)
+    check_against(counts, exact, f"{kind} of A and B, {method} {gamma or ''}")
 
 
 def test_greedy_byte_ensemble_takes_the_argmax_of_r_every_byte():
@@ -157,3 +162,34 @@ def test_greedy_byte_ensemble_takes_the_argmax_of_r_every_byte():
         s += bytes([b])
     if ended:
         assert int(np.argmax(r(s))) == END
+
+
+# --- speculation across tokenizers (cos at the byte level) --------------------------------------
+
+
+def test_byte_level_cos_drafts_are_judged_and_rows_come_from_one_call():
+    members = [FakeMember(m, max_paths=4, prune=0.01) for m in (VOCAB_A, VOCAB_B)]
+    bound = WeightedEnsemble().bind(2, [1, 2])
+    gen = ByteGeneration(members, [PROMPT] * 2, bound, Sampler(temperature=1.0), np.random.default_rng(5), max_chars=60, method="cos", gamma=6, ignore_end=True)
+    c = run_to_end(gen)
+    assert c.stats.chars == 60
+    assert c.stats.method == "cos"
+    assert c.stats.drafted > 0 and 0 < c.stats.accepted <= c.stats.drafted
+    # the lattice evaluated ahead most of what the replays asked for
+    rows = sum(m.view.rows for m in members)
+    assert sum(m.missed for m in members) < rows / 2
+
+
+@pytest.mark.parametrize("seed,paths", [(1, None), (2, None), (3, 4), (4, 4)])
+def test_greedy_byte_level_cos_equals_the_greedy_byte_level_ensemble(seed, paths):
+    prompt = (0, seed)
+    outs = {}
+    for method in ("ensemble", "cos"):
+        pruning = {"max_paths": paths, "prune": 0.01} if paths else {}
+        members = [FakeMember(VOCAB_A, **pruning), FakeMember(VOCAB_B, **pruning)]
+        bound = WeightedEnsemble().bind(2, [1, 2])
+        gen = ByteGeneration(members, [prompt] * 2, bound, Sampler(temperature=0), np.random.default_rng(0), max_chars=40 if paths else 12,
+                             method=method, gamma=4, ignore_end=bool(paths))  # fmt: skip
+        outs[method] = run_to_end(gen).data
+    assert outs["cos"] == outs["ensemble"]
+    assert len(outs["cos"]) > 0

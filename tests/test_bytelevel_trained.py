@@ -90,7 +90,9 @@ def test_level_auto_keeps_the_token_path_for_one_tokenizer_and_byte_is_forced(tr
     [
         (["--byte-prune", "1.5"], "--byte-prune must be below 1"),
         (["--byte-prune", "-1"], "--byte-prune"),
-        (["--method", "cos"], "not available at the byte level yet"),
+        (["--method", "sd"], "not available at the byte level yet"),
+        (["--gamma", "3"], "--byte-gamma"),
+        (["--byte-gamma", "0"], "--byte-gamma"),
         (["--json-object"], "not available at the byte level yet"),
         (["--level", "bytes"], "--level"),
     ],
@@ -100,3 +102,25 @@ def test_bad_byte_level_input_is_one_line(pair, flags, message):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr
+
+
+@pytest.mark.parametrize("combine", ["we", "cd"])
+def test_byte_level_cos_across_two_families(pair, combine):
+    common = ["generate", "--models", ",".join(map(str, pair)), "--combine", combine, "-p", "def add(a, b):\n", "--temperature", "0",
+              "--max-tokens", "60", "--json", "--ctx", "512"]  # fmt: skip
+    outs = {}
+    for method in ("ensemble", "cos"):
+        out = run_cli(*common, "--method", method)
+        assert out.returncode == 0, out.stderr
+        outs[method] = json.loads(out.stdout)
+    (cos,) = outs["cos"]["completions"]
+    (stats,) = outs["cos"]["stats"]
+    assert stats["method"] == "cos" and 0 < stats["accepted"] <= stats["drafted"]
+    assert "return" in cos["text"] and stats["bytes"] == len(cos["text"].encode())
+    # greedy cos draws from r like the ensemble; this Q4_K_M/Q8_0 pair is not batch-invariant, so
+    # the texts may part at a near-tie, never at once
+    (ensemble,) = outs["ensemble"]["completions"]
+    same = 0
+    while same < min(len(cos["text"]), len(ensemble["text"])) and cos["text"][same] == ensemble["text"][same]:
+        same += 1
+    assert same >= 20, (cos["text"], ensemble["text"])

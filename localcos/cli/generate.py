@@ -98,7 +98,9 @@ def _generate_bytes(args: argparse.Namespace, settings, config, prompt: str, n: 
     from ..runtime.bytelevel import ByteModels, run_to_end
     from ..runtime.generation import completion_rng
 
-    refused = [(args.method not in (None, "ensemble"), "method", f"--method {args.method}"),
+    if config.gamma is not None:
+        raise ConfigError("--gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
+    refused = [(args.method not in (None, "ensemble", "cos"), "method", f"--method {args.method}"),
                (config.constraint is not None, "grammar", "--grammar, --json-schema and --json-object")]  # fmt: skip
     for bad, param, what in refused:
         if bad:
@@ -113,7 +115,7 @@ def _generate_bytes(args: argparse.Namespace, settings, config, prompt: str, n: 
         completions = []
         for k in range(n):
             generation = models.generation(prompts, sampler, completion_rng(config.seed, k), max_chars=config.max_tokens, stop=config.stop,
-                                            ignore_end=config.ignore_eos)  # fmt: skip
+                                            ignore_end=config.ignore_eos, method=args.method or "ensemble", gamma=config.byte_gamma)  # fmt: skip
             if args.json:
                 completions.append(run_to_end(generation))
                 continue

@@ -78,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
     points = sweep.settings() if sweep else [{}]
     grid = [settings.with_values(point) for point in points]  # each point checked like an option
     labels = [_label(point) for point in points]
+    from ..runtime.bytelevel import uses_byte_level
+
+    if uses_byte_level(settings.load):
+        return _score_bytes(args, settings, text if args.file else None, grid, labels)
     with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, max_logit_rows=SCORING_LOGIT_ROWS) as ens:
         combiners = [s.combiner() for s in grid]
         names = ens.names
@@ -145,6 +149,56 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         assert sweep is not None
         plot_sweep(args.plot, sweep, rows, "perplexity" if args.file else "accuracy")
+    return 0
+
+
+def _score_bytes(args: argparse.Namespace, settings, text: str | None, grid: list, labels: list[str]) -> int:
+    """score at the byte level: bits per byte of the text under r and each model alone."""
+    from ..eval.bytescore import bits_per_byte
+    from ..runtime.bytelevel import ByteModels
+
+    if text is None:
+        raise ConfigError("--choices: not available at the byte level yet (models with different tokenizers, or --level byte); --file is", param="choices")
+    if args.plot:
+        raise ConfigError("--plot: not available at the byte level yet", param="plot")
+    window = settings.load.n_ctx - 2  # bytes: a window's tokens fit the context (a token has 1 byte or more), BOS too
+    with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress) as models:
+        t0 = time.perf_counter()
+        with _Progress("windows") as bar:
+            result = bits_per_byte(models, text, [s.combiner() for s in grid], window=window, progress=bar.update)
+        seconds = time.perf_counter() - t0
+        names = models.names
+        bound = [c.bind(len(models.models), [m.n_params for m in models.models]).description for c in (s.combiner() for s in grid)]
+    scored = result.combined[0].count
+    windows = f"{result.windows} window" + ("s" if result.windows != 1 else "")
+    print(f"localcos score: bits per byte of {args.file} at the byte level ({result.bytes} bytes; {windows} of "
+          f"{result.window} bytes, {scored} bytes scored)")  # fmt: skip
+    print(f"{'':<34}{'bits/byte':>12}")
+    rows = [("r", label or desc, bits.per_byte, None) for desc, label, bits in zip(bound, labels, result.combined)]
+    rows += [("model", name, bits.per_byte, None) for name, bits in zip(names, result.members)]
+    for kind, label, value, _ in rows:
+        print(f"{(f'r {label}' if kind == 'r' else f'{label} alone')[:33]:<34}{value:>12.4f}")
+    pruned = ", ".join(f"{n}: {d:.2g} of its mass over a window dropped, {u} bytes outside its paths" for n, d, u in zip(names, result.dropped, result.unreachable))
+    print(f"\n{seconds:.2f}s, {scored / seconds:.1f} scored bytes/s; pruning (--byte-prune {settings.load.byte_prune:g}): {pruned}")
+    report = {
+        "models": [str(p) for p in settings.load.paths],
+        "kind": "bits_per_byte",
+        "level": "byte",
+        "rows": [{"kind": k, "label": label, "value": v} for k, label, v, _ in rows],
+        "bytes": result.bytes,
+        "windows": result.windows,
+        "window": result.window,
+        "seconds": seconds,
+        "dropped_mass": result.dropped,
+        "unreachable_bytes": result.unreachable,
+    }
+    if args.json:
+        write_text(args.json, json.dumps(report, indent=1))
+    if args.csv:
+        with atomic_write(args.csv, newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["kind", "label", "bits_per_byte"])
+            w.writerows(r[:3] for r in rows)
     return 0
 
 

@@ -29,9 +29,10 @@ whoever owns the model evaluates them (`runtime.bytelevel` with llama.cpp, or a 
 
 from __future__ import annotations
 
+import bisect
 import math
-from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -75,12 +76,27 @@ class ByteVocab:
         self.pieces: list[bytes] = [pieces[t] for t in ids]  # sorted
         self.size = len(ids)
         self.lengths = np.array([len(p) for p in self.pieces], dtype=np.int64)
+        self._longest_piece = int(self.lengths.max(initial=0))
         deep = np.full((self.size, _DEEP), -1, dtype=np.int16)  # -1: the token is shorter
         for d in range(_DEEP):
             has = self.lengths > d
             deep[has, d] = [p[d] for p, h in zip(self.pieces, has) if h]
         self._columns = deep
         self.root_bounds = np.searchsorted(deep[:, 0], _ALL_SYMBOLS)  # ranges by first byte
+
+    def exact(self, piece: bytes) -> tuple[int, int]:
+        """The sorted positions lo..hi of the tokens whose bytes are exactly `piece` (duplicates,
+        such as a byte-fallback token beside a merged one, are neighbours)."""
+        lo = bisect.bisect_left(self.pieces, piece)
+        return lo, bisect.bisect_right(self.pieces, piece, lo)
+
+    def longest(self, data: bytes) -> tuple[int, int] | None:
+        """The longest token that `data` begins with: (token id, its length), or None."""
+        for n in range(min(len(data), self._longest_piece), 0, -1):
+            lo, hi = self.exact(data[:n])
+            if lo < hi:
+                return int(self.order[lo]), n
+        return None
 
     def column(self, depth: int, lo: int, hi: int) -> np.ndarray:
         """Byte `depth` of the sorted tokens lo..hi (all longer than `depth`)."""
@@ -131,6 +147,15 @@ class Advance:
     gone: list[Path]
 
 
+@dataclass(frozen=True)
+class ViewState:
+    """A `ByteView` at one point of its text (see `ByteView.snapshot`)."""
+
+    length: int
+    paths: tuple[Path, ...]
+    kept: float
+
+
 class ByteView:
     """One model's distribution over the next byte, given the bytes generated so far.
 
@@ -173,6 +198,12 @@ class ByteView:
 
     def set_row(self, path: Path, row: np.ndarray) -> None:
         """The next-token logits after `path`'s tokens."""
+        path.cum, path.end = self.normalise(row)
+
+    def normalise(self, row: np.ndarray) -> tuple[np.ndarray, float]:
+        """A logits row as a path keeps it: the prefix sums of its distribution over the byte
+        tokens in sorted order and its end tokens' probability, renormalised over both (a new
+        array: `row` may be llama.cpp's buffer, valid until the next call)."""
         z = np.asarray(row[: self.vocab.n_vocab], dtype=np.float64)
         p = np.exp(z - z.max())
         byte_tokens = p[self.vocab.order]
@@ -182,7 +213,19 @@ class ByteView:
         np.cumsum(byte_tokens, out=cum[1:])
         total = cum[-1] + end
         cum /= total
-        path.cum, path.end = cum, end / total
+        return cum, end / total
+
+    def snapshot(self) -> "ViewState":
+        """Where the view stands now; `restore` comes back to it after advancing further (paths
+        are never changed once made, so this holds no copies)."""
+        return ViewState(len(self.text), tuple(self.paths), self._kept)
+
+    def restore(self, state: "ViewState") -> None:
+        """Back to an earlier `snapshot` of this view (the bytes after it are forgotten)."""
+        del self.text[state.length :]
+        self.paths = list(state.paths)
+        self._kept = state.kept
+        self.dropped = 1.0 - state.kept
 
     def _bounds(self, path: Path) -> np.ndarray:
         """Where the tokens that may follow `path` split by their next byte: SYMBOLS entries, the
@@ -238,8 +281,9 @@ class ByteView:
                     child = Path(path.tokens + (int(vocab.order[k]),), n, path.log_mass + math.log(p), 0, vocab.size, parent=path)
                     new.append(child)
             if exact < hi and cum[hi] > cum[exact]:
-                path.lo, path.hi, path.bounds = exact, hi, None
-                survivors.append((path, path.log_mass + math.log(cum[hi] - cum[exact])))
+                # a new object: the old one stays valid for a snapshot taken before this byte
+                survivor = replace(path, lo=exact, hi=hi, bounds=None)
+                survivors.append((survivor, path.log_mass + math.log(cum[hi] - cum[exact])))
             else:
                 gone.append(path)
         self.text.append(byte)
@@ -271,6 +315,76 @@ class ByteView:
             self._kept *= kept
             self.dropped = 1.0 - self._kept
         return [p for p, _ in keep], drop
+
+
+    def lattice(self, draft: bytes, limit: int) -> list[tuple[Path, list[int]]]:
+        """The token sequences whose rows advancing through `draft` will likely ask for, as
+        chains from held paths, `limit` tokens at most in all (to evaluate them in one call):
+        each token that completes a held path's pending bytes inside the draft (its probability
+        is known: heaviest first, pruned as `advance` would), followed by the longest tokens
+        that cover the rest of the draft (how a tokenizer would most likely go on). A row that
+        is not here is asked for when `replay` reaches it."""
+        vocab = self.vocab
+        firsts: list[tuple[float, Path, int, int]] = []
+        for path in self.paths:
+            pending = bytes(self.text[path.start :])
+            cum = path.cum
+            assert cum is not None
+            for j in range(1, len(draft) + 1):
+                lo, hi = vocab.exact(pending + draft[:j])
+                for k in range(lo, hi):
+                    p = cum[k + 1] - cum[k]
+                    if p > 0:
+                        firsts.append((path.log_mass + math.log(p), path, int(vocab.order[k]), j))
+        firsts.sort(key=lambda x: -x[0])
+        floor = firsts[0][0] + math.log(self.prune) if firsts and self.prune > 0 else -math.inf
+        firsts = [f for f in firsts[: min(self.max_paths, limit)] if f[0] >= floor]
+        chains: list[tuple[Path, list[int]]] = [(path, [token]) for _, path, token, _ in firsts]
+        ends = [end for _, _, _, end in firsts]
+        rows = len(chains)
+        # the heaviest first, each as far as the draft goes, while the call has room
+        for (_, chain), end in zip(chains, ends):
+            while end < len(draft) and rows < limit:
+                step = vocab.longest(draft[end:])
+                if step is None:
+                    break
+                chain.append(step[0])
+                end += step[1]
+                rows += 1
+        return chains
+
+
+def replay(
+    view: ByteView,
+    draft: bytes,
+    known: Mapping[tuple[int, ...], tuple[np.ndarray, float]],
+    evaluate: Callable[[list[Path]], None],
+) -> tuple[list[np.ndarray], list[ViewState]]:
+    """Advance `view` through `draft`, each new path's row taken from `known` (token sequence ->
+    `ByteView.normalise`d row) or, where it is not there, from `evaluate(paths)` (which must
+    `set_row` each). Returns the view's distribution and state at every position reached, the
+    current one first: all len(draft) + 1 of them, or fewer when a byte of the draft has
+    probability 0 under the held paths (the view then stays at the last byte it could take).
+    The view is exactly where advancing one byte at a time would bring it."""
+    dists = [view.distribution()]
+    states = [view.snapshot()]
+    for byte in draft:
+        try:
+            change = view.advance(byte)
+        except Unreachable:
+            break
+        missing = []
+        for path in change.new:
+            row = known.get(path.tokens)
+            if row is None:
+                missing.append(path)
+            else:
+                path.cum, path.end = row
+        if missing:
+            evaluate(missing)
+        dists.append(view.distribution())
+        states.append(view.snapshot())
+    return dists, states
 
 
 def _logsumexp(values: Sequence[float]) -> float:
@@ -318,6 +432,11 @@ class Utf8State:
     @property
     def at_boundary(self) -> bool:
         return self.need == 0
+
+    def copy(self) -> "Utf8State":
+        other = Utf8State()
+        other.need, other.lo, other.hi = self.need, self.lo, self.hi
+        return other
 
     def push(self, byte: int) -> None:
         if self.need:

@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from ..backend import Model, shared_vocab_size
-from ..core.bytelevel import END, Advance, ByteView, ByteVocab, Unreachable, Utf8State
+from ..backend.model import common_prefix
+from ..core.bytelevel import END, Advance, ByteView, ByteVocab, Path, Unreachable, Utf8State, ViewState, replay
 from ..core.combiners import BoundCombiner
 from ..core.sampling import Sampler
+from ..core.verify import verify
 from ..errors import ConfigError, TokenizerMismatchError
 
 if TYPE_CHECKING:
@@ -79,7 +81,10 @@ def floor_ruled_out(dists: Sequence[np.ndarray]) -> list[np.ndarray]:
 class ByteMember:
     """One model at the byte level: its view and the llama.cpp sequences that hold its paths
     (one per path, `max_paths` at most; a new path takes over its parent's sequence when the
-    parent is let go, else a free one sharing the parent's cells)."""
+    parent is let go, else a free one sharing the parent's cells).
+
+    A sequence let go keeps its cells until it is taken again (a rollback may want them back);
+    whoever takes it keeps what it shares with the new path (`_seat`)."""
 
     def __init__(self, model: Model, *, max_paths: int, prune: float) -> None:
         if len(model.slots) < max_paths:
@@ -88,7 +93,10 @@ class ByteMember:
         self.view = ByteView(byte_vocab(model), max_paths=max_paths, prune=prune)
         self.free = list(model.slots[1:])
         self.calls = 0
+        self.tree_rows = 0  # rows evaluated ahead for drafts (`score`)
+        self.missed = 0  # rows a draft's replay asked for that were not evaluated ahead
         self.prompt: list[int] = []
+        self._anchored: set[int] = set()  # sequences of paths a snapshot may come back to
 
     def start(self, prompt: Sequence[int]) -> None:
         """Evaluate the prompt (its own tokens) in the first sequence; the view starts there."""
@@ -98,8 +106,9 @@ class ByteMember:
         self.prompt = list(prompt)
         row = home.prefill(self.prompt)
         self.free = list(self.model.slots[1:])
+        self._anchored = set()
         self.view.start(row, handle=home)
-        self.calls = 0
+        self.calls = self.tree_rows = self.missed = 0
 
     def advance(self, byte: int) -> None:
         """Append a byte; the new paths' rows come from one call (or a few, within the model's
@@ -112,6 +121,113 @@ class ByteMember:
             return
         self._evaluate(self._place(change))
 
+    # --- drafts: score bytes ahead in one call, come back to where the view was ----------------
+    def snapshot(self) -> ViewState:
+        """Where the view stands; its paths' sequences are kept from being taken over while the
+        view goes on (a rollback to it then finds their cells)."""
+        self._anchored.update(id(p.handle) for p in self.view.paths if p.handle is not None)
+        return self.view.snapshot()
+
+    def rollback(self, state: ViewState) -> None:
+        """Back to an earlier snapshot; each held path's sequence holds its tokens again."""
+        self.view.restore(state)
+        self._hold()
+
+    def score(self, draft: bytes) -> tuple[list[np.ndarray], list[ViewState]]:
+        """The view's distribution at each position of `draft` (see `core.bytelevel.replay`),
+        its rows evaluated ahead in one call along the view's likely tokenisations of the draft.
+        The view ends after the draft; `rollback` to one of the states (the last one included)
+        makes its sequences consistent again."""
+        known = self._evaluate_ahead(draft)
+        return replay(self.view, draft, known, self._evaluate_missing)
+
+    def _evaluate_ahead(self, draft: bytes) -> dict[tuple[int, ...], tuple[np.ndarray, float]]:
+        model = self.model
+        limit = min(model.max_logit_rows, model.n_batch)
+        chains = self.view.lattice(draft, limit)
+        parts = []
+        taken: set[int] = set()
+        for base, tokens in chains:
+            target = self.prompt + list(base.tokens)
+            slot = base.handle if base.handle is not None and id(base.handle) not in taken else None
+            if slot is None:
+                spare = [s for s in self.free if id(s) not in taken]
+                if not spare:
+                    break
+                slot = min(spare, key=lambda s: id(s) in self._anchored)
+                self._seat(slot, target)
+            taken.add(id(slot))
+            parts.append((slot, tokens, 0, len(tokens)))
+        if not parts:
+            return {}
+        rows = model.decode(parts)
+        self.calls += 1
+        known = {}
+        for (base, tokens), chain_rows in zip(chains, rows):
+            for i in range(len(tokens)):
+                known[base.tokens + tuple(tokens[: i + 1])] = self.view.normalise(chain_rows[i])
+        self.tree_rows += sum(len(t) for _, t in chains[: len(parts)])
+        return known
+
+    def _evaluate_missing(self, paths: list[Path]) -> None:
+        """Rows a replay needs that were not evaluated ahead: each path's tokens but the last
+        seated in a sequence (sharing what any holds), the last evaluated there."""
+        self.missed += len(paths)
+        slots = self._seats([self.prompt + list(p.tokens[:-1]) for p in paths])
+        for path, slot in zip(paths, slots):
+            path.handle = slot
+        self._evaluate(list(zip(paths, slots)))
+
+    def _hold(self) -> None:
+        """Make each held path's sequence hold exactly the prompt and its tokens (after a
+        rollback or a replay moved things around); the other sequences become free."""
+        paths = self.view.paths
+        slots = self._seats([self.prompt + list(p.tokens) for p in paths])
+        for path, slot in zip(paths, slots):
+            path.handle = slot
+        used = {id(s) for s in slots}
+        self.free = [s for s in self.model.slots if id(s) not in used]
+        self._anchored = used
+
+    def _seats(self, targets: list[list[int]]) -> list:
+        """A distinct sequence holding exactly each of `targets`: one that holds it already (or
+        more after it) where there is one, else the sequence that shares most of it, the rest
+        copied from whichever sequence holds it (seq_cp) and, failing that, evaluated."""
+        chosen: list = [None] * len(targets)
+        taken: set[int] = set()
+        order = sorted(range(len(targets)), key=lambda i: -len(targets[i]))
+        for i in order:  # holders first, so copying below never takes a holder's sequence
+            t = targets[i]
+            holders = [s for s in self.model.slots if id(s) not in taken and s.tokens[: len(t)] == t]
+            if holders:
+                chosen[i] = min(holders, key=lambda s: len(s.tokens))
+                taken.add(id(chosen[i]))
+        for i in order:
+            if chosen[i] is None:
+                spare = [s for s in self.model.slots if id(s) not in taken]
+                slot = max(spare, key=lambda s: (common_prefix(s.tokens, targets[i]), id(s) not in self._anchored))
+                chosen[i] = slot
+                taken.add(id(slot))
+        holders = {id(chosen[i]) for i in order if chosen[i].tokens[: len(targets[i])] == targets[i]}
+        missing = []
+        # copies first: a holder cut down to its own target may hold what another one copies
+        for slot, t in sorted(zip(chosen, targets), key=lambda st: id(st[0]) in holders):
+            rest = self._seat(slot, t)
+            if rest:
+                missing.append((slot, rest, 0, 0))
+        if missing:  # cells nobody held any more: evaluate them again, no rows asked
+            self.model.decode(missing)
+            self.calls += 1
+        return chosen
+
+    def _seat(self, slot, target: list[int]) -> list[int]:
+        """Make `slot` hold the longest prefix of `target` any sequence holds; what it still
+        lacks."""
+        slot.share_prefix(target)
+        keep = common_prefix(slot.tokens, target)
+        slot.truncate(keep)
+        return target[keep:]
+
     def _restart(self, data: bytes) -> None:
         """One path again: the model's tokens of `data` but the last, evaluated in the first
         sequence; then the bytes after them again, one by one."""
@@ -123,8 +239,6 @@ class ByteMember:
         for path in self.view.paths:
             path.handle = None
         self.free = [s for s in self.model.slots if s is not home]
-        for slot in self.free:
-            slot.truncate(0)
         self.view.restart(tokens, start, row, handle=home)
         for b in data[start:]:
             self._evaluate(self._place(self.view.advance(b)))
@@ -151,12 +265,13 @@ class ByteMember:
         for path in change.new:
             parent = path.parent
             assert parent is not None and parent.handle is not None
-            if id(parent) in gone and id(parent) not in inherited:
+            if id(parent) in gone and id(parent) not in inherited and id(parent.handle) not in self._anchored:
                 inherited.add(id(parent))
                 slot = parent.handle
             else:
-                slot = self.free.pop()  # empty: it takes the parent's cells from the parent's sequence
-                slot.share_prefix(parent.handle.tokens)
+                slot = self._free_slot()
+                rest = self._seat(slot, parent.handle.tokens)
+                assert not rest  # the parent's sequence holds all of it
             path.handle = slot
             out.append((path, slot))
         for key, path in gone.items():
@@ -164,11 +279,17 @@ class ByteMember:
                 self._release(path)
         return out
 
+    def _free_slot(self):
+        """A free sequence, one no snapshot's path holds where there is one."""
+        for i in range(len(self.free) - 1, -1, -1):
+            if id(self.free[i]) not in self._anchored:
+                return self.free.pop(i)
+        return self.free.pop()
+
     def _release(self, path) -> None:
         slot = path.handle
-        if slot is not None:
+        if slot is not None and slot not in self.free:
             path.handle = None
-            slot.truncate(0)
             self.free.append(slot)
 
     @property
@@ -191,6 +312,10 @@ class ByteStats:
     restarts: list[int] = field(default_factory=list)  # paths rebuilt from the model's tokenisation
     dropped: list[float] = field(default_factory=list)  # each model's probability mass pruned
     finish_reason: str = ""
+    method: str = "ensemble"
+    drafted: int = 0  # draft symbols judged (cos)
+    accepted: int = 0
+    missed: list[int] = field(default_factory=list)  # rows a draft's scoring had not evaluated ahead
 
     @property
     def chars_per_second(self) -> float:
@@ -211,6 +336,8 @@ class ByteStats:
             "restarts": self.restarts,
             "dropped_mass": [float(f"{d:.3g}") for d in self.dropped],
             "finish_reason": self.finish_reason,
+            "method": self.method,
+            **({"drafted": self.drafted, "accepted": self.accepted, "missed_rows": self.missed} if self.method == "cos" else {}),
         }
 
     def summary(self, names: Sequence[str]) -> str:
@@ -218,7 +345,8 @@ class ByteStats:
             f"{n}: {c / max(self.chars, 1):.2f} calls/char, {p} paths at most, {d:.2g} mass dropped, {r} restarts"
             for n, c, p, d, r in zip(names, self.calls, self.most_paths, self.dropped, self.restarts)
         )
-        return f"byte level: {self.chars} chars in {self.seconds:.2f} s ({self.chars_per_second:.1f} chars/s); {per_model}"
+        drafts = f"; {self.accepted}/{self.drafted} draft symbols accepted" if self.method == "cos" else ""
+        return f"byte level: {self.chars} chars in {self.seconds:.2f} s ({self.chars_per_second:.1f} chars/s); {per_model}{drafts}"
 
 
 @dataclass
@@ -232,18 +360,32 @@ class ByteCompletion:
         return {"text": self.text, "finish_reason": self.finish_reason}
 
 
+@dataclass
+class _Round:
+    """What one step decided: the symbols committed (END last when the text ended) and, after a
+    draft every symbol of which was accepted, the model whose turn it is to propose."""
+
+    symbols: list[int]
+    next_proposer: int = 0
+
+
 class ByteGeneration:
     """One completion at the byte level: `run()` yields text as characters complete and returns
     the `ByteCompletion`.
 
     Args:
         members: the models' byte views over their sequences (`ByteMember`, or a test's stand-in
-            with `view`, `start(prompt)`, `advance(byte)`, `calls`).
+            with its `view`, `start`, `advance`, `calls`, and for `cos` `snapshot`, `rollback`,
+            `score`).
         prompts: each model's prompt, in its own tokens.
         combiner: bound to the members; it receives [1, 257] log probabilities per model.
         sampler: temperature and truncations, applied to r over the 257 symbols.
         max_chars: characters (UTF-8) to generate at most.
         stop: strings that end the text (not included).
+        method: "ensemble" (every model advances every byte, r sampled) or "cos" (the models take
+            turns drafting `gamma` bytes from their own byte distribution; the others score the
+            draft in one call each and it is verified against r, byte by byte: `core.verify`).
+        gamma: bytes per draft (cos).
     """
 
     def __init__(
@@ -258,6 +400,8 @@ class ByteGeneration:
         stop: Sequence[str] = (),
         n_ctx: int | None = None,
         ignore_end: bool = False,
+        method: str = "ensemble",
+        gamma: int = 8,
     ) -> None:
         self.members = list(members)
         self.ignore_end = ignore_end
@@ -268,20 +412,114 @@ class ByteGeneration:
         self.max_chars = max_chars
         self.stop = tuple(s for s in stop if s)
         self.n_ctx = n_ctx
+        self.method = method
+        self.gamma = gamma
+        self.drafted = 0
+        self.accepted = 0
 
-    def symbol_distribution(self) -> np.ndarray:
-        """r over the 257 symbols now, before UTF-8 and sampling settings."""
-        dists = [m.view.distribution() for m in self.members]
+    def symbol_distribution(self, dists: Sequence[np.ndarray] | None = None) -> np.ndarray:
+        """r over the 257 symbols from the models' distributions (default: now), before UTF-8
+        and sampling settings."""
+        if dists is None:
+            dists = [m.view.distribution() for m in self.members]
         if not self.combiner.mixes_probs:
             dists = floor_ruled_out(dists)
         with np.errstate(divide="ignore"):
             logits = [np.log(d)[None, :] for d in dists]
         return np.asarray(self.combiner.combine(logits, self.sampler.softmax_temperature)[0], dtype=np.float64)
 
+    def _finish(self, p: np.ndarray, utf8: Utf8State) -> np.ndarray:
+        """A distribution over symbols as it is sampled: valid UTF-8 only, END unless ignored,
+        then the sampler's settings."""
+        p = p * utf8.allowed
+        if self.ignore_end:
+            p[END] = 0.0
+        total = p.sum()
+        if total <= 0:
+            raise ValueError("no byte the models allow keeps the text valid UTF-8")
+        return self.sampler.finalize((p / total).astype(np.float32))
+
+    def _target(self, dists: Sequence[np.ndarray], utf8: Utf8State) -> np.ndarray:
+        return self._finish(self.symbol_distribution(dists), utf8)
+
+    def _proposal(self, dist: np.ndarray, utf8: Utf8State) -> np.ndarray:
+        """A proposer's own distribution as it drafts: at the temperature r is computed at."""
+        t = self.sampler.softmax_temperature
+        if t != 1.0:
+            with np.errstate(divide="ignore"):
+                z = np.log(dist) / t
+            dist = np.exp(z - z.max())
+        return self._finish(dist, utf8)
+
+    def _ensemble_step(self, utf8: Utf8State) -> _Round:
+        r = self._target([m.view.distribution() for m in self.members], utf8)
+        symbol = self.sampler.draw(r, self.rng)
+        if symbol != END:
+            for member in self.members:
+                member.advance(symbol)
+        return _Round([symbol])
+
+    def _cos_round(self, utf8: Utf8State, proposer: int) -> _Round:
+        """One round of CoS at the byte level (docs/algorithm.md, sections 3-4, with bytes for
+        tokens): `proposer` drafts up to `gamma` symbols from its own distribution, every other
+        model scores the draft's bytes in one call, the draft is verified against r."""
+        drafter = self.members[proposer]
+        others = [m for i, m in enumerate(self.members) if i != proposer]
+        drafter_states = [drafter.snapshot()]
+        drafter_dists: list[np.ndarray] = []
+        utf8_at = [utf8.copy()]
+        draft: list[int] = []
+        proposals: list[np.ndarray] = []
+        while len(draft) < self.gamma:
+            dist = drafter.view.distribution()
+            drafter_dists.append(dist)
+            q = self._proposal(dist, utf8_at[-1])
+            symbol = self.sampler.draw(q, self.rng)
+            draft.append(symbol)
+            proposals.append(q)
+            if symbol == END:
+                break
+            drafter.advance(symbol)
+            drafter_states.append(drafter.snapshot())
+            utf8_at.append(utf8_at[-1].copy())
+            utf8_at[-1].push(symbol)
+        data = bytes(s for s in draft if s != END)
+        scored = [m.score(data) for m in others]
+        reached = min(len(dists) for dists, _ in scored)  # positions every model has a distribution at
+        judged = min(len(draft), reached)
+        targets = []
+        for j in range(judged):
+            dists = [d[j] for d, _ in scored]
+            dists.insert(proposer, drafter_dists[j])
+            targets.append(self._target(dists, utf8_at[j]))
+        verdict = verify(draft[:judged], np.stack(proposals[:judged]), np.stack(targets), self.rng)
+        self.drafted += judged
+        self.accepted += verdict.accepted
+        kept = draft[: verdict.accepted]
+        position = len([s for s in kept if s != END])  # bytes of the draft kept
+        drafter.rollback(drafter_states[position])
+        for member, (_, states) in zip(others, scored):
+            if position < len(states):
+                member.rollback(states[position])
+            else:  # its held paths could not take the last kept byte: it takes it the usual way
+                member.rollback(states[-1])
+                member.advance(data[position - 1])
+        symbols = list(kept)
+        if verdict.resample is not None:
+            symbols.append(verdict.resample)
+            if verdict.resample != END:
+                for member in self.members:
+                    member.advance(verdict.resample)
+            return _Round(symbols)
+        if judged == len(draft) and (not draft or draft[-1] != END):
+            return _Round(symbols, (proposer + 1) % len(self.members))  # CoS: the next model goes on
+        return _Round(symbols)
+
     def run(self) -> Iterator[str]:
         t_prompt = time.perf_counter()
         for member, prompt in zip(self.members, self.prompts):
             member.start(prompt)
+        self.drafted = self.accepted = 0
         t0 = time.perf_counter()
         utf8 = Utf8State()
         decoder = codecs.getincrementaldecoder("utf-8")()
@@ -290,24 +528,21 @@ class ByteGeneration:
         emitted = 0  # characters of `text` already yielded
         hold = max((len(s) for s in self.stop), default=1) - 1  # a stop string may still begin here
         finish = ""
+        proposer = 0
+        cos = self.method == "cos" and len(self.members) > 1
         while not finish:
-            r = self.symbol_distribution() * utf8.allowed
-            if self.ignore_end:
-                r[END] = 0.0
-            total = r.sum()
-            if total <= 0:
-                raise ValueError("no byte the models allow keeps the text valid UTF-8")
-            r = self.sampler.finalize((r / total).astype(np.float32))
-            symbol = self.sampler.draw(r, self.rng)
-            if symbol == END:
-                finish = "stop"
-                break
-            data.append(symbol)
-            utf8.push(symbol)
-            for member in self.members:
-                member.advance(symbol)
-            piece = decoder.decode(bytes([symbol]))
-            if piece:
+            room = self.n_ctx is None or all(m.longest + self.gamma < self.n_ctx for m in self.members)
+            step = self._cos_round(utf8, proposer) if cos and room else self._ensemble_step(utf8)
+            proposer = step.next_proposer
+            for symbol in step.symbols:
+                if symbol == END:
+                    finish = "stop"
+                    break
+                data.append(symbol)
+                utf8.push(symbol)
+                piece = decoder.decode(bytes([symbol]))
+                if not piece:
+                    continue
                 text += piece
                 hit = _find_stop(text, self.stop, len(text) - len(piece))
                 if hit is not None:
@@ -320,10 +555,10 @@ class ByteGeneration:
                 if self.n_ctx is not None and any(m.longest >= self.n_ctx for m in self.members):
                     finish = "length"
                     break
-                safe = len(text) - hold if self.stop else len(text)
-                if safe > emitted:
-                    yield text[emitted:safe]
-                    emitted = safe
+            safe = len(text) - hold if self.stop else len(text)
+            if not finish and safe > emitted:
+                yield text[emitted:safe]
+                emitted = safe
         if len(text) > emitted:
             yield text[emitted:]
         stats = ByteStats(
@@ -337,6 +572,10 @@ class ByteGeneration:
             restarts=[m.view.restarts for m in self.members],
             dropped=[m.view.dropped for m in self.members],
             finish_reason=finish,
+            method="cos" if cos else "ensemble",
+            drafted=self.drafted,
+            accepted=self.accepted,
+            missed=[getattr(m, "missed", 0) for m in self.members],
         )
         self.completion = ByteCompletion(text, bytes(data), finish, stats)
         return self.completion
@@ -388,7 +627,7 @@ class ByteModels:
             for i, path in enumerate(spec.paths):
                 if progress:
                     progress(i, len(spec.paths), os.fspath(path))
-                models.append(Model(path, n_seq=spec.byte_paths, **model_options(spec, i, max(8, spec.byte_paths))))
+                models.append(Model(path, n_seq=spec.byte_paths, **model_options(spec, i, max(32, spec.byte_paths))))
                 models[-1].warm_up(timed_calls=0)
             bound = combiner.bind(len(models), [m.n_params for m in models])
             for m in models:
@@ -403,18 +642,34 @@ class ByteModels:
     def names(self) -> list[str]:
         return [m.name for m in self.models]
 
+    def document_starts(self) -> list[list[int]]:
+        """Each model's context for a text of its own: its BOS, or where it has none its
+        end-of-text token (what its training put between documents)."""
+        return [[m.bos if m.bos >= 0 else m.eos] for m in self.models]
+
     def prompts(self, text: str) -> list[list[int]]:
         """The prompt text in each model's own tokens (each adds BOS as its metadata says)."""
         return [m.tokenize(text) for m in self.models]
 
     def generation(
-        self, prompts: Sequence[Sequence[int]], sampler: Sampler, rng: np.random.Generator, *, max_chars: int, stop: Sequence[str] = (), ignore_end: bool = False
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampler: Sampler,
+        rng: np.random.Generator,
+        *,
+        max_chars: int,
+        stop: Sequence[str] = (),
+        ignore_end: bool = False,
+        method: str = "ensemble",
+        gamma: int = 8,
     ) -> ByteGeneration:
-        """One completion of `prompts` (each model's own tokens)."""
+        """One completion of `prompts` (each model's own tokens); `method` and `gamma` as in
+        `ByteGeneration`."""
         for m, p in zip(self.models, prompts):
             if len(p) >= m.n_ctx:
                 raise ConfigError(f"the prompt is {len(p)} tokens for {m.name}, which holds {m.n_ctx}", param="prompt")
-        return ByteGeneration(self.members, prompts, self.combiner, sampler, rng, max_chars=max_chars, stop=stop, n_ctx=self.n_ctx, ignore_end=ignore_end)
+        return ByteGeneration(self.members, prompts, self.combiner, sampler, rng, max_chars=max_chars, stop=stop, n_ctx=self.n_ctx,
+                              ignore_end=ignore_end, method=method, gamma=gamma)  # fmt: skip
 
     def close(self) -> None:
         for m in self.models:

@@ -1,0 +1,146 @@
+"""Bits per byte of a text for the byte-level combination r and for each model alone: the
+measure that compares models of different tokenizers (each model's byte distribution from
+`core.bytelevel`, marginalised over its tokenisations).
+
+Windows follow `eval.perplexity` in bytes: the text's UTF-8 bytes are cut into windows of
+`window` bytes (cut on character boundaries; a tail shorter than a window is dropped unless it is
+the only one), each scored from an empty context (each model's BOS, as its metadata says), the
+second half of each window scored, each byte given everything before it in its window. Within a
+window the bytes go through each model in chunks: its rows for a chunk come from one llama.cpp
+call over the chunk's likely tokenisations (`ByteMember.score`), so a model makes about one call
+per chunk rather than one per token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+from ..core.combiners import Combiner
+from ..errors import ConfigError
+from ..runtime.bytelevel import floor_ruled_out
+
+if TYPE_CHECKING:
+    from ..runtime.bytelevel import ByteModels
+
+CHUNK_BYTES = 32  # bytes scored per call of each model
+
+
+@dataclass
+class Bits:
+    """Bits summed over scored bytes."""
+
+    total: float = 0.0
+    count: int = 0
+
+    def add(self, p: float) -> None:
+        self.total -= math.log2(p) if p > 0 else -math.inf
+        self.count += 1
+
+    @property
+    def per_byte(self) -> float:
+        return self.total / self.count if self.count else math.nan
+
+
+@dataclass
+class ByteScore:
+    """Bits per byte under each combination and each model alone."""
+
+    combined: list[Bits]
+    members: list[Bits]
+    windows: int
+    window: int  # bytes per window
+    bytes: int  # bytes in the text
+    unreachable: list[int] = field(default_factory=list)  # bytes each model's pruned paths gave 0 (scored at 1e-9)
+    dropped: list[float] = field(default_factory=list)  # each model's mass pruned over a window's bytes, mean of the windows
+
+
+def windows_of(data: bytes, window: int) -> list[tuple[int, int]]:
+    """[start, end) of each window: `window` bytes, moved back to character boundaries."""
+    def boundary(i: int) -> int:
+        while 0 < i < len(data) and (data[i] & 0xC0) == 0x80:  # a continuation byte: back to its lead
+            i -= 1
+        return i
+
+    if len(data) <= window:
+        return [(0, len(data))]
+    out = []
+    start = 0
+    while start + window <= len(data):
+        end = boundary(start + window)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def bits_per_byte(
+    models: "ByteModels",
+    text: str,
+    combiners: Sequence[Combiner],
+    *,
+    window: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> ByteScore:
+    """Score `text` (see the module's doc) under each of `combiners` and each model alone."""
+    from ..runtime.bytelevel import RULED_OUT
+
+    data = text.encode("utf-8")
+    if len(data) < 2:
+        raise ConfigError("the text has fewer than 2 bytes: nothing to score", param="file")
+    bound = [c.bind(len(models.models), [m.n_params for m in models.models]) for c in combiners]
+    spans = windows_of(data, window)
+    members = models.members
+    combined = [Bits() for _ in bound]
+    alone = [Bits() for _ in members]
+    unreachable = [0] * len(members)
+    dropped = [0.0] * len(members)
+    prompts = models.document_starts()
+    for w, (lo, hi) in enumerate(spans):
+        piece = data[lo:hi]
+        first_scored = len(piece) // 2
+        for member, prompt in zip(members, prompts):
+            member.start(prompt)
+        pos = 0
+        while pos < len(piece):
+            chunk = piece[pos : pos + CHUNK_BYTES]
+            scored = [m.score(chunk) for m in members]
+            reached = min(len(d) for d, _ in scored) - 1  # bytes every model got through
+            for j in range(min(reached + 1, len(chunk))):
+                dists = [d[j] for d, _ in scored]
+                if pos + j < first_scored:
+                    continue
+                byte = chunk[j]
+                for i, d in enumerate(dists):
+                    if d[byte] == 0:
+                        unreachable[i] += 1
+                    alone[i].add(max(float(d[byte]), RULED_OUT))
+                for c, bits in zip(bound, combined):
+                    combined_row = _combine(c, dists)
+                    bits.add(float(combined_row[byte]))
+            taken = min(reached + 1, len(chunk))
+            for member, (_, states) in zip(members, scored):
+                if taken < len(states):
+                    member.rollback(states[taken])
+                else:  # its held paths could not take byte `reached`: it takes it the usual way
+                    member.rollback(states[-1])
+                    member.advance(chunk[taken - 1])
+            pos += taken
+        for i, member in enumerate(members):
+            dropped[i] += member.view.dropped
+        if progress:
+            progress(w + 1, len(spans))
+    dropped = [d / len(spans) for d in dropped]
+    return ByteScore(combined, alone, len(spans), window, len(data), unreachable, dropped)
+
+
+def _combine(combiner, dists: Sequence[np.ndarray]) -> np.ndarray:
+    """r over the 257 symbols at temperature 1 (the end symbol keeps its share: a byte's
+    probability is that of the text going on with it)."""
+    if not combiner.mixes_probs:
+        dists = floor_ruled_out(dists)
+    with np.errstate(divide="ignore"):
+        logits = [np.log(d)[None, :] for d in dists]
+    return np.asarray(combiner.combine(logits, 1.0)[0], dtype=np.float64)

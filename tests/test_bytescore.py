@@ -1,0 +1,79 @@
+"""Bits per byte at the byte level (`eval.bytescore`): exact on tiny tokenised fakes, and the
+`score` command on a real pair of different tokenizers."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from bytefakes import VOCAB_A, VOCAB_B, BruteForce, FakeMember
+from localcos.core.combiners import WeightedEnsemble
+from localcos.eval.bytescore import bits_per_byte, windows_of
+
+PROMPT = (0, 1)
+
+
+def fake_models(*models):
+    return SimpleNamespace(
+        members=[FakeMember(m) for m in models],
+        models=[SimpleNamespace(n_params=1) for _ in models],
+        document_starts=lambda: [PROMPT] * len(models),
+    )
+
+
+@pytest.mark.parametrize("text", ["abaab", "ba\u00e9ab"])
+def test_bits_per_byte_equal_brute_force_prefix_probabilities(text):
+    data = text.encode()
+    result = bits_per_byte(fake_models(VOCAB_A, VOCAB_B), text, [WeightedEnsemble()], window=len(data))
+    first = len(data) // 2  # the second half of the window is scored
+    brutes = [BruteForce(VOCAB_A, PROMPT), BruteForce(VOCAB_B, PROMPT)]
+    for brute, bits in zip(brutes, result.members):
+        expected = -math.log2(brute.prefix(data) / brute.prefix(data[:first]))
+        assert bits.count == len(data) - first
+        assert bits.total == pytest.approx(expected, abs=1e-9)
+    we = sum(-math.log2(0.5 * brutes[0].next_symbol(data[:j])[data[j]] + 0.5 * brutes[1].next_symbol(data[:j])[data[j]])
+             for j in range(first, len(data)))  # fmt: skip
+    assert result.combined[0].total == pytest.approx(we, rel=1e-6)  # the combiners compute in float32
+
+
+def test_windows_cut_on_character_boundaries():
+    data = ("ab\u00e9" * 10).encode()
+    spans = windows_of(data, 7)
+    assert spans[0][0] == 0 and all(b == c for (_, b), (c, _) in zip(spans, spans[1:]))
+    for lo, hi in spans:
+        data[lo:hi].decode("utf-8")  # whole characters
+        assert hi - lo <= 7
+
+
+def test_score_a_text_with_two_tokenizers_in_bits_per_byte(trained, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text(
+        "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n"
+        "The quick brown fox jumps over the lazy dog. Caf\u00e9 cr\u00e8me br\u00fbl\u00e9e.\n" * 3
+    )
+    out = tmp_path / "score.json"
+    models = ",".join(str(trained(n)) for n in ("smollm2-135m", "coder-0.5b"))
+    proc = subprocess.run([sys.executable, "-m", "localcos", "score", "--models", models, "--file", str(text), "--ctx", "256",
+                           "--json", str(out)], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "bits per byte" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["level"] == "byte" and report["kind"] == "bits_per_byte"
+    values = {row["kind"] + ":" + row["label"]: row["value"] for row in report["rows"]}
+    alone = [v for k, v in values.items() if k.startswith("model:")]
+    (we,) = [v for k, v in values.items() if k.startswith("r:")]
+    assert len(alone) == 2 and all(0.05 < v < 4 for v in alone)  # trained models: well under 8 bits a byte
+    # -log2 of an equal mixture is at most the mean of the two -log2s, byte by byte
+    assert we <= np.mean(alone) + 1e-9
+    items = tmp_path / "items.jsonl"
+    items.write_text(json.dumps({"context": "2 + 2 =", "choices": [" 4", " 5"], "answer": 0}) + "\n")
+    choices = subprocess.run([sys.executable, "-m", "localcos", "score", "--models", models, "--choices", str(items)],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    lines = choices.stderr.strip().splitlines()
+    assert choices.returncode == 2 and len(lines) == 1 and "--choices: not available at the byte level yet" in lines[0]
