@@ -17,11 +17,9 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
-import numpy as np
-
 from ..core.combiners import Combiner
 from ..errors import ConfigError
-from ..runtime.bytelevel import floor_ruled_out
+from ..runtime.bytelevel import RULED_OUT, combine_symbols
 
 if TYPE_CHECKING:
     from ..runtime.bytelevel import ByteModels
@@ -85,8 +83,6 @@ def bits_per_byte(
     progress: Callable[[int, int], None] | None = None,
 ) -> ByteScore:
     """Score `text` (see the module's doc) under each of `combiners` and each model alone."""
-    from ..runtime.bytelevel import RULED_OUT
-
     data = text.encode("utf-8")
     if len(data) < 2:
         raise ConfigError("the text has fewer than 2 bytes: nothing to score", param="file")
@@ -118,8 +114,7 @@ def bits_per_byte(
                         unreachable[i] += 1
                     alone[i].add(max(float(d[byte]), RULED_OUT))
                 for c, bits in zip(bound, combined):
-                    combined_row = _combine(c, dists)
-                    bits.add(float(combined_row[byte]))
+                    bits.add(float(combine_symbols(c, dists, 1.0)[byte]))  # END keeps its share
             taken = min(reached + 1, len(chunk))
             for member, (_, states) in zip(members, scored):
                 if taken < len(states):
@@ -134,13 +129,3 @@ def bits_per_byte(
             progress(w + 1, len(spans))
     dropped = [d / len(spans) for d in dropped]
     return ByteScore(combined, alone, len(spans), window, len(data), unreachable, dropped)
-
-
-def _combine(combiner, dists: Sequence[np.ndarray]) -> np.ndarray:
-    """r over the 257 symbols at temperature 1 (the end symbol keeps its share: a byte's
-    probability is that of the text going on with it)."""
-    if not combiner.mixes_probs:
-        dists = floor_ruled_out(dists)
-    with np.errstate(divide="ignore"):
-        logits = [np.log(d)[None, :] for d in dists]
-    return np.asarray(combiner.combine(logits, 1.0)[0], dtype=np.float64)

@@ -78,6 +78,16 @@ def floor_ruled_out(dists: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [np.where(allowed & (d == 0), RULED_OUT, d) for d in dists]
 
 
+def combine_symbols(combiner: BoundCombiner, dists: Sequence[np.ndarray], temperature: float) -> np.ndarray:
+    """r over the 257 symbols from the models' symbol distributions (`RULED_OUT` where a
+    logit-level combiner needs it), float64."""
+    if not combiner.mixes_probs:
+        dists = floor_ruled_out(dists)
+    with np.errstate(divide="ignore"):
+        logits = [np.log(d)[None, :] for d in dists]
+    return np.asarray(combiner.combine(logits, temperature)[0], dtype=np.float64)
+
+
 class ByteMember:
     """One model at the byte level: its view and the llama.cpp sequences that hold its paths
     (one per path, `max_paths` at most; a new path takes over its parent's sequence when the
@@ -422,11 +432,7 @@ class ByteGeneration:
         and sampling settings."""
         if dists is None:
             dists = [m.view.distribution() for m in self.members]
-        if not self.combiner.mixes_probs:
-            dists = floor_ruled_out(dists)
-        with np.errstate(divide="ignore"):
-            logits = [np.log(d)[None, :] for d in dists]
-        return np.asarray(self.combiner.combine(logits, self.sampler.softmax_temperature)[0], dtype=np.float64)
+        return combine_symbols(self.combiner, dists, self.sampler.softmax_temperature)
 
     def _finish(self, p: np.ndarray, utf8: Utf8State) -> np.ndarray:
         """A distribution over symbols as it is sampled: valid UTF-8 only, END unless ignored,
