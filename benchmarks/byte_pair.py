@@ -19,9 +19,8 @@ import numpy as np
 
 from localcos import Ensemble
 from localcos.config.options import OPTIONS
-from localcos.config.specs import LoadSpec
+from localcos.config.specs import GenerationConfig, LoadSpec
 from localcos.core.combiners import WeightedEnsemble
-from localcos.core.sampling import Sampler
 from localcos.models.registry import Registry
 from localcos.runtime.bytelevel import ByteModels, run_to_end
 from localcos.runtime.generation import completion_rng
@@ -66,8 +65,8 @@ def main() -> None:
                 totals[name][1] += c.stats.seconds
             runs = [("smollm+0.5B byte", cross, "ensemble", 8), *((n, cross, "cos", g) for n, g in zip(cos_names, gammas)), ("qwen pair byte", qwen_bytes, "ensemble", 8)]
             for name, models, method, gamma in runs:
-                g = models.generation(models.prompts(prompt), Sampler(temperature=t), completion_rng(i), max_chars=args.chars, method=method, gamma=gamma)
-                c = run_to_end(g)
+                config = GenerationConfig(method=method, max_tokens=args.chars, temperature=t, byte_gamma=gamma)
+                c = run_to_end(models.start(models.plan(models.prompts(prompt), config), completion_rng(i)))
                 if method == "cos":
                     judged[name][0] += c.stats.accepted
                     judged[name][1] += c.stats.drafted

@@ -59,15 +59,11 @@ def render(
 
 
 def own_prompt(model, messages: Sequence[Message]) -> list[int]:
-    """The conversation in `model`'s own chat template and special tokens (the byte level, where
-    every model reads the conversation in its own form)."""
-    template = model.chat_template
-    if not template:
-        raise ConfigError(f"{model.path} has no chat template in its GGUF metadata; at the byte level every model formats "
-                          "the conversation itself: generate without --chat", param="chat_template_model")  # fmt: skip
+    """The conversation in `model`'s own chat template and special tokens (which it carries:
+    `OwnTemplates` checks)."""
     bos = model.token_text(model.bos).decode("utf-8", errors="replace") if model.bos >= 0 else ""
     eos = model.token_text(model.eos).decode("utf-8", errors="replace") if model.eos >= 0 else ""
-    text = render(template, messages, bos_token=bos, eos_token=eos)
+    text = render(model.chat_template, messages, bos_token=bos, eos_token=eos)
     add_bos = None if not (bos and text.startswith(bos)) else False
     return model.tokenize(text, add_bos=add_bos, special=True)
 
@@ -105,6 +101,11 @@ class ChatFormatter:
     def text(self, messages: Sequence[Message], add_generation_prompt: bool = True, tools: Sequence[dict[str, Any]] | None = None) -> str:
         return render(self.template, messages, bos_token=self.bos, eos_token=self.eos, add_generation_prompt=add_generation_prompt, tools=tools)
 
+    @staticmethod
+    def size(prompt: Sequence[int]) -> int:
+        """A prompt's length in tokens."""
+        return len(prompt)
+
     def tokens(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
         """Prompt tokens for the conversation; identical for every model or an error.
 
@@ -116,6 +117,35 @@ class ChatFormatter:
         return tokenize_alike(self.ensemble.models, text, what="the chat prompt", add_bos=add_bos, special=True)
 
 
+class OwnTemplates:
+    """Turns a conversation into each model's own prompt tokens, through its own chat template
+    (the byte level: models of different tokenizers); `ChatFormatter`'s face for `Conversation`.
+
+    Args:
+        models: the loaded models (`runtime.bytelevel.ByteModels`); every one needs a template.
+    """
+
+    note: str | None = None
+
+    def __init__(self, models) -> None:
+        self.models = list(models.models)
+        for m in self.models:
+            if not m.chat_template:
+                raise ConfigError(f"{m.path} has no chat template in its GGUF metadata; at the byte level every model formats "
+                                  "the conversation itself: generate without --chat", param="chat_template_model")  # fmt: skip
+
+    def tokens(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None) -> list[list[int]]:
+        """Each model's prompt tokens for the conversation."""
+        if tools:
+            raise ConfigError("tools: not available at the byte level", param="tools")
+        return [own_prompt(m, messages) for m in self.models]
+
+    @staticmethod
+    def size(prompts: Sequence[Sequence[int]]) -> int:
+        """The longest model's prompt, in its tokens (what must fit each context)."""
+        return max(len(p) for p in prompts)
+
+
 class Conversation:
     """A multi-turn conversation that always fits the context.
 
@@ -123,7 +153,7 @@ class Conversation:
     dropping the oldest turns (never the system message) when prompt plus reply would not fit.
     """
 
-    def __init__(self, formatter: ChatFormatter, n_ctx: int, system: str | None = None) -> None:
+    def __init__(self, formatter: ChatFormatter | OwnTemplates, n_ctx: int, system: str | None = None) -> None:
         self.formatter = formatter
         self.n_ctx = n_ctx
         self.system = system
@@ -141,12 +171,12 @@ class Conversation:
         dropped = 0
         while True:
             tokens = self.formatter.tokens(self._all())
-            if len(tokens) + min(reply_tokens, max(1, self.n_ctx // 4)) <= self.n_ctx:
+            if self.formatter.size(tokens) + min(reply_tokens, max(1, self.n_ctx // 4)) <= self.n_ctx:
                 return tokens, dropped
             if len(self.messages) <= 1:
                 self.messages.pop()
                 raise PromptTooLongError(
-                    f"the message has {len(tokens)} tokens with the chat template; the context holds {self.n_ctx}"
+                    f"the message has {self.formatter.size(tokens)} tokens with the chat template; the context holds {self.n_ctx}"
                 )
             # drop the oldest turn: a user message and the reply that follows it
             drop = 2 if len(self.messages) > 2 and self.messages[1].role == "assistant" else 1

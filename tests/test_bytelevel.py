@@ -86,7 +86,7 @@ from statcheck import assert_matches  # noqa: E402
 
 from localcos.core.combiners import Contrastive, WeightedEnsemble  # noqa: E402
 from localcos.core.sampling import Sampler  # noqa: E402
-from localcos.runtime.bytelevel import RULED_OUT, ByteGeneration, run_to_end  # noqa: E402
+from localcos.runtime.bytelevel import RULED_OUT, ByteCompletion, ByteGeneration, ByteStats, run_to_end  # noqa: E402
 
 LENGTH = 3  # characters per sampled string
 
@@ -193,3 +193,61 @@ def test_greedy_byte_level_cos_equals_the_greedy_byte_level_ensemble(seed, paths
         outs[method] = run_to_end(gen).data
     assert outs["cos"] == outs["ensemble"]
     assert len(outs["cos"]) > 0
+
+
+# --- one generation at a time: the byte level's scheduler, as the server drives it ------------------
+
+
+class _FakeByteModels:
+    """`ByteModels`' face for the scheduler, over fake members (its `start` builds a generation
+    as `ByteModels.start` does, with the members of this test)."""
+
+    names = ["A", "B"]
+
+    def __init__(self) -> None:
+        # pruned: unpruned, these ambiguous vocabularies hold exponentially many paths
+        self.members = [FakeMember(VOCAB_A, max_paths=4, prune=0.01), FakeMember(VOCAB_B, max_paths=4, prune=0.01)]
+        self.started: list[str] = []
+
+    def start(self, plan, rng, cancelled=None):
+        self.started.append(plan.method)
+        config = plan.config
+        return ByteGeneration(self.members, plan.prompts, plan.combiner, config.sampler(), rng, max_chars=config.max_tokens,
+                              ignore_end=True, method=plan.method, cancelled=cancelled, names=self.names)  # fmt: skip
+
+    def cancelled_completion(self, plan):
+        return ByteCompletion("", b"", "cancelled", ByteStats(finish_reason="cancelled"))
+
+
+def test_the_byte_scheduler_runs_one_generation_at_a_time_streams_it_and_stops_a_cancelled_one():
+    from localcos.config.specs import GenerationConfig
+    from localcos.runtime.bytelevel import BytePlan
+    from localcos.runtime.bytescheduler import ByteScheduler
+
+    models = _FakeByteModels()
+    bound = WeightedEnsemble().bind(2, [1, 2])
+    plan = BytePlan((PROMPT, PROMPT), GenerationConfig(max_tokens=30, temperature=1.0), bound, "ensemble")
+    scheduler = ByteScheduler(models)  # type: ignore[arg-type]
+    pieces: list[str] = []
+    first = scheduler.submit(plan, np.random.default_rng(1), on_chunk=lambda chunk: pieces.append(chunk.text))
+    second = scheduler.submit(plan, np.random.default_rng(2))
+    waiting = scheduler.submit(plan, np.random.default_rng(3))
+    waiting.cancel()  # before it starts: it never does
+    scheduler.step()
+    assert scheduler.live == [first] and len(models.started) == 1  # one at a time, in arrival order
+    done = []
+    for _ in range(200):
+        done += scheduler.step()
+        if first in done:
+            break
+    assert first.completion.text == "".join(pieces) and len(first.completion.text) == 30  # streamed piece by piece
+    scheduler.step()
+    assert scheduler.live == [second]
+    second.cancel()
+    done = scheduler.run()
+    assert second.completion.finish_reason == "cancelled" and len(second.completion.text) < 30
+    assert waiting.completion.finish_reason == "cancelled" and waiting.completion.text == ""
+    assert len(models.started) == 2 and scheduler.idle
+    # the same generation alone draws the same text: the scheduler changes nothing it samples
+    alone = run_to_end(_FakeByteModels().start(plan, np.random.default_rng(1)))
+    assert alone.text == first.completion.text

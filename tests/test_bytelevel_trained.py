@@ -124,3 +124,100 @@ def test_byte_level_cos_across_two_families(pair, combine):
     while same < min(len(cos["text"]), len(ensemble["text"])) and cos["text"][same] == ensemble["text"][same]:
         same += 1
     assert same >= 20, (cos["text"], ensemble["text"])
+
+
+# --- the front ends: serve (the openai client), chat (the terminal app) ------------------------------
+QUESTION = "What is the capital of France? One word."
+
+
+def test_serve_combines_two_tokenizers_at_the_byte_level(pair):
+    """`localcos serve` with models of different tokenizers: chat and text completions through the
+    official client, streamed and not, WE and CD and cos per request, the same text as `generate`;
+    what needs one vocabulary is a 400 naming its field."""
+    import httpx
+    import openai
+
+    from test_server import serving
+
+    models = ",".join(map(str, pair))
+    common = ["--temperature", "0", "--ctx", "512"]
+    want = run_cli("generate", "--models", models, "-p", "def add(a, b):\n", "--combine", "cd", "--max-tokens", "48", "--json", *common)
+    assert want.returncode == 0, want.stderr
+    want_text = json.loads(want.stdout)["completions"][0]["text"]
+    with serving(["--models", models, *common, "--alias", "duo"]) as s:
+        client = s.client()
+        messages = [{"role": "user", "content": QUESTION}]
+        reply = client.chat.completions.create(model="duo", messages=messages, max_tokens=40)
+        content = reply.choices[0].message.content
+        stats = reply.model_extra["localcos"]
+        assert "Paris" in content and "<|im_end|>" not in content and reply.choices[0].finish_reason == "stop"
+        assert stats["level"] == "byte" and stats["method"] == "ensemble" and stats["combiner"].startswith("we")
+        assert reply.usage.completion_tokens == len(content) and reply.usage.prompt_tokens > 0  # characters, as max_tokens
+        streamed = client.chat.completions.create(model="duo", messages=messages, max_tokens=40, stream=True)
+        assert "".join(e.choices[0].delta.content or "" for e in streamed if e.choices) == content
+        # a request's combination, as generate's: the same code, the same text
+        text = client.completions.create(model="duo", prompt="def add(a, b):\n", max_tokens=48, extra_body={"combine": "cd"})
+        assert text.choices[0].text == want_text and text.model_extra["localcos"]["combiner"].startswith("cd")
+        assert text.choices[0].finish_reason == "length" and len(want_text) == 48
+        # cos per request, two choices
+        both = client.completions.create(model="duo", prompt="def add(a, b):\n", max_tokens=24, n=2, extra_body={"method": "cos"})
+        stats = both.model_extra["localcos"]
+        assert len(both.choices) == 2 and stats["method"] == "cos" and 0 < stats["accepted"] <= stats["drafted"]
+        assert stats["completions"] == 2 and all("return" in c.text for c in both.choices)
+        assert client.models.list().data[0].model_extra["localcos"]["level"] == "byte"
+        # one vocabulary needed: a 400 naming the field, the server goes on
+        refused = [
+            ("completions", {"prompt": [[1, 2, 3]]}, "prompt"),
+            ("completions", {"prompt": "x", "logprobs": 1}, "logprobs"),
+            ("completions", {"prompt": "x", "echo": True}, "echo"),
+            ("completions", {"prompt": "x", "gamma": 3}, "gamma"),
+            ("completions", {"prompt": "x", "method": "sd"}, "method"),
+            ("chat/completions", {"messages": messages, "response_format": {"type": "json_object"}}, "grammar"),
+            ("chat/completions", {"messages": messages, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ]
+        for route, body, param in refused:
+            got = httpx.post(f"{s.url}/v1/{route}", json={"model": "duo", **body}, timeout=60)
+            assert got.status_code == 400 and got.json()["error"]["param"] == param, (body, got.text)
+        assert httpx.post(s.url + "/tokenize", json={"prompt": "x"}, timeout=10).status_code == 400
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="duo", prompt=[[1, 2]], max_tokens=4)
+        again = client.chat.completions.create(model="duo", messages=messages, max_tokens=40)
+        assert again.choices[0].message.content == content  # a chat's prompt reused from the cache: the same reply
+
+
+@pytest.mark.parametrize("big", ["coder-0.5b", "coder-1.5b"])
+def test_the_terminal_chat_runs_two_tokenizers_at_the_byte_level(trained, big, monkeypatch):
+    """`localcos chat` with SmolLM2 and a Qwen2.5-Coder: each model reads the conversation in its
+    own template, the reply is `generate --chat`'s, and a second turn goes on from it."""
+    import asyncio
+
+    from localcos import cli
+    from localcos.tui.app import ChatApp
+    from localcos.tui.widgets import StatsPanel
+    from test_tui import replies, send, until
+
+    models = ",".join(map(str, [trained("smollm2-135m"), trained(big)]))
+    common = ["--temperature", "0", "--max-tokens", "40", "--ctx", "512", "--combine", "we"]
+    proc = run_cli("generate", "--models", models, "--chat", "--prompt", QUESTION, "--json", *common)
+    assert proc.returncode == 0, proc.stderr
+    want = json.loads(proc.stdout)["completions"][0]["text"]
+    assert "Paris" in want
+    texts, panels = [], []
+
+    def headless(app):
+        async def scenario():
+            async with app.run_test(size=(120, 40)) as pilot:
+                await until(pilot, lambda: app.ensemble is not None)
+                for n, question in enumerate([QUESTION, "And of Italy?"], 1):
+                    await send(pilot, app, question)
+                    await until(pilot, lambda: len(replies(app)) == n and replies(app)[-1].complete, timeout=120)
+                    texts.append(replies(app)[-1].text)
+                    panels.append(app.query_one(StatsPanel).render().plain)
+
+        asyncio.run(scenario())
+
+    monkeypatch.setattr(ChatApp, "run", headless)
+    assert cli.main(["chat", "--models", models, *common]) == 0
+    assert texts[0] == want
+    assert "Rome" in texts[1], texts
+    assert "level" in panels[0] and "byte" in panels[0] and "chars/s" in panels[0]

@@ -19,9 +19,10 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, ProgressBar
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from localcos.chat import ChatFormatter, Conversation
+from localcos.chat import ChatFormatter, Conversation, OwnTemplates
 from localcos.ensemble import Ensemble
 from localcos.runtime import Completion, Stream
+from localcos.runtime.bytelevel import ByteCompletion, ByteModels, ByteStream, uses_byte_level
 from localcos.errors import LocalcosError, StorageError
 from localcos.files import write_text
 from localcos.config import Settings
@@ -30,13 +31,21 @@ from .screens import HelpScreen, SettingsScreen
 from .transcript import Transcript
 from .widgets import Legend, LiveReply, MessageView, StatsPanel
 
-Loader = Callable[[Callable[[int, int, str], None]], "tuple[Ensemble, ChatFormatter]"]
+Loader = Callable[[Callable[[int, int, str], None]], "tuple[Ensemble | ByteModels, ChatFormatter | OwnTemplates]"]
 
 
 def load_for(settings: Settings) -> Loader:
-    """The loader of `settings`: the ensemble, and its chat formatter."""
+    """The loader of `settings`: the ensemble, and its chat formatter; at the byte level (models
+    of different tokenizers) the byte-level models, each rendering the chat in its own template."""
 
-    def loader(progress: Callable[[int, int, str], None]) -> tuple[Ensemble, ChatFormatter]:
+    def loader(progress: Callable[[int, int, str], None]) -> tuple[Ensemble | ByteModels, ChatFormatter | OwnTemplates]:
+        if uses_byte_level(settings.load):
+            models = ByteModels.load(settings.load, settings.combiner(), progress=progress)
+            try:
+                return models, OwnTemplates(models)
+            except LocalcosError:
+                models.close()
+                raise
         ens = Ensemble.from_spec(settings.load, settings.combiner(), progress=progress)
         try:
             return ens, ChatFormatter(ens, settings.chat_template_model)
@@ -88,9 +97,9 @@ class ChatApp(App):
         self.loader = loader or load_for(settings)
         self.save_dir = save_dir or Path.cwd()
         self.sub_title = settings.name
-        self.ensemble: Ensemble | None = None
+        self.ensemble: Ensemble | ByteModels | None = None
         self.conversation: Conversation | None = None
-        self.stream: Stream | None = None  # the reply being generated
+        self.stream: Stream | ByteStream | None = None  # the reply being generated
         self.reply_view: MessageView | None = None
         self.prompt_tokens = 0
         self.replies: list[dict] = []  # transcript records with stats
@@ -118,14 +127,14 @@ class ChatApp(App):
 
     # --- loading ----------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
-    def load_models(self) -> tuple[Ensemble, ChatFormatter]:
+    def load_models(self) -> tuple[Ensemble | ByteModels, ChatFormatter | OwnTemplates]:
         return self.loader(lambda i, n, name: self.post_message(ModelLoading(i, n, name)))
 
     def on_model_loading(self, event: ModelLoading) -> None:
         self.query_one("#loading", ProgressBar).update(total=event.n, progress=event.i)
         self.query_one("#prompt", Input).placeholder = f"Loading {Path(event.name).name} ({event.i + 1}/{event.n})..."
 
-    def _loaded(self, ensemble: Ensemble, formatter: ChatFormatter) -> None:
+    def _loaded(self, ensemble: Ensemble | ByteModels, formatter: ChatFormatter | OwnTemplates) -> None:
         self.ensemble = ensemble
         self.conversation = Conversation(formatter, ensemble.n_ctx, self.settings.system)
         self.query_one("#loading", ProgressBar).display = False
@@ -192,13 +201,13 @@ class ChatApp(App):
             )
         self._add_message("user", text)
         self.reply_view = self._add_message("assistant")
-        self.stream, self.prompt_tokens = stream, len(tokens)
-        self.query_one(StatsPanel).live = LiveReply(config.method, 0, 0.0)
+        self.stream, self.prompt_tokens = stream, self.conversation.formatter.size(tokens)
+        self.query_one(StatsPanel).live = LiveReply(config.method, 0, 0.0, self._unit)
         self.refresh_bindings()  # show Stop in the footer
         self.generate(stream)
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
-    def generate(self, stream: Stream) -> Completion | None:
+    def generate(self, stream: Stream | ByteStream) -> Completion | ByteCompletion | None:
         """Run the decoding loop in a thread; post the tokens to the UI about ten times a second
         (each update relayouts the screen on the UI thread, holding the GIL the decoding loop
         needs between llama.cpp calls: with the demo pair, 20 updates/s decoded a quarter slower)."""
@@ -224,10 +233,16 @@ class ChatApp(App):
         view.add_tokens(event.pieces)
         self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
         panel = self.query_one(StatsPanel)
-        panel.live = LiveReply(self.settings.generation.method, view.n_tokens, event.seconds)
-        panel.context = self._context_used(view.n_tokens)
+        generated = len(view.tokens.plain) if self._unit == "chars" else view.n_tokens
+        panel.live = LiveReply(self.settings.generation.method, generated, event.seconds, self._unit)
+        panel.context = self._context_used(None if self._unit == "chars" else view.n_tokens)
 
-    def _reply_done(self, completion: Completion | None) -> None:
+    @property
+    def _unit(self) -> str:
+        """What a reply is counted in: tokens, or characters at the byte level."""
+        return "chars" if isinstance(self.ensemble, ByteModels) else "tokens"
+
+    def _reply_done(self, completion: Completion | ByteCompletion | None) -> None:
         view, self.stream = self.reply_view, None
         self.refresh_bindings()
         if completion is None or view is None:
@@ -237,7 +252,7 @@ class ChatApp(App):
         self.conversation.reply(completion.text)
         panel = self.query_one(StatsPanel)
         panel.stats, panel.live = completion.stats, None
-        panel.context = self._context_used(completion.stats.tokens)
+        panel.context = self._context_used(completion.stats.tokens if isinstance(completion, Completion) else None)
         self.replies.append(
             {
                 "prompt": self.conversation.messages[-2].content if len(self.conversation.messages) > 1 else "",
@@ -262,10 +277,14 @@ class ChatApp(App):
         message = str(error) if isinstance(error, LocalcosError) else f"{type(error).__name__}: {error}"
         self.notify(message, title="Generation failed", severity="error", timeout=15)
 
-    def _context_used(self, generated: int) -> str:
+    def _context_used(self, generated: int | None) -> str:
+        """Context used: the prompt and `generated` tokens (None at the byte level, where each
+        model counts the reply in its own tokens: the prompt's, of the longest)."""
         n_ctx = self.ensemble.n_ctx if self.ensemble else 0
-        used = self.prompt_tokens + generated
-        return f"{used}/{n_ctx} ({used / n_ctx:.0%})" if n_ctx else "-"
+        if not n_ctx:
+            return "-"
+        used = self.prompt_tokens + (generated or 0)
+        return f"{used}/{n_ctx} ({used / n_ctx:.0%})" + (" + reply" if generated is None else "")
 
     # --- actions ------------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple) -> bool | None:

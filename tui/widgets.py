@@ -11,6 +11,7 @@ from textual.reactive import reactive
 from textual.widgets import Markdown, Static
 
 from localcos.core.decoding import Origin
+from localcos.runtime.bytelevel import ByteStats
 from localcos.stats import GenerationStats
 
 # Colours of token origins; drafts take the colour of the model that proposed them.
@@ -98,18 +99,22 @@ class LiveReply:
     """What is known of a reply while it streams."""
 
     method: str
-    tokens: int
+    tokens: int  # generated so far, in `unit`
     seconds: float
+    unit: str = "tokens"  # or "chars" (the byte level)
 
 
 class StatsPanel(Static):
-    """The last reply's `GenerationStats`, or the running reply's progress, and context use."""
+    """The last reply's `GenerationStats` (`ByteStats` at the byte level), or the running reply's
+    progress, and context use."""
 
-    stats: reactive[GenerationStats | None] = reactive(None)
+    stats: reactive[GenerationStats | ByteStats | None] = reactive(None)
     live: reactive[LiveReply | None] = reactive(None)
     context: reactive[str] = reactive("-")
 
     def render(self) -> Text:
+        if isinstance(self.stats, ByteStats) or (self.live is not None and self.live.unit == "chars"):
+            return self._render_bytes()
         s, live = self.stats, self.live
         if live is not None:  # a reply is streaming: its own numbers, the rest from the last one
             method, tokens = live.method, live.tokens
@@ -132,16 +137,46 @@ class StatsPanel(Static):
             ("speedup (est.)", _fmt(speedup, ".2f", "x")),
             ("context", self.context),
         ]
-        text = Text()
-        text.append("Stats\n", style="bold")
-        for k, v in lines:
-            text.append(f"{k:<15}", style="dim")
-            text.append(f"{v}\n")
+        text = _table(lines)
         if s is not None:
             text.append("calls per model\n", style="dim")
             for m in s.models:
                 text.append(f"  {m.name[:18]:<18} {m.calls}\n")
         return text
+
+    def _render_bytes(self) -> Text:
+        """The byte level's numbers: characters, calls per character and paths per model."""
+        s = self.stats if isinstance(self.stats, ByteStats) else None
+        live = self.live
+        if live is not None:
+            method, chars = live.method, live.tokens
+            cps = chars / live.seconds if live.seconds > 0 else None
+        else:
+            method, chars, cps = (s.method, s.chars, s.chars_per_second) if s else ("-", 0, None)
+        lines = [
+            ("level", "byte"),
+            ("method", method),
+            ("chars/s", _fmt(cps, ".1f")),
+            ("chars", str(chars)),
+            ("acceptance", f"{s.accepted}/{s.drafted}" if s and s.drafted else "-"),
+            ("context", self.context),
+        ]
+        text = _table(lines)
+        if s is not None and s.names:
+            text.append("calls/char, paths\n", style="dim")
+            for name, calls, paths in zip(s.names, s.calls, s.most_paths):
+                text.append(f"  {name[:14]:<14} {calls / max(s.chars, 1):.2f} {paths}\n")
+        return text
+
+
+def _table(lines: list[tuple[str, str]]) -> Text:
+    """The panel's heading and its name/value lines."""
+    text = Text()
+    text.append("Stats\n", style="bold")
+    for k, v in lines:
+        text.append(f"{k:<15}", style="dim")
+        text.append(f"{v}\n")
+    return text
 
 
 def _fmt(x: float | None, spec: str, suffix: str = "") -> str:

@@ -53,10 +53,11 @@ def run(args: argparse.Namespace) -> int:
     config = settings.generation
     if config.seed is None:  # a seed the user can repeat: printed with the stats
         config = replace(config, seed=int.from_bytes(os.urandom(4), "little"))
-    from ..runtime.bytelevel import uses_byte_level
+    from ..runtime.bytelevel import byte_level_settings, uses_byte_level
 
     if uses_byte_level(settings.load):
-        return _generate_bytes(args, settings, config, prompt, n)
+        settings = byte_level_settings(settings, args.method)
+        return _generate_bytes(args, settings, replace(config, method=settings.generation.method), prompt, n)
     with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress) as ens:
         if args.chat:
             formatter = ChatFormatter(ens, settings.chat_template_model)
@@ -94,28 +95,20 @@ def run(args: argparse.Namespace) -> int:
 
 def _generate_bytes(args: argparse.Namespace, settings, config, prompt: str, n: int) -> int:
     """generate at the byte level: each model in its own tokens and chat template."""
-    from ..chat import Message, own_prompt
+    from ..chat import Message, OwnTemplates
     from ..runtime.bytelevel import ByteModels, run_to_end
     from ..runtime.generation import completion_rng
 
-    if config.gamma is not None:
-        raise ConfigError("--gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
-    refused = [(args.method not in (None, "ensemble", "cos"), "method", f"--method {args.method}"),
-               (config.constraint is not None, "grammar", "--grammar, --json-schema and --json-object")]  # fmt: skip
-    for bad, param, what in refused:
-        if bad:
-            raise ConfigError(f"{what}: not available at the byte level yet (models with different tokenizers, or --level byte)", param=param)
     with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress) as models:
         if args.chat:
             messages = ([Message("system", settings.system)] if settings.system else []) + [Message("user", prompt)]
-            prompts = [own_prompt(m, messages) for m in models.models]
+            prompts = OwnTemplates(models).tokens(messages)
         else:
             prompts = models.prompts(prompt)
-        sampler = config.sampler()
+        plan = models.plan(prompts, config)
         completions = []
         for k in range(n):
-            generation = models.generation(prompts, sampler, completion_rng(config.seed, k), max_chars=config.max_tokens, stop=config.stop,
-                                            ignore_end=config.ignore_eos, method=args.method or "ensemble", gamma=config.byte_gamma)  # fmt: skip
+            generation = models.start(plan, completion_rng(config.seed, k))
             if args.json:
                 completions.append(run_to_end(generation))
                 continue

@@ -34,9 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from ..chat import ChatFormatter
+    from ..chat import ChatFormatter, OwnTemplates
     from ..config import default_parallel, resolve_server
     from ..ensemble import Ensemble
+    from ..runtime.bytelevel import ByteModels, byte_level_settings, uses_byte_level
 
     try:
         import uvicorn
@@ -61,31 +62,39 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         settings = resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
-        remote = any(settings.load.rpc)  # models on RPC servers decode one sequence at a time
-        parallel = settings.load.parallel or (1 if remote else default_parallel(settings.load.n_ctx))
-        settings = replace(settings, load=replace(settings.load, parallel=parallel))
-        # one more slot, for scoring (echo, logprobs): what it evaluated stays for the next request
-        ens = Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, extra_slots=0 if remote else 1)
+        byte_level = uses_byte_level(settings.load)
+        if byte_level:  # models of different tokenizers: one generation at a time, ensemble unless --method cos
+            settings = byte_level_settings(settings, args.method)
+            ens: Ensemble | ByteModels = ByteModels.load(settings.load, settings.combiner(), progress=loading_progress)
+            parallel = 1
+        else:
+            remote = any(settings.load.rpc)  # models on RPC servers decode one sequence at a time
+            parallel = settings.load.parallel or (1 if remote else default_parallel(settings.load.n_ctx))
+            settings = replace(settings, load=replace(settings.load, parallel=parallel))
+            # one more slot, for scoring (echo, logprobs): what it evaluated stays for the next request
+            ens = Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, extra_slots=0 if remote else 1)
     except BaseException:
         listener.close()
         raise
     engine = Engine(ens, max_queue=server.max_queue)
     try:
-        try:
-            formatter: ChatFormatter | None = ChatFormatter(ens, settings.chat_template_model)
+        formatter: ChatFormatter | OwnTemplates | None = None
+        try:  # at the byte level every model renders a conversation in its own template
+            formatter = OwnTemplates(ens) if byte_level else ChatFormatter(ens, settings.chat_template_model)
             if formatter.note:
                 note(formatter.note)
         except ConfigError:
-            formatter = None
+            pass
         alias = server.alias or settings.name.replace(" + ", "+")  # the preset, the demo set, or the files
         served = ServedEnsemble(ens, settings, alias, formatter)
         policy = GuardPolicy(server.host, port, allowed_hosts=server.allowed_hosts, cors=server.cors)
         app = create_app(served, engine, api_key=api_key, policy=policy)
         shown = f"[{server.host}]" if ":" in server.host else server.host
         url = f"http://{shown}:{port}"
+        level = ", byte level: the models' tokenizers differ" if byte_level else ""
         say(
             f"localcos serve: {alias} ({ens.combiner.description}, method {settings.generation.method}, "
-            f"{parallel} sequence{'s' if parallel > 1 else ''} at once) at {url}/v1"
+            f"{parallel} sequence{'s' if parallel > 1 else ''} at once{level}) at {url}/v1"
         )
         if formatter is None:
             say("  the models carry no chat template: /v1/chat/completions answers 400, /v1/completions works")

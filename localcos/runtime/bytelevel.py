@@ -21,15 +21,19 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from ..backend import Model, shared_vocab_size
+from ..config.specs import GenerationConfig
 from ..backend.model import common_prefix
 from ..core.bytelevel import END, Advance, ByteView, ByteVocab, Path, Unreachable, Utf8State, ViewState, replay
 from ..core.combiners import BoundCombiner
+from ..core.decoding import Origin
 from ..core.sampling import Sampler
 from ..core.verify import verify
 from ..errors import ConfigError, TokenizerMismatchError
+from .generation import Chunk, TokenEvent, completion_rng
 
 if TYPE_CHECKING:
-    from ..config.specs import LoadSpec
+    from ..config.specs import LoadSpec, Settings
+    from ..core.combiners import Combiner
 
 def byte_vocab(model: Model) -> ByteVocab:
     """The model's vocabulary as byte strings (built once per model)."""
@@ -62,6 +66,16 @@ def uses_byte_level(spec: "LoadSpec") -> bool:
     finally:
         for m in models:
             m.close()
+
+
+def byte_level_settings(settings: "Settings", method: str | None) -> "Settings":
+    """`settings` as the byte level runs them: the method given (`method`), else ensemble. The
+    token level's default, cos, saves calls; at the byte level the ensemble already calls a model
+    only where one of its tokens ends, so cos saves few calls and pays for bigger ones: it is
+    opt-in (docs/algorithm.md, section 10)."""
+    from dataclasses import replace
+
+    return replace(settings, generation=replace(settings.generation, method=method or "ensemble"))
 
 
 # Models of different tokenizers rule out different symbols (one may end where the other cannot).
@@ -110,11 +124,11 @@ class ByteMember:
 
     def start(self, prompt: Sequence[int]) -> None:
         """Evaluate the prompt (its own tokens) in the first sequence; the view starts there."""
-        for slot in self.model.slots:
-            slot.truncate(0)
         home = self.model.slots[0]
         self.prompt = list(prompt)
-        row = home.prefill(self.prompt)
+        row = home.prefill(self.prompt)  # keeps (or shares) what a sequence holds of it: a chat's earlier turns
+        for slot in self.model.slots[1:]:
+            slot.truncate(0)
         self.free = list(self.model.slots[1:])
         self._anchored = set()
         self.view.start(row, handle=home)
@@ -323,9 +337,35 @@ class ByteStats:
     dropped: list[float] = field(default_factory=list)  # each model's probability mass pruned
     finish_reason: str = ""
     method: str = "ensemble"
+    combiner: str = ""  # its description
+    names: list[str] = field(default_factory=list)  # the models'
     drafted: int = 0  # draft symbols judged (cos)
     accepted: int = 0
     missed: list[int] = field(default_factory=list)  # rows a draft's scoring had not evaluated ahead
+    completions: int = 1
+    finish_reasons: dict[str, int] = field(default_factory=dict)  # of several completions (`aggregate`)
+
+    @classmethod
+    def aggregate(cls, stats: Sequence["ByteStats"]) -> "ByteStats":
+        """Totals over completions of one request (the most paths held: the largest)."""
+        if not stats:
+            raise ValueError("no stats")
+
+        def total(name: str) -> list:
+            return [sum(values) for values in zip(*(getattr(s, name) for s in stats))]
+
+        reasons: dict[str, int] = {}
+        for s in stats:
+            for reason, count in (s.finish_reasons or {s.finish_reason: 1}).items():
+                reasons[reason] = reasons.get(reason, 0) + count
+        return cls(
+            bytes=sum(s.bytes for s in stats), chars=sum(s.chars for s in stats), seconds=sum(s.seconds for s in stats),
+            prompt_seconds=sum(s.prompt_seconds for s in stats), calls=total("calls"), rows=total("rows"),
+            most_paths=[max(values) for values in zip(*(s.most_paths for s in stats))], restarts=total("restarts"),
+            dropped=total("dropped"), finish_reason=stats[0].finish_reason if len(reasons) == 1 else "", method=stats[0].method, combiner=stats[0].combiner, names=stats[0].names,
+            drafted=sum(s.drafted for s in stats), accepted=sum(s.accepted for s in stats), missed=total("missed"),
+            completions=sum(s.completions for s in stats), finish_reasons=reasons,
+        )  # fmt: skip
 
     @property
     def chars_per_second(self) -> float:
@@ -346,7 +386,9 @@ class ByteStats:
             "restarts": self.restarts,
             "dropped_mass": [float(f"{d:.3g}") for d in self.dropped],
             "finish_reason": self.finish_reason,
+            **({"completions": self.completions, "finish_reasons": self.finish_reasons} if self.completions > 1 else {}),
             "method": self.method,
+            "combiner": self.combiner,
             **({"drafted": self.drafted, "accepted": self.accepted, "missed_rows": self.missed} if self.method == "cos" else {}),
         }
 
@@ -361,13 +403,37 @@ class ByteStats:
 
 @dataclass
 class ByteCompletion:
+    """One completion generated at the byte level."""
+
     text: str
     data: bytes
-    finish_reason: str  # "stop" (the end symbol or a stop string), "length" (max_chars or the context)
+    finish_reason: str  # "stop" (the end symbol or a stop string), "length" (max_chars or the context), "cancelled"
     stats: ByteStats
+    end_token = None  # the byte level ends on its end symbol, not on one model's token
+
+    @property
+    def length(self) -> int:
+        """Its length in what max_tokens counts at the byte level: characters."""
+        return len(self.text)
 
     def to_dict(self) -> dict:
         return {"text": self.text, "finish_reason": self.finish_reason}
+
+
+@dataclass(frozen=True)
+class BytePlan:
+    """One byte-level completion to run (`ByteModels.plan` checks it): each model's prompt in its
+    own tokens, the generation settings, the combination bound to the models, the method."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    config: GenerationConfig
+    combiner: BoundCombiner
+    method: str  # "ensemble" or "cos"
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        """The first model's prompt tokens (what a server's usage counts)."""
+        return self.prompts[0]
 
 
 @dataclass
@@ -396,6 +462,9 @@ class ByteGeneration:
             turns drafting `gamma` bytes from their own byte distribution; the others score the
             draft in one call each and it is verified against r, byte by byte: `core.verify`).
         gamma: bytes per draft (cos).
+        cancelled: asked between rounds; when it turns true the text so far is the completion
+            (finish reason "cancelled").
+        names: the models' names (for the stats).
     """
 
     def __init__(
@@ -412,8 +481,12 @@ class ByteGeneration:
         ignore_end: bool = False,
         method: str = "ensemble",
         gamma: int = 8,
+        cancelled: Callable[[], bool] | None = None,
+        names: Sequence[str] = (),
     ) -> None:
         self.members = list(members)
+        self.names = list(names)
+        self.cancelled = cancelled
         self.ignore_end = ignore_end
         self.prompts = [list(p) for p in prompts]
         self.combiner = combiner
@@ -537,6 +610,9 @@ class ByteGeneration:
         proposer = 0
         cos = self.method == "cos" and len(self.members) > 1
         while not finish:
+            if self.cancelled is not None and self.cancelled():
+                finish = "cancelled"
+                break
             room = self.n_ctx is None or all(m.longest + self.gamma < self.n_ctx for m in self.members)
             step = self._cos_round(utf8, proposer) if cos and room else self._ensemble_step(utf8)
             proposer = step.next_proposer
@@ -579,12 +655,40 @@ class ByteGeneration:
             dropped=[m.view.dropped for m in self.members],
             finish_reason=finish,
             method="cos" if cos else "ensemble",
+            combiner=self.combiner.description,
+            names=self.names,
             drafted=self.drafted,
             accepted=self.accepted,
             missed=[getattr(m, "missed", 0) for m in self.members],
         )
         self.completion = ByteCompletion(text, bytes(data), finish, stats)
         return self.completion
+
+
+SAMPLED = Origin("sample")  # a piece of byte-level text, as the chat colours it
+
+
+class ByteStream:
+    """A byte-level completion streamed as the chat reads a token-level `Stream`: `chunks()`
+    yields each new piece of text (one event per piece: the byte level has no tokens), `cancel()`
+    stops it at the next byte, `completion` is set once it ends."""
+
+    def __init__(self, models: "ByteModels", plan: BytePlan, rng: np.random.Generator) -> None:
+        self._cancelled = False
+        self.generation = models.start(plan, rng, cancelled=lambda: self._cancelled)
+        self.completion: ByteCompletion | None = None
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+    def chunks(self) -> Iterator[Chunk]:
+        for piece in self.generation.run():
+            yield Chunk(piece, (TokenEvent(-1, piece, SAMPLED),))
+        self.completion = self.generation.completion
+
+    def __iter__(self) -> Iterator[str]:
+        for chunk in self.chunks():
+            yield chunk.text
 
 
 def _find_stop(text: str, stops: Sequence[str], new_from: int) -> int | None:
@@ -657,25 +761,67 @@ class ByteModels:
         """The prompt text in each model's own tokens (each adds BOS as its metadata says)."""
         return [m.tokenize(text) for m in self.models]
 
-    def generation(
+    @property
+    def combiner(self) -> BoundCombiner:
+        """The default combination, bound to the models (a `Combiner` set here is bound)."""
+        return self._combiner
+
+    @combiner.setter
+    def combiner(self, combiner: "BoundCombiner | Combiner") -> None:
+        if not isinstance(combiner, BoundCombiner):
+            combiner = combiner.bind(len(self.models), [m.n_params for m in self.models])
+        self._combiner = combiner
+
+    def stream(self, prompts: Sequence[Sequence[int]], *, config: GenerationConfig) -> "ByteStream":
+        """A completion of `prompts` (each model's own tokens) as a stream of text pieces, drawing
+        from random stream 0 of `config.seed` (as `generate` does)."""
+        return ByteStream(self, self.plan(prompts, config), completion_rng(config.seed, 0))
+
+    @property
+    def parallel(self) -> int:
+        """Generations decoded at once: one (its paths take the models' sequences)."""
+        return 1
+
+    def plan(
         self,
         prompts: Sequence[Sequence[int]],
-        sampler: Sampler,
-        rng: np.random.Generator,
+        config: GenerationConfig,
         *,
-        max_chars: int,
-        stop: Sequence[str] = (),
-        ignore_end: bool = False,
-        method: str = "ensemble",
-        gamma: int = 8,
-    ) -> ByteGeneration:
-        """One completion of `prompts` (each model's own tokens); `method` and `gamma` as in
-        `ByteGeneration`."""
+        combiner: "Combiner | None" = None,
+        param: str = "prompt",
+    ) -> BytePlan:
+        """A byte-level completion of `prompts` (each model's own tokens) under `config`, checked
+        once here for every front end: its method ensemble or cos; `combiner` bound to the
+        models (default the loaded one); token-counted drafts (gamma) and structured output are
+        refused (`ConfigError`), as is a prompt longer than a model's context (naming `param`)."""
+        method = config.method
+        if config.gamma is not None:
+            raise ConfigError("gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
+        if method not in ("ensemble", "cos"):
+            raise ConfigError(f"method {method}: not available at the byte level yet (models with different tokenizers, or level byte); "
+                              "ensemble or cos", param="method")  # fmt: skip
+        if config.constraint is not None:
+            raise ConfigError("structured output (grammar, JSON schema, JSON object): not available at the byte level yet "
+                              "(models with different tokenizers, or level byte)", param="grammar")  # fmt: skip
         for m, p in zip(self.models, prompts):
             if len(p) >= m.n_ctx:
-                raise ConfigError(f"the prompt is {len(p)} tokens for {m.name}, which holds {m.n_ctx}", param="prompt")
-        return ByteGeneration(self.members, prompts, self.combiner, sampler, rng, max_chars=max_chars, stop=stop, n_ctx=self.n_ctx,
-                              ignore_end=ignore_end, method=method, gamma=gamma)  # fmt: skip
+                raise ConfigError(f"the prompt is {len(p)} tokens for {m.name}, which holds {m.n_ctx}", param=param)
+        bound = self.combiner if combiner is None else combiner.bind(len(self.models), [m.n_params for m in self.models])
+        return BytePlan(tuple(tuple(p) for p in prompts), config, bound, method)
+
+    def cancelled_completion(self, plan: BytePlan) -> ByteCompletion:
+        """The completion of a generation cancelled before it started."""
+        n = len(self.models)
+        stats = ByteStats(calls=[0] * n, rows=[0] * n, most_paths=[0] * n, restarts=[0] * n, dropped=[0.0] * n, missed=[0] * n,
+                          finish_reason="cancelled", method=plan.method, combiner=plan.combiner.description, names=self.names)  # fmt: skip
+        return ByteCompletion("", b"", "cancelled", stats)
+
+    def start(self, plan: BytePlan, rng: np.random.Generator, cancelled: Callable[[], bool] | None = None) -> ByteGeneration:
+        """The generation of `plan` drawing from `rng` (`run()` drives it); one at a time."""
+        config = plan.config
+        return ByteGeneration(self.members, plan.prompts, plan.combiner, config.sampler(), rng, max_chars=config.max_tokens,
+                              stop=config.stop, n_ctx=self.n_ctx, ignore_end=config.ignore_eos, method=plan.method,
+                              gamma=config.byte_gamma, cancelled=cancelled, names=self.names)  # fmt: skip
 
     def close(self) -> None:
         for m in self.models:

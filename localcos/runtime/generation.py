@@ -35,6 +35,11 @@ class Completion:
     stats: GenerationStats
     end_token: int | None = None  # the end-of-generation token that ended it (not part of token_ids)
 
+    @property
+    def length(self) -> int:
+        """Its length in what max_tokens counts: tokens."""
+        return len(self.token_ids)
+
     def to_dict(self) -> dict:
         return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason}
 

@@ -75,7 +75,29 @@ class Sequence:
         return self.generation.decoder if self.generation is not None else None
 
 
-class Scheduler:
+class Rounds:
+    """What every scheduler has: the live sequences, the queue, and running rounds (`step`) until
+    nothing is left."""
+
+    live: list[Sequence]
+    queue: deque[Sequence]
+
+    @property
+    def idle(self) -> bool:
+        return not self.live and not self.queue
+
+    def step(self) -> list[Sequence]:
+        raise NotImplementedError
+
+    def run(self) -> list[Sequence]:
+        """Step until nothing is left; the sequences in the order they finished."""
+        done: list[Sequence] = []
+        while not self.idle:
+            done.extend(self.step())
+        return done
+
+
+class Scheduler(Rounds):
     """Sequences of `loaded` decoded together, one per slot; `slots` limits which slots it may
     use (default all). `observe(sequence)`, when given, is called for every live sequence after
     each round (the tests check the decoder's invariants there)."""
@@ -86,10 +108,6 @@ class Scheduler:
         self.live: list[Sequence] = []
         self.queue: deque[Sequence] = deque()
         self.observe = observe
-
-    @property
-    def idle(self) -> bool:
-        return not self.live and not self.queue
 
     def submit(
         self, plan: Plan, rng: np.random.Generator, *, on_chunk: Callable[[Chunk], None] | None = None, key: Any = None
@@ -117,13 +135,6 @@ class Scheduler:
             for sequence in self.live:
                 self.observe(sequence)
         return finished
-
-    def run(self) -> list[Sequence]:
-        """Step until nothing is left; the sequences in the order they finished."""
-        done: list[Sequence] = []
-        while not self.idle:
-            done.extend(self.step())
-        return done
 
     def drop(self, sequence: Sequence) -> None:
         """Abandon a live sequence (after a failed call): its slot is free, whatever its cache

@@ -85,6 +85,7 @@ async def models(request: Request) -> dict:
     settings = served.settings
     about = {
         "models": list(settings.load.labels),
+        "level": "byte" if served.byte_level else "token",
         "combiner": served.ensemble.combiner.description,
         "method": settings.generation.method,
         "n_ctx": served.ensemble.n_ctx,
@@ -104,9 +105,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     return await _answer(request, s, await run_in_threadpool(protocol.plan_chat, s.served, body))
 
 
+def _one_tokenizer(served: ServedEnsemble) -> None:
+    """The tokenizer routes need the models' one vocabulary (400 at the byte level)."""
+    if served.byte_level:
+        raise APIError(400, "the models have different tokenizers (this server combines them at the byte level): "
+                            "there is no one vocabulary to tokenize with", code="unsupported_at_byte_level")  # fmt: skip
+
+
 @routes.get("/tokenizer_info")
 async def tokenizer_info(request: Request) -> dict:
     served = state(request).served
+    _one_tokenizer(served)
     first = served.ensemble.models[0]
 
     def text(token: int) -> str | None:
@@ -122,6 +131,7 @@ async def tokenizer_info(request: Request) -> dict:
 @routes.post("/tokenize")
 async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     served = state(request).served
+    _one_tokenizer(served)
 
     def tokens() -> list[int]:
         protocol.check_model(served, body.model)
@@ -139,6 +149,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
 @routes.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
     served = state(request).served
+    _one_tokenizer(served)
     protocol.check_model(served, body.model)
     protocol.check_tokens(served, body.tokens, "tokens")
     first = served.ensemble.models[0]

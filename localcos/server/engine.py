@@ -30,6 +30,8 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import Cancelled
+from ..runtime.bytelevel import ByteModels
+from ..runtime.bytescheduler import ByteScheduler
 from ..runtime.generation import Completion, completion_rng
 from ..runtime.scheduler import Scheduler, Sequence, State
 
@@ -99,14 +101,15 @@ class Job:
 class Engine:
     """Runs jobs on one ensemble: their generations decoded together, first come first served."""
 
-    def __init__(self, loaded: LoadedModels, max_queue: int = 64) -> None:
+    def __init__(self, loaded: LoadedModels | ByteModels, max_queue: int = 64) -> None:
         self.loaded = loaded
         self.max_queue = max_queue
         parallel = loaded.parallel
         generation_slots = list(range(max(1, parallel - 1)))
         self.scoring_slot = parallel - 1
         self._scoring_shared = self.scoring_slot in generation_slots  # one slot: scoring waits for it
-        self.scheduler = Scheduler(loaded, slots=generation_slots)
+        # the byte level (models of different tokenizers) runs one generation at a time, its own way
+        self.scheduler = ByteScheduler(loaded) if isinstance(loaded, ByteModels) else Scheduler(loaded, slots=generation_slots)
         self.parallel = len(generation_slots)  # generations decoded at once, at most
         self._arrivals: queue.Queue[Job | None] = queue.Queue()
         self._unstarted: set[Job] = set()  # submitted, not started: what max_queue counts

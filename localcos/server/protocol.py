@@ -13,11 +13,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
-from ..chat import ChatFormatter, Message
+from ..chat import ChatFormatter, Message, OwnTemplates
 from ..config import Settings
 from ..core.combiners import BoundCombiner
 from ..errors import Cancelled, LocalcosError, RemoteError
 from ..grammar import Constraint, ToolCallFormat, tool_call_format, tool_grammar
+from ..runtime.bytelevel import ByteModels, BytePlan, ByteStats
 from ..runtime.generation import Completion
 from ..runtime.loaded import LoadedModels
 from ..runtime.plan import Plan, check_token_ids, plan
@@ -60,14 +61,20 @@ def from_localcos(e: LocalcosError, param: str | None = None) -> APIError:
 
 @dataclass
 class ServedEnsemble:
-    """What the server serves: one loaded ensemble and how to talk about it."""
+    """What the server serves: one loaded ensemble and how to talk about it. At the byte level
+    (`ByteModels`: models of different tokenizers) every model renders a conversation in its
+    own chat template (`OwnTemplates`)."""
 
-    ensemble: LoadedModels
+    ensemble: LoadedModels | ByteModels
     settings: Settings
     alias: str
-    formatter: ChatFormatter | None  # None: the models carry no chat template
+    formatter: ChatFormatter | OwnTemplates | None  # None: the models carry no chat template
     created: int = field(default_factory=lambda: int(time.time()))
     scores: ScoreCache = field(default_factory=ScoreCache)  # echo scoring's shared prefixes
+
+    @property
+    def byte_level(self) -> bool:
+        return isinstance(self.ensemble, ByteModels)
 
 
 # --- planning requests ---------------------------------------------------------------------------
@@ -96,7 +103,7 @@ class Request:
     to answer."""
 
     route: Literal["completion", "chat"]
-    plans: list[Plan]
+    plans: list[Plan] | list[BytePlan]  # BytePlan: the byte level
     prompt_texts: list[str]
     n: int
     stream: bool
@@ -152,6 +159,8 @@ def plan_completion(served: ServedEnsemble, request: CompletionRequest) -> Reque
     check_model(served, request.model)
     max_tokens = served.settings.generation.max_tokens if request.max_tokens is None else request.max_tokens
     settings = _settings_for(served, request, max_tokens)
+    if served.byte_level:
+        return _byte_completion(served, request, settings, max_tokens)
     # with echo, nothing is added to what was sent: its tokens are the ones scored
     plans = _plans(served, settings, request.prompt, "prompt", **({"add_bos": False} if request.echo else {}))
     texts = [p if isinstance(p, str) else served.ensemble.detokenize(p) for p in request.prompt]
@@ -165,9 +174,10 @@ def messages(request_messages: Sequence[ChatMessage]) -> list[Message]:
     return [Message(m.role, m.text, tool_calls=m.calls(), tool_call_id=m.tool_call_id) for m in request_messages]
 
 
-def render(served: ServedEnsemble, request_messages: Sequence[ChatMessage], tools: Sequence[dict] | None = None) -> list[int]:
+def render(served: ServedEnsemble, request_messages: Sequence[ChatMessage], tools: Sequence[dict] | None = None) -> list[int] | list[list[int]]:
     """The conversation's prompt tokens, through the models' chat template (400 without one),
-    which also describes `tools` (OpenAI's function definitions) to the models."""
+    which also describes `tools` (OpenAI's function definitions) to the models; at the byte
+    level each model's own."""
     if served.formatter is None:
         raise APIError(400, "these models carry no chat template; use /v1/completions", param="messages")
     conversation = messages(request_messages)
@@ -209,6 +219,8 @@ def plan_chat(served: ServedEnsemble, request: ChatCompletionRequest) -> Request
     check_model(served, request.model)
     limit = request.token_limit
     max_tokens = served.settings.generation.max_tokens if limit is None else limit
+    if served.byte_level:
+        return _byte_chat(served, request, _settings_for(served, request, max_tokens), max_tokens)
     tools, constraint, definitions = _tools(served, request) if request.tools else (None, None, None)
     settings = _settings_for(served, request, max_tokens, constraint)
     plans = _plans(served, settings, [render(served, request.messages, definitions)], "messages")
@@ -217,6 +229,45 @@ def plan_chat(served: ServedEnsemble, request: ChatCompletionRequest) -> Request
         "chat", plans, [""], request.n, request.stream, max_tokens, False, logprobs,
         include_usage=request.include_usage, return_token_ids=request.return_token_ids, tools=tools,
     )  # fmt: skip
+
+
+# --- the byte level ---------------------------------------------------------------------------------
+# Models of different tokenizers decode at the byte level (runtime.bytelevel): prompts are text
+# (each model tokenises it, or renders the conversation in its own chat template), max_tokens
+# counts characters, and what needs one vocabulary (token ids, logprobs, echo's scores, tool-call
+# grammars) is refused in one 400.
+
+
+def _refuse_at_byte_level(given: Sequence[tuple[bool, str]]) -> None:
+    """400 for the first field asked for (`param`, or "param: what") that needs one vocabulary."""
+    for asked, what in given:
+        if asked:
+            raise APIError(400, f"{what}: not available at the byte level (this server combines models of different tokenizers)",
+                           param=what.split(":")[0], code="unsupported_parameter")  # fmt: skip
+
+
+def _byte_plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[list[list[int]]], param: str) -> list[BytePlan]:
+    models = served.ensemble
+    assert isinstance(models, ByteModels)
+    try:
+        combiner = settings.combiner()
+        return [models.plan(p, settings.generation, combiner=combiner, param=param) for p in prompts]
+    except LocalcosError as e:
+        raise from_localcos(e, param) from None
+
+
+def _byte_completion(served: ServedEnsemble, request: CompletionRequest, settings: Settings, max_tokens: int) -> Request:
+    _refuse_at_byte_level([(any(not isinstance(p, str) for p in request.prompt), "prompt: token ids (send text)"), (request.echo, "echo"),
+                           (request.logprobs is not None, "logprobs"), (request.return_token_ids, "return_token_ids")])  # fmt: skip
+    texts = [p for p in request.prompt if isinstance(p, str)]
+    plans = _byte_plans(served, settings, [served.ensemble.prompts(t) for t in texts], "prompt")
+    return Request("completion", plans, texts, request.n, request.stream, max_tokens, include_usage=request.include_usage)
+
+
+def _byte_chat(served: ServedEnsemble, request: ChatCompletionRequest, settings: Settings, max_tokens: int) -> Request:
+    _refuse_at_byte_level([(bool(request.logprobs), "logprobs"), (bool(request.tools), "tools"), (request.return_token_ids, "return_token_ids")])
+    plans = _byte_plans(served, settings, [render(served, request.messages)], "messages")
+    return Request("chat", plans, [""], request.n, request.stream, max_tokens, include_usage=request.include_usage)
 
 
 # --- running -----------------------------------------------------------------------------------
@@ -394,13 +445,15 @@ def _extras(request: Request, c: Choice) -> dict[str, Any]:
 
 def usage(request: Request, choices: Sequence[Choice]) -> out.Usage:
     prompt_tokens = sum(len(p) for p in request.prompts)
-    completion_tokens = sum(len(c.completion.token_ids) for c in choices if c.completion is not None)
+    completion_tokens = sum(c.completion.length for c in choices if c.completion is not None)
     return out.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens)
 
 
 def statistics(choices: Sequence[Choice]) -> dict | None:
     stats = [c.completion.stats for c in choices if c.completion is not None]
-    return GenerationStats.aggregate(stats).to_dict() if stats else None
+    if not stats:
+        return None
+    return (ByteStats.aggregate(stats) if isinstance(stats[0], ByteStats) else GenerationStats.aggregate(stats)).to_dict()
 
 
 def _tool_calls(calls: list[dict], streamed: bool = False) -> list[out.ToolCall]:

@@ -1,0 +1,77 @@
+"""The byte level's scheduler: byte-level generations run here, one at a time, in arrival order.
+
+It has the token-level `Scheduler`'s face (`submit`, `step`, `idle`, `live`, `drop`), so the
+server's engine drives either. A byte-level generation holds every model's sequences for its
+paths, so generations do not share calls: `step` admits the first waiting one when none runs and
+advances the running one until it has new text (or ends), then hands the text on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import numpy as np
+
+from .bytelevel import ByteCompletion, BytePlan
+from .generation import Chunk
+from .scheduler import Rounds, Sequence, State
+
+if TYPE_CHECKING:
+    from .bytelevel import ByteModels
+
+
+class ByteScheduler(Rounds):
+    """Byte-level generations of `models`, one at a time, first come first served."""
+
+    def __init__(self, models: ByteModels) -> None:
+        self.models = models
+        self.live: list[Sequence] = []
+        self.queue: deque[Sequence] = deque()
+
+    def submit(self, plan: BytePlan, rng: np.random.Generator, *, on_chunk: Callable[[Chunk], None] | None = None, key: Any = None) -> Sequence:
+        """Queue a generation of `plan` drawing from `rng`; it starts after the ones before it."""
+        sequence = Sequence(plan, rng, on_chunk, key)  # type: ignore[arg-type]
+        self.queue.append(sequence)
+        return sequence
+
+    def step(self) -> list[Sequence]:
+        """Start the next generation when none runs, and advance the running one to its next
+        text. Returns the sequences that finished."""
+        finished: list[Sequence] = []
+        while not self.live and self.queue:
+            sequence = self.queue.popleft()
+            if sequence.cancel_requested:  # cancelled before it started
+                self._finish(sequence, self.models.cancelled_completion(sequence.plan), finished)
+                continue
+            sequence.slot = 0
+            sequence.state = State.DECODING
+            generation = self.models.start(sequence.plan, sequence.rng, cancelled=lambda s=sequence: s.cancel_requested)
+            sequence.work = _texts(generation)  # type: ignore[assignment]
+            self.live.append(sequence)
+        for sequence in list(self.live):
+            work: Iterator[str | ByteCompletion] = sequence.work  # type: ignore[assignment]
+            item = next(work)
+            if isinstance(item, ByteCompletion):
+                self.live.remove(sequence)
+                self._finish(sequence, item, finished)
+            elif sequence.on_chunk is not None:
+                sequence.on_chunk(Chunk(item, ()))
+        return finished
+
+    def drop(self, sequence: Sequence) -> None:
+        """Abandon the running sequence (after a failed call); the next generation starts afresh."""
+        self.live.remove(sequence)
+        sequence.state = State.FINISHED
+
+    @staticmethod
+    def _finish(sequence: Sequence, completion: ByteCompletion, finished: list[Sequence]) -> None:
+        sequence.completion = completion  # type: ignore[assignment]
+        sequence.state = State.FINISHED
+        finished.append(sequence)
+
+
+def _texts(generation: Any) -> Iterator[str | ByteCompletion]:
+    """A generation's text pieces, then its completion."""
+    yield from generation.run()
+    yield generation.completion
