@@ -43,19 +43,22 @@ def render(
     eos_token: str,
     add_generation_prompt: bool = True,
     tools: Sequence[dict[str, Any]] | None = None,
+    owner: str | None = None,
 ) -> str:
     """Render a chat template (Jinja2) for `messages` (and the `tools` it may describe, OpenAI's
-    function definitions), as llama-cpp-python does."""
+    function definitions), as llama-cpp-python does; errors name the template's `owner` (a
+    model), when given."""
     import jinja2
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+    whose = f"{owner}'s chat template" if owner else "the chat template"
     try:
         formatter = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=add_generation_prompt)
         return formatter(messages=[m.as_template_input() for m in messages], tools=list(tools) if tools else None).prompt
     except jinja2.TemplateError as e:
-        raise ConfigError(f"cannot render the chat template: {e}", param="messages") from None
+        raise ConfigError(f"cannot render {whose}: {e}", param="messages") from None
     except ValueError as e:  # the template's raise_exception(...)
-        raise ConfigError(f"the chat template refused the conversation: {e}", param="messages") from None
+        raise ConfigError(f"{whose} refused the conversation: {e}", param="messages") from None
 
 
 def own_prompt(model, messages: Sequence[Message]) -> list[int]:
@@ -63,7 +66,7 @@ def own_prompt(model, messages: Sequence[Message]) -> list[int]:
     `OwnTemplates` checks)."""
     bos = model.token_text(model.bos).decode("utf-8", errors="replace") if model.bos >= 0 else ""
     eos = model.token_text(model.eos).decode("utf-8", errors="replace") if model.eos >= 0 else ""
-    text = render(model.chat_template, messages, bos_token=bos, eos_token=eos)
+    text = render(model.chat_template, messages, bos_token=bos, eos_token=eos, owner=model.name)
     add_bos = None if not (bos and text.startswith(bos)) else False
     return model.tokenize(text, add_bos=add_bos, special=True)
 

@@ -113,24 +113,43 @@ def read_source(value: Any, what: str) -> str:
 
 
 class Vocabulary:
-    """llguidance's view of an ensemble's vocabulary (the first model's tokens, up to the shared
-    size), built once per ensemble: reading every token's bytes takes about a second at 152k.
-    A model without a llama.cpp vocabulary (a test's fake) gives its tokens' bytes instead."""
+    """llguidance's view of a vocabulary: an ensemble's (`of_model`: the first model's tokens, up
+    to the shared size), built once per ensemble since reading every token's bytes takes about a
+    second at 152k, or the byte level's 257 symbols (`byte_symbols`)."""
 
-    def __init__(self, model: Any, n_vocab: int, end_tokens: Sequence[int]) -> None:
-        llguidance = _llguidance()
+    def __init__(self, tokenizer: Any, n_vocab: int) -> None:
+        self.tokenizer = tokenizer
         self.n_vocab = n_vocab
-        eos = sorted(end_tokens) or None
-        if getattr(model, "_vocab", None) is not None:
-            from llguidance.llamacpp import lltokenizer_from_vocab
 
-            with warnings.catch_warnings():  # it reads attributes through a deprecated llama.cpp call
-                warnings.simplefilter("ignore", DeprecationWarning)
-                self.tokenizer = lltokenizer_from_vocab(model._vocab, eos_token=eos)
-        else:
-            tokens = [model.token_text(t) for t in range(n_vocab)]
-            tokens.append(b"")  # an end token id inside the vocabulary, as llguidance needs one
-            self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Greedy(tokens, eos[0] if eos else n_vocab)), eos_token=eos)
+    @classmethod
+    def of_model(cls, model: Any, n_vocab: int, end_tokens: Sequence[int]) -> "Vocabulary":
+        """A model's vocabulary; a model without a llama.cpp vocabulary (a test's fake) gives its
+        tokens' bytes instead."""
+        eos = sorted(end_tokens) or None
+        if getattr(model, "_vocab", None) is None:
+            # an end token id inside the vocabulary, as llguidance needs one
+            return cls.of_pieces([model.token_text(t) for t in range(n_vocab)] + [b""], eos or [n_vocab], n_vocab)
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        _llguidance()
+        with warnings.catch_warnings():  # it reads attributes through a deprecated llama.cpp call
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return cls(lltokenizer_from_vocab(model._vocab, eos_token=eos), n_vocab)
+
+    @classmethod
+    def of_pieces(cls, pieces: Sequence[bytes], end_tokens: Sequence[int], n_vocab: int | None = None) -> "Vocabulary":
+        """Tokens given by their bytes (`end_tokens` among them), tokenised longest match first."""
+        llguidance = _llguidance()
+        eos = sorted(end_tokens)
+        wrapper = llguidance.TokenizerWrapper(_Greedy(pieces, eos[0]))
+        return cls(llguidance.LLTokenizer(wrapper, eos_token=eos), len(pieces) if n_vocab is None else n_vocab)
+
+
+@functools.cache
+def byte_symbols() -> Vocabulary:
+    """The byte level's alphabet as constraints see it: symbol b < 256 is the byte b, symbol 256
+    the end of the text (`core.bytelevel.END`), so a mask over it masks a byte distribution."""
+    return Vocabulary.of_pieces([bytes([b]) for b in range(256)] + [b""], [256])
 
 
 class _Greedy:

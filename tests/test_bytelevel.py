@@ -251,3 +251,46 @@ def test_the_byte_scheduler_runs_one_generation_at_a_time_streams_it_and_stops_a
     # the same generation alone draws the same text: the scheduler changes nothing it samples
     alone = run_to_end(_FakeByteModels().start(plan, np.random.default_rng(1)))
     assert alone.text == first.completion.text
+
+
+# --- structured output at the byte level ------------------------------------------------------------
+# A finite language, so the constrained r can be computed by brute force without llguidance: a
+# symbol is allowed where the text stays a prefix of a word, END where it is a word.
+WORDS = [w.encode() for w in ("a", "b", "aé", "bé", "aba", "bba")]
+GRAMMAR = 'root ::= ("a" | "b") ("é" | "ba")?'
+
+
+def _allowed_by_words(s: bytes) -> np.ndarray:
+    allowed = np.zeros(END + 1, dtype=bool)
+    for w in WORDS:
+        if w.startswith(s) and len(w) > len(s):
+            allowed[w[len(s)]] = True
+    allowed[END] = s in WORDS
+    return allowed
+
+
+@pytest.mark.parametrize("method,gamma", [("ensemble", 0), ("cos", 3)])
+def test_a_grammar_constrains_the_bytes_and_cos_samples_the_constrained_r_exactly(method, gamma):
+    from localcos.grammar import Matcher, byte_symbols, gbnf
+
+    brutes = [BruteForce(VOCAB_A, PROMPT), BruteForce(VOCAB_B, PROMPT)]
+    r = _r_we(brutes)
+
+    def constrained(s: bytes) -> np.ndarray:
+        p = r(s) * _allowed_by_words(s)
+        return p / p.sum()
+
+    exact = string_distribution(constrained, LENGTH, alphabet_of(VOCAB_A, VOCAB_B))
+    members = [FakeMember(VOCAB_A), FakeMember(VOCAB_B)]
+    bound = WeightedEnsemble().bind(2, [1, 2])
+    rng = np.random.default_rng(71 + gamma)
+    grammar = gbnf(GRAMMAR)
+    counts: Counter = Counter()
+    for _ in range(3000):
+        options = {"method": "cos", "gamma": gamma} if method == "cos" else {}
+        gen = ByteGeneration(members, [PROMPT] * 2, bound, Sampler(temperature=1.0), rng, max_chars=LENGTH,
+                             constraint=Matcher(byte_symbols(), grammar), **options)  # fmt: skip
+        c = run_to_end(gen)
+        counts[(c.data, c.finish_reason == "stop")] += 1
+    assert all(data in WORDS for data, _ in counts)
+    check_against(counts, exact, f"we of A and B under a grammar, {method} {gamma or ''}")

@@ -93,7 +93,6 @@ def test_level_auto_keeps_the_token_path_for_one_tokenizer_and_byte_is_forced(tr
         (["--method", "sd"], "not available at the byte level yet"),
         (["--gamma", "3"], "--byte-gamma"),
         (["--byte-gamma", "0"], "--byte-gamma"),
-        (["--json-object"], "not available at the byte level yet"),
         (["--level", "bytes"], "--level"),
     ],
 )
@@ -172,13 +171,18 @@ def test_serve_combines_two_tokenizers_at_the_byte_level(pair):
             ("completions", {"prompt": "x", "echo": True}, "echo"),
             ("completions", {"prompt": "x", "gamma": 3}, "gamma"),
             ("completions", {"prompt": "x", "method": "sd"}, "method"),
-            ("chat/completions", {"messages": messages, "response_format": {"type": "json_object"}}, "grammar"),
             ("chat/completions", {"messages": messages, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
         ]
         for route, body, param in refused:
             got = httpx.post(f"{s.url}/v1/{route}", json={"model": "duo", **body}, timeout=60)
             assert got.status_code == 400 and got.json()["error"]["param"] == param, (body, got.text)
         assert httpx.post(s.url + "/tokenize", json={"prompt": "x"}, timeout=10).status_code == 400
+        # structured output constrains the bytes: a JSON object under a schema, from both models
+        schema = {"type": "object", "properties": {"capital": {"type": "string"}}, "required": ["capital"]}
+        asked = [{"role": "user", "content": "The capital of France, as JSON with the key capital."}]
+        shaped = client.chat.completions.create(model="duo", messages=asked, max_tokens=60,
+                                                response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})  # fmt: skip
+        assert json.loads(shaped.choices[0].message.content)["capital"] == "Paris"
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model="duo", prompt=[[1, 2]], max_tokens=4)
         again = client.chat.completions.create(model="duo", messages=messages, max_tokens=40)
@@ -221,3 +225,42 @@ def test_the_terminal_chat_runs_two_tokenizers_at_the_byte_level(trained, big, m
     assert texts[0] == want
     assert "Rome" in texts[1], texts
     assert "level" in panels[0] and "byte" in panels[0] and "chars/s" in panels[0]
+
+
+@pytest.mark.parametrize("method", ["ensemble", "cos"])
+def test_a_json_schema_constrains_the_bytes_of_two_tokenizers(pair, method):
+    """--json-schema at the byte level: one mask over the 257 symbols, applied to r and to every
+    byte a model drafts; the text is valid JSON under the schema."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}
+    out = run_cli("generate", "--models", ",".join(map(str, pair)), "--chat", "-p", "Invent a person: JSON with name and age.",
+                  "--json-schema", json.dumps(schema), "--method", method, "--temperature", "0", "--max-tokens", "80", "--ctx", "512", "--json")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    (completion,) = result["completions"]
+    value = json.loads(completion["text"])
+    assert set(value) == {"name", "age"} and isinstance(value["age"], int) and isinstance(value["name"], str)
+    assert completion["finish_reason"] == "stop"
+
+
+def test_bench_compares_the_byte_level_methods_and_a_model_alone(pair, tmp_path):
+    """`localcos bench` with models of different tokenizers: the byte-level ensemble, cos at each
+    --byte-gamma and the larger model alone, interleaved, in characters per second."""
+    models = ",".join(map(str, pair))
+    report = tmp_path / "bench.json"
+    out = run_cli("bench", "--models", models, "--limit-prompts", "2", "--max-tokens", "40", "--byte-gamma", "4,8", "--temperature", "0",
+                  "--ctx", "512", "--json", str(report))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "byte level" in out.stdout
+    data = json.loads(report.read_text())
+    labels = [row["config"] for row in data["summary"]]
+    assert labels == ["ensemble", "cos 4", "cos 8", "alone-1"]
+    rows = {row["config"]: row for row in data["summary"]}
+    assert rows["ensemble"]["vs_ensemble"] == 1.0 and all(r["chars_per_second"] > 0 for r in rows.values())
+    assert 0 < rows["cos 8"]["accepted"] <= rows["cos 8"]["drafted"] and len(rows["cos 8"]["calls_per_char"]) == 2
+    assert rows["alone-1"]["calls_per_char"] == []  # the token path
+    runs = data["runs"]
+    assert len(runs) == 2 * 4 and {r["prompt"] for r in runs} == {0, 1}
+    assert all(r["chars"] <= 40 for r in runs if "stats" in r)
+    refused = run_cli("bench", "--models", models, "--gamma", "3", "--max-tokens", "8")
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1 and "--byte-gamma" in lines[0]

@@ -71,9 +71,45 @@ def test_score_a_text_with_two_tokenizers_in_bits_per_byte(trained, tmp_path):
     assert len(alone) == 2 and all(0.05 < v < 4 for v in alone)  # trained models: well under 8 bits a byte
     # -log2 of an equal mixture is at most the mean of the two -log2s, byte by byte
     assert we <= np.mean(alone) + 1e-9
+    # multiple choice at the byte level: each model reads the context in its own tokens
     items = tmp_path / "items.jsonl"
-    items.write_text(json.dumps({"context": "2 + 2 =", "choices": [" 4", " 5"], "answer": 0}) + "\n")
-    choices = subprocess.run([sys.executable, "-m", "localcos", "score", "--models", models, "--choices", str(items)],
+    easy = [("The capital of France is", [" Paris", " Madrid"], 0), ("2 + 2 =", [" 5", " 4"], 1),
+            ("The opposite of hot is", [" banana", " cold"], 1), ("def add(a, b):\n    return", [" a + b", " a pineapple"], 0)]  # fmt: skip
+    items.write_text("".join(json.dumps({"context": c, "choices": ch, "answer": a}) + "\n" for c, ch, a in easy))
+    out = tmp_path / "choices.json"
+    choices = subprocess.run([sys.executable, "-m", "localcos", "score", "--models", models, "--choices", str(items), "--json", str(out)],
                              capture_output=True, text=True, timeout=300)  # fmt: skip
-    lines = choices.stderr.strip().splitlines()
-    assert choices.returncode == 2 and len(lines) == 1 and "--choices: not available at the byte level yet" in lines[0]
+    assert choices.returncode == 0, choices.stderr
+    assert "at the byte level" in choices.stdout
+    report = json.loads(out.read_text())
+    assert report["kind"] == "choices" and report["level"] == "byte"
+    accuracy = {row["kind"] + ":" + row["label"]: row["value"] for row in report["rows"]}
+    assert all(v >= 0.75 for v in accuracy.values()) and [v for k, v in accuracy.items() if k.startswith("r:")] == [1.0], accuracy
+    assert report["loglikelihoods"]["bytes"][0] == [len(" Paris"), len(" Madrid")]
+
+
+def fake_choice_models(*models):
+    return SimpleNamespace(
+        members=[FakeMember(m) for m in models],
+        models=[SimpleNamespace(n_params=1, n_ctx=64, name=f"m{i}") for i, _ in enumerate(models)],
+        prompts=lambda context: [PROMPT + (len(context),)] * len(models),
+    )
+
+
+def test_a_choice_scores_the_probability_of_its_bytes_after_the_context():
+    """log p(choice | context) of each model is the brute-force prefix probability of its bytes
+    after the context's tokens, and r's is the sum over its bytes of log r."""
+    from localcos.eval.bytescore import byte_choices
+    from localcos.eval.choices import ChoiceItem
+
+    items = [ChoiceItem("ctx", ("ab", "ba\u00e9", "aab"), 2)]
+    scores = byte_choices(fake_choice_models(VOCAB_A, VOCAB_B), items, [WeightedEnsemble()])
+    prompt = PROMPT + (3,)
+    brutes = [BruteForce(VOCAB_A, prompt), BruteForce(VOCAB_B, prompt)]
+    for k, choice in enumerate(items[0].choices):
+        data = choice.encode()
+        for brute, member in zip(brutes, scores.members):
+            assert member[0][k] == pytest.approx(math.log(brute.prefix(data)), abs=1e-9)
+        we = sum(math.log(0.5 * brutes[0].next_symbol(data[:j])[data[j]] + 0.5 * brutes[1].next_symbol(data[:j])[data[j]]) for j in range(len(data)))
+        assert scores.combined[0][0][k] == pytest.approx(we, rel=1e-6)
+        assert scores.tokens[0][k] == len(data)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -262,3 +263,18 @@ def test_models_info_on_real_tokenizers_and_quantisation(real_models):
     as_json = run("generate", "--models", str(real_models["qwen2_q4km"]), "--chat", "--prompt", "Hi", "--max-tokens", "4", "--seed", "1", "--json")
     assert as_json.returncode == 0, as_json.stderr
     assert json.loads(as_json.stdout)["stats"]["prompt_tokens"] > 10  # the ChatML template's system turn and markers
+
+
+@pytest.mark.parametrize("template, message", [("{% for m in messages %}{{ m.content }", r"cannot render r-llama3-bad-template\S*'s chat template: "),
+                                               ("{{ raise_exception('no system turns here') }}", r"r-llama3-bad-template\S*'s chat template refused the conversation: no system turns here")])  # fmt: skip
+def test_a_template_that_cannot_render_at_the_byte_level_is_one_line_naming_its_model(real_models, model_dir, llama_vocab, template, message):
+    from dataclasses import replace
+
+    from conftest import REAL_SPECS
+
+    _, spec = REAL_SPECS["llama3"]
+    bad = cached_model(replace(spec, tokenizer=str(llama_vocab("llama-bpe")), chat_template=template, name="r-llama3-bad-template"), model_dir)
+    proc = run("generate", "--models", f"{real_models['qwen2']},{bad}", "--chat", "--prompt", "Hello", "--max-tokens", "4", "--ctx", "256")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert re.search(message, lines[0]), lines[0]

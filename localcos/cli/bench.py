@@ -24,14 +24,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_options(p, ["models", "hardware", "combination"], defaults=DEFAULTS, exclude={"parallel"})
     g = p.add_argument_group("what to compare")
-    g.add_argument("--methods", default="ensemble,sd,naive-cos,cos", help="default: all four")
+    g.add_argument("--methods", default=None, help="default: all four (at the byte level: ensemble,cos)")
     g.add_argument("--alone", default="largest", help="models that also decode alone: largest (default), all, none, or indices (0,1)")
-    g.add_argument("--gamma", dest="gammas", default="1,3,5", help="proposal lengths to sweep, and/or auto (default 1,3,5)")
+    g.add_argument("--gamma", dest="gammas", default=None, help="proposal lengths to sweep, and/or auto (default 1,3,5)")
+    g.add_argument("--byte-gamma", dest="byte_gammas", default="4,8",
+                   help="at the byte level (models of different tokenizers): cos draft lengths in bytes to sweep (default 4,8)")  # fmt: skip
     g.add_argument("--proposer", default=None, help="index of the proposer (default: the cheapest model)")
     g.add_argument("--temperature", dest="temperatures", default="0,1", help="temperatures, comma-separated (default 0,1)")
     g.add_argument("--prompts", default="builtin", help="builtin, or a file of prompts separated by lines '---'")
     g.add_argument("--limit-prompts", default=None, help="use only the first N prompts")
-    g.add_argument("--max-tokens", default="64", help="tokens per generation (default 64)")
+    g.add_argument("--max-tokens", default="64", help="tokens per generation (default 64; characters at the byte level)")
     g.add_argument("--repeat", default="1", help="runs per prompt and setting (default 1)")
     g.add_argument("--seed", default="0", help="seed of the first run (default 0)")
     g.add_argument("--per-task", action="store_true", help="also print a table per task")
@@ -52,34 +54,26 @@ def run(args: argparse.Namespace) -> int:
 
     from dataclasses import replace
 
-    from ..config import OPTIONS, GenerationConfig, check_for_models
+    from ..config import GenerationConfig, check_for_models
     from ..config.parse import parse_choice, parse_gamma, parse_int, parse_ints
     from ..core.decoding import METHODS, cheapest
     from ..ensemble import Ensemble
-    from ..tools import bench
-    from ..tools.prompts import load_prompts
     from ..models.weights import type_name
+    from ..runtime.bytelevel import uses_byte_level
     from ..runtime.profile import advice, cpu_name, describe
+    from ..tools import bench
 
-    methods = [parse_choice(m, "--methods", METHODS) for m in args.methods.split(",")]
+    settings = resolve(args, DEFAULTS)
+    if uses_byte_level(settings.load):
+        return _bench_bytes(args, settings)
+    methods = [parse_choice(m, "--methods", METHODS) for m in (args.methods or "ensemble,sd,naive-cos,cos").split(",")]
     gammas: list[int | str] = []
-    for g in args.gammas.split(","):
+    for g in (args.gammas or "1,3,5").split(","):
         gamma = parse_gamma(g)
         if isinstance(gamma, tuple):  # cannot happen for one item; keeps the types honest
             raise ConfigError(f"--gamma sweeps single values, got {g!r}", param="gamma")
         gammas.append(gamma)  # type: ignore[arg-type]
-    temperatures = [OPTIONS["temperature"].check(t) for t in args.temperatures.split(",")]
-    max_tokens = OPTIONS["max_tokens"].check(args.max_tokens)
-    repeat = parse_int(args.repeat, "--repeat", minimum=1)
-    seed = parse_int(args.seed, "--seed", minimum=0)
-    limit = parse_int(args.limit_prompts, "--limit-prompts", minimum=1) if args.limit_prompts is not None else None
-    try:
-        prompts = load_prompts(args.prompts)
-    except (FileNotFoundError, ValueError) as e:
-        raise ConfigError(str(e), param="prompts") from None
-    if limit:
-        prompts = prompts[:limit]
-    settings = resolve(args, DEFAULTS)
+    temperatures, max_tokens, repeat, seed, prompts = _common(args)
     levels = sorted(set(parse_ints(args.sequences, "--sequences", minimum=1))) if args.sequences else None
     if levels:
         settings = replace(settings, load=replace(settings.load, parallel=max(levels)))
@@ -186,6 +180,74 @@ def run(args: argparse.Namespace) -> int:
             bench.write_csv(args.csv, rows)
         if args.plot:
             plot_speedups(args.plot, rows, settings.name or "bench")
+    return 0
+
+
+def _common(args: argparse.Namespace):
+    """The options every bench reads: temperatures, length, repeats, seed, prompts."""
+    from ..config import OPTIONS
+    from ..config.parse import parse_int
+    from ..tools.prompts import load_prompts
+
+    temperatures = [OPTIONS["temperature"].check(t) for t in args.temperatures.split(",")]
+    max_tokens = OPTIONS["max_tokens"].check(args.max_tokens)
+    repeat = parse_int(args.repeat, "--repeat", minimum=1)
+    seed = parse_int(args.seed, "--seed", minimum=0)
+    limit = parse_int(args.limit_prompts, "--limit-prompts", minimum=1) if args.limit_prompts is not None else None
+    try:
+        prompts = load_prompts(args.prompts)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(str(e), param="prompts") from None
+    return temperatures, max_tokens, repeat, seed, prompts[:limit] if limit else prompts
+
+
+def _bench_bytes(args: argparse.Namespace, settings) -> int:
+    """The bench at the byte level: the byte-level ensemble and cos at each --byte-gamma, and the
+    largest model alone (its own token path), in characters per second."""
+    import json
+
+    from ..config import OPTIONS
+    from ..config.parse import parse_choice
+    from ..ensemble import Ensemble
+    from ..files import write_text
+    from ..runtime.bytelevel import ByteModels
+    from ..runtime.profile import cpu_name
+    from ..tools import bench, bytebench
+
+    refused = [(args.gammas is not None, "gamma", "--gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N,N"),
+               (args.sequences is not None, "sequences", "--sequences: the byte level decodes one generation at a time"),
+               (args.proposer is not None, "proposer", "--proposer: at the byte level the models take turns proposing (cos)"),
+               (args.plot is not None or args.csv is not None, "plot", "--plot and --csv: not available at the byte level yet; --json is"),
+               (args.per_task, "per_task", "--per-task: not available at the byte level yet")]  # fmt: skip
+    for bad, param, message in refused:
+        if bad:
+            raise ConfigError(message, param=param)
+    methods = [parse_choice(m, "--methods", ("ensemble", "cos")) for m in (args.methods or "ensemble,cos").split(",")]
+    gammas = [OPTIONS["byte_gamma"].check(g) for g in args.byte_gammas.split(",")]
+    temperatures, max_chars, repeat, seed, prompts = _common(args)
+    prompts = [p for p in prompts for _ in range(repeat)]
+    with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress) as models:
+        n_models = len(models.models)
+        members = _members(args.alone, n_models)
+        alone_ids = [bench.largest([m.n_params for m in models.models])] if members == "largest" else list(members)
+        alone = {i: Ensemble.load([settings.load.paths[i]], n_ctx=settings.load.n_ctx) for i in alone_ids}
+        try:
+            configs = bytebench.byte_configurations(methods, gammas, alone_ids)
+            runs = bytebench.run_byte_benchmark(models, alone, prompts, configs, temperatures, max_chars=max_chars, seed=seed)
+        finally:
+            for ens in alone.values():
+                ens.close()
+        names = [Path(p).name for p in settings.load.paths]
+        rows = bytebench.summarize_bytes(runs)
+        print(f"localcos bench (byte level): {', '.join(names)} | combine {models.combiner.description} | {len(prompts)} prompts | "
+              f"max {max_chars} chars | --byte-paths {settings.load.byte_paths}, --byte-prune {settings.load.byte_prune:g} | {cpu_name()}")  # fmt: skip
+        print(bytebench.format_byte_table(rows, names))
+        if alone_ids:
+            print(f"\nalone-I: model I on its own token path ({', '.join(f'{i} = {names[i]}' for i in alone_ids)})")
+    if args.json:
+        report = {"models": [str(p) for p in settings.load.paths], "level": "byte", "machine": bench.machine(),
+                  "summary": [r.__dict__ for r in rows], "runs": [r.to_dict() for r in runs]}  # fmt: skip
+        write_text(args.json, json.dumps(report, indent=1))
     return 0
 
 

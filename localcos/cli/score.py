@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.bytelevel import uses_byte_level
 
     if uses_byte_level(settings.load):
-        return _score_bytes(args, settings, text if args.file else None, grid, labels)
+        return _score_bytes(args, settings, text if args.file else None, None if args.file else items, grid, labels, sweep)
     with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, max_logit_rows=SCORING_LOGIT_ROWS) as ens:
         combiners = [s.combiner() for s in grid]
         names = ens.names
@@ -139,67 +139,74 @@ def run(args: argparse.Namespace) -> int:
             items=len(items),
             loglikelihoods={"combined": choices.combined, "members": choices.members, "tokens": choices.tokens},
         )
-    if args.json:
-        write_text(args.json, json.dumps(report, indent=1))
-    if args.csv:
-        with atomic_write(args.csv, newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["kind", "label", "perplexity" if args.file else "accuracy", "error" if args.file else "accuracy_per_token"])
-            w.writerows(rows)
-    if args.plot:
-        assert sweep is not None
-        plot_sweep(args.plot, sweep, rows, "perplexity" if args.file else "accuracy")
+    header = ["kind", "label", "perplexity" if args.file else "accuracy", "error" if args.file else "accuracy_per_token"]
+    _write(args, report, header, rows, sweep, "perplexity" if args.file else "accuracy")
     return 0
 
 
-def _score_bytes(args: argparse.Namespace, settings, text: str | None, grid: list, labels: list[str]) -> int:
-    """score at the byte level: bits per byte of the text under r and each model alone."""
-    from ..eval.bytescore import bits_per_byte
+def _score_bytes(args: argparse.Namespace, settings, text: str | None, items: list | None, grid: list, labels: list[str], sweep) -> int:
+    """score at the byte level: bits per byte of the text (--file), or the accuracy on a
+    multiple-choice set (--choices), under r and each model alone."""
+    from ..eval.bytescore import bits_per_byte, byte_choices
     from ..runtime.bytelevel import ByteModels
 
-    if text is None:
-        raise ConfigError("--choices: not available at the byte level yet (models with different tokenizers, or --level byte); --file is", param="choices")
-    if args.plot:
-        raise ConfigError("--plot: not available at the byte level yet", param="plot")
     window = settings.load.n_ctx - 2  # bytes: a window's tokens fit the context (a token has 1 byte or more), BOS too
     with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress) as models:
         t0 = time.perf_counter()
-        with _Progress("windows") as bar:
-            result = bits_per_byte(models, text, [s.combiner() for s in grid], window=window, progress=bar.update)
+        combiners = [s.combiner() for s in grid]
+        with _Progress("windows" if text is not None else "items") as bar:
+            if text is not None:
+                result = bits_per_byte(models, text, combiners, window=window, progress=bar.update)
+            else:
+                choices = byte_choices(models, items, combiners, progress=bar.update)
         seconds = time.perf_counter() - t0
         names = models.names
-        bound = [c.bind(len(models.models), [m.n_params for m in models.models]).description for c in (s.combiner() for s in grid)]
-    scored = result.combined[0].count
-    windows = f"{result.windows} window" + ("s" if result.windows != 1 else "")
-    print(f"localcos score: bits per byte of {args.file} at the byte level ({result.bytes} bytes; {windows} of "
-          f"{result.window} bytes, {scored} bytes scored)")  # fmt: skip
-    print(f"{'':<34}{'bits/byte':>12}")
-    rows = [("r", label or desc, bits.per_byte, None) for desc, label, bits in zip(bound, labels, result.combined)]
-    rows += [("model", name, bits.per_byte, None) for name, bits in zip(names, result.members)]
-    for kind, label, value, _ in rows:
-        print(f"{(f'r {label}' if kind == 'r' else f'{label} alone')[:33]:<34}{value:>12.4f}")
-    pruned = ", ".join(f"{n}: {d:.2g} of its mass over a window dropped, {u} bytes outside its paths" for n, d, u in zip(names, result.dropped, result.unreachable))
-    print(f"\n{seconds:.2f}s, {scored / seconds:.1f} scored bytes/s; pruning (--byte-prune {settings.load.byte_prune:g}): {pruned}")
-    report = {
-        "models": [str(p) for p in settings.load.paths],
-        "kind": "bits_per_byte",
-        "level": "byte",
-        "rows": [{"kind": k, "label": label, "value": v} for k, label, v, _ in rows],
-        "bytes": result.bytes,
-        "windows": result.windows,
-        "window": result.window,
-        "seconds": seconds,
-        "dropped_mass": result.dropped,
-        "unreachable_bytes": result.unreachable,
-    }
+        bound = [c.bind(len(models.models), [m.n_params for m in models.models]).description for c in combiners]
+    report: dict = {"models": [str(p) for p in settings.load.paths], "level": "byte", "seconds": seconds,
+                    "sweep": None if sweep is None else {"name": sweep.name, "values": list(sweep.values)}}  # fmt: skip
+    if text is not None:
+        scored = result.combined[0].count
+        windows = f"{result.windows} window" + ("s" if result.windows != 1 else "")
+        print(f"localcos score: bits per byte of {args.file} at the byte level ({result.bytes} bytes; {windows} of "
+              f"{result.window} bytes, {scored} bytes scored)")  # fmt: skip
+        print(f"{'':<34}{'bits/byte':>12}")
+        rows = [("r", label or desc, bits.per_byte, None) for desc, label, bits in zip(bound, labels, result.combined)]
+        rows += [("model", name, bits.per_byte, None) for name, bits in zip(names, result.members)]
+        for kind, label, value, _ in rows:
+            print(f"{(f'r {label}' if kind == 'r' else f'{label} alone')[:33]:<34}{value:>12.4f}")
+        pruned = ", ".join(f"{n}: {d:.2g} of its mass over a window dropped, {u} bytes outside its paths" for n, d, u in zip(names, result.dropped, result.unreachable))
+        print(f"\n{seconds:.2f}s, {scored / seconds:.1f} scored bytes/s; pruning (--byte-prune {settings.load.byte_prune:g}): {pruned}")
+        report.update(kind="bits_per_byte", bytes=result.bytes, windows=result.windows, window=result.window,
+                      dropped_mass=result.dropped, unreachable_bytes=result.unreachable)  # fmt: skip
+        metric, header = "bits per byte", ["kind", "label", "bits_per_byte"]
+    else:
+        assert items is not None
+        print(f"localcos score: {len(items)} multiple-choice items from {args.choices} at the byte level")
+        print(f"{'':<34}{'accuracy':>10}{'per byte':>11}")
+        rows = [("r", label or desc, choices.accuracy(sums), choices.accuracy(sums, per_token=True)) for desc, label, sums in zip(bound, labels, choices.combined)]
+        rows += [("model", name, choices.accuracy(sums), choices.accuracy(sums, per_token=True)) for name, sums in zip(names, choices.members)]
+        for kind, label, acc, acc_byte in rows:
+            print(f"{(f'r {label}' if kind == 'r' else f'{label} alone')[:33]:<34}{acc:>10.1%}{acc_byte:>11.1%}")
+        print(f"\n{seconds:.2f}s, {sum(map(sum, choices.tokens)) / seconds:.1f} choice bytes/s")
+        report.update(kind="choices", items=len(items), loglikelihoods={"combined": choices.combined, "members": choices.members, "bytes": choices.tokens})
+        metric, header = "accuracy", ["kind", "label", "accuracy", "accuracy_per_byte"]
+    report["rows"] = [{"kind": k, "label": label, "value": v, "extra": e} for k, label, v, e in rows]
+    _write(args, report, header, rows, sweep, metric)
+    return 0
+
+
+def _write(args: argparse.Namespace, report: dict, header: list[str], rows: list[tuple], sweep, metric: str) -> None:
+    """--json, --csv and --plot, as asked."""
     if args.json:
         write_text(args.json, json.dumps(report, indent=1))
     if args.csv:
         with atomic_write(args.csv, newline="") as f:
             w = csv.writer(f)
-            w.writerow(["kind", "label", "bits_per_byte"])
-            w.writerows(r[:3] for r in rows)
-    return 0
+            w.writerow(header)
+            w.writerows(r[: len(header)] for r in rows)
+    if args.plot:
+        assert sweep is not None
+        plot_sweep(args.plot, sweep, rows, metric)
 
 
 def _label(point: dict) -> str:

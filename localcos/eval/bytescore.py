@@ -1,5 +1,5 @@
-"""Bits per byte of a text for the byte-level combination r and for each model alone: the
-measure that compares models of different tokenizers (each model's byte distribution from
+"""Bits per byte of a text, and multiple-choice log-likelihoods, for the byte-level combination r
+and for each model alone: the measures that compare models of different tokenizers (each model's byte distribution from
 `core.bytelevel`, marginalised over its tokenisations).
 
 Windows follow `eval.perplexity` in bytes: the text's UTF-8 bytes are cut into windows of
@@ -23,6 +23,7 @@ from ..runtime.bytelevel import RULED_OUT, combine_symbols
 
 if TYPE_CHECKING:
     from ..runtime.bytelevel import ByteModels
+    from .choices import ChoiceItem, ChoiceScores
 
 CHUNK_BYTES = 32  # bytes scored per call of each model
 
@@ -74,6 +75,27 @@ def windows_of(data: bytes, window: int) -> list[tuple[int, int]]:
     return out
 
 
+def walk(members: Sequence, data: bytes, visit: Callable[[int, list], None]) -> None:
+    """Advance every member's view through `data`, a chunk of `CHUNK_BYTES` per call of each
+    model (`ByteMember.score`), calling `visit(j, dists)` with every model's distribution over
+    byte j of `data` (given the bytes before it), in order."""
+    pos = 0
+    while pos < len(data):
+        chunk = data[pos : pos + CHUNK_BYTES]
+        scored = [m.score(chunk) for m in members]
+        reached = min(len(d) for d, _ in scored) - 1  # bytes every model got through
+        taken = min(reached + 1, len(chunk))
+        for j in range(taken):
+            visit(pos + j, [d[j] for d, _ in scored])
+        for member, (_, states) in zip(members, scored):
+            if taken < len(states):
+                member.rollback(states[taken])
+            else:  # its held paths could not take byte `reached`: it takes it the usual way
+                member.rollback(states[-1])
+                member.advance(chunk[taken - 1])
+        pos += taken
+
+
 def bits_per_byte(
     models: "ByteModels",
     text: str,
@@ -97,35 +119,78 @@ def bits_per_byte(
     for w, (lo, hi) in enumerate(spans):
         piece = data[lo:hi]
         first_scored = len(piece) // 2
+
+        def visit(j: int, dists: list) -> None:
+            if j < first_scored:
+                return
+            byte = piece[j]
+            for i, d in enumerate(dists):
+                if d[byte] == 0:
+                    unreachable[i] += 1
+                alone[i].add(max(float(d[byte]), RULED_OUT))
+            for c, bits in zip(bound, combined):
+                bits.add(float(combine_symbols(c, dists, 1.0)[byte]))  # END keeps its share
+
         for member, prompt in zip(members, prompts):
             member.start(prompt)
-        pos = 0
-        while pos < len(piece):
-            chunk = piece[pos : pos + CHUNK_BYTES]
-            scored = [m.score(chunk) for m in members]
-            reached = min(len(d) for d, _ in scored) - 1  # bytes every model got through
-            for j in range(min(reached + 1, len(chunk))):
-                dists = [d[j] for d, _ in scored]
-                if pos + j < first_scored:
-                    continue
-                byte = chunk[j]
-                for i, d in enumerate(dists):
-                    if d[byte] == 0:
-                        unreachable[i] += 1
-                    alone[i].add(max(float(d[byte]), RULED_OUT))
-                for c, bits in zip(bound, combined):
-                    bits.add(float(combine_symbols(c, dists, 1.0)[byte]))  # END keeps its share
-            taken = min(reached + 1, len(chunk))
-            for member, (_, states) in zip(members, scored):
-                if taken < len(states):
-                    member.rollback(states[taken])
-                else:  # its held paths could not take byte `reached`: it takes it the usual way
-                    member.rollback(states[-1])
-                    member.advance(chunk[taken - 1])
-            pos += taken
+        walk(members, piece, visit)
         for i, member in enumerate(members):
             dropped[i] += member.view.dropped
         if progress:
             progress(w + 1, len(spans))
     dropped = [d / len(spans) for d in dropped]
     return ByteScore(combined, alone, len(spans), window, len(data), unreachable, dropped)
+
+
+def byte_choices(
+    models: "ByteModels",
+    items: Sequence["ChoiceItem"],
+    combiners: Sequence[Combiner],
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> "ChoiceScores":
+    """Each choice's log-likelihood at the byte level: every model reads the context in its own
+    tokens (as a generation's prompt), and the choice's bytes are scored as its reply would be,
+    under each combination and each model alone. `ChoiceScores.tokens` counts bytes."""
+    from .choices import ChoiceScores
+
+    bound = [c.bind(len(models.models), [m.n_params for m in models.models]) for c in combiners]
+    members = models.members
+    out = ChoiceScores([[] for _ in bound], [[] for _ in members], [], [it.answer for it in items])
+    for number, item in enumerate(items):
+        prompts = models.prompts(item.context)
+        for m, p in zip(models.models, prompts):
+            if len(p) + len(max(item.choices, key=len).encode()) >= m.n_ctx:
+                raise ConfigError(f"item {number + 1}: its context and longest choice do not fit {m.name}'s context of {m.n_ctx}; "
+                                  "raise --ctx", param="choices")  # fmt: skip
+        sums_c: list[list[float]] = [[] for _ in bound]
+        sums_m: list[list[float]] = [[] for _ in members]
+        counts = []
+        for choice in item.choices:
+            data = choice.encode("utf-8")
+            logs_c = [0.0] * len(bound)
+            logs_m = [0.0] * len(members)
+
+            def visit(j: int, dists: list) -> None:
+                byte = data[j]
+                for i, d in enumerate(dists):
+                    logs_m[i] += math.log(max(float(d[byte]), RULED_OUT))
+                for k, c in enumerate(bound):
+                    logs_c[k] += math.log(max(float(combine_symbols(c, dists, 1.0)[byte]), RULED_OUT))
+
+            for member, prompt in zip(members, prompts):
+                member.start(prompt)  # the context's cells are kept from the choice before
+            walk(members, data, visit)
+            for k in range(len(bound)):
+                sums_c[k].append(logs_c[k])
+            for i in range(len(members)):
+                sums_m[i].append(logs_m[i])
+            counts.append(len(data))
+        for k in range(len(bound)):
+            out.combined[k].append(sums_c[k])
+        for i in range(len(members)):
+            out.members[i].append(sums_m[i])
+        out.tokens.append(counts)
+        if progress:
+            progress(number + 1, len(items))
+    return out

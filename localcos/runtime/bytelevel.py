@@ -23,12 +23,13 @@ import numpy as np
 from ..backend import Model, shared_vocab_size
 from ..config.specs import GenerationConfig
 from ..backend.model import common_prefix
-from ..core.bytelevel import END, Advance, ByteView, ByteVocab, Path, Unreachable, Utf8State, ViewState, replay
+from ..core.bytelevel import END, SYMBOLS, Advance, ByteView, ByteVocab, Path, Unreachable, Utf8State, ViewState, replay
 from ..core.combiners import BoundCombiner
 from ..core.decoding import Origin
 from ..core.sampling import Sampler
 from ..core.verify import verify
 from ..errors import ConfigError, TokenizerMismatchError
+from ..grammar import Matcher, byte_symbols, unpack
 from .generation import Chunk, TokenEvent, completion_rng
 
 if TYPE_CHECKING:
@@ -465,6 +466,9 @@ class ByteGeneration:
         cancelled: asked between rounds; when it turns true the text so far is the completion
             (finish reason "cancelled").
         names: the models' names (for the stats).
+        constraint: structured output over the 257 symbols (`grammar.byte_symbols`): its mask
+            applies to r and to every draft distribution at the same position, so cos stays exact
+            for the constrained r (as at the token level).
     """
 
     def __init__(
@@ -483,8 +487,10 @@ class ByteGeneration:
         gamma: int = 8,
         cancelled: Callable[[], bool] | None = None,
         names: Sequence[str] = (),
+        constraint: Matcher | None = None,
     ) -> None:
         self.members = list(members)
+        self.constraint = constraint
         self.names = list(names)
         self.cancelled = cancelled
         self.ignore_end = ignore_end
@@ -507,32 +513,48 @@ class ByteGeneration:
             dists = [m.view.distribution() for m in self.members]
         return combine_symbols(self.combiner, dists, self.sampler.softmax_temperature)
 
-    def _finish(self, p: np.ndarray, utf8: Utf8State) -> np.ndarray:
-        """A distribution over symbols as it is sampled: valid UTF-8 only, END unless ignored,
-        then the sampler's settings."""
-        p = p * utf8.allowed
+    def _allowed(self, utf8: Utf8State) -> np.ndarray:
+        """The symbols that may come next: valid UTF-8, and what the constraint allows after the
+        symbols it consumed."""
+        if self.constraint is None:
+            return utf8.allowed
+        return utf8.allowed & unpack(self.constraint.mask(), SYMBOLS)
+
+    def _finish(self, p: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+        """A distribution over symbols as it is sampled: the `allowed` symbols only, END unless
+        ignored, then the sampler's settings. Under a constraint, a distribution without mass on
+        the allowed symbols (pruned paths, or the models' own zeros) is uniform over them."""
+        p = p * allowed
         if self.ignore_end:
             p[END] = 0.0
         total = p.sum()
         if total <= 0:
-            raise ValueError("no byte the models allow keeps the text valid UTF-8")
+            if self.constraint is None or not allowed.any():
+                raise ValueError("no byte the models allow keeps the text valid UTF-8" + (" and inside the constraint" if self.constraint else ""))
+            p, total = allowed.astype(np.float64), float(allowed.sum())
         return self.sampler.finalize((p / total).astype(np.float32))
 
-    def _target(self, dists: Sequence[np.ndarray], utf8: Utf8State) -> np.ndarray:
-        return self._finish(self.symbol_distribution(dists), utf8)
+    def _target(self, dists: Sequence[np.ndarray], allowed: np.ndarray) -> np.ndarray:
+        return self._finish(self.symbol_distribution(dists), allowed)
 
-    def _proposal(self, dist: np.ndarray, utf8: Utf8State) -> np.ndarray:
+    def _proposal(self, dist: np.ndarray, allowed: np.ndarray) -> np.ndarray:
         """A proposer's own distribution as it drafts: at the temperature r is computed at."""
         t = self.sampler.softmax_temperature
         if t != 1.0:
             with np.errstate(divide="ignore"):
                 z = np.log(dist) / t
             dist = np.exp(z - z.max())
-        return self._finish(dist, utf8)
+        return self._finish(dist, allowed)
+
+    def _consume(self, symbol: int) -> None:
+        """The constraint follows the text (END is not text)."""
+        if self.constraint is not None and symbol != END and not self.constraint.consume(symbol):
+            raise RuntimeError(f"the constraint refused byte {symbol}, which its own mask allowed")
 
     def _ensemble_step(self, utf8: Utf8State) -> _Round:
-        r = self._target([m.view.distribution() for m in self.members], utf8)
+        r = self._target([m.view.distribution() for m in self.members], self._allowed(utf8))
         symbol = self.sampler.draw(r, self.rng)
+        self._consume(symbol)
         if symbol != END:
             for member in self.members:
                 member.advance(symbol)
@@ -546,22 +568,24 @@ class ByteGeneration:
         others = [m for i, m in enumerate(self.members) if i != proposer]
         drafter_states = [drafter.snapshot()]
         drafter_dists: list[np.ndarray] = []
-        utf8_at = [utf8.copy()]
+        utf8 = utf8.copy()
+        allowed_at: list[np.ndarray] = []  # the symbols allowed at each draft position
         draft: list[int] = []
         proposals: list[np.ndarray] = []
         while len(draft) < self.gamma:
             dist = drafter.view.distribution()
             drafter_dists.append(dist)
-            q = self._proposal(dist, utf8_at[-1])
+            allowed_at.append(self._allowed(utf8))
+            q = self._proposal(dist, allowed_at[-1])
             symbol = self.sampler.draw(q, self.rng)
             draft.append(symbol)
             proposals.append(q)
             if symbol == END:
                 break
+            self._consume(symbol)
             drafter.advance(symbol)
             drafter_states.append(drafter.snapshot())
-            utf8_at.append(utf8_at[-1].copy())
-            utf8_at[-1].push(symbol)
+            utf8.push(symbol)
         data = bytes(s for s in draft if s != END)
         scored = [m.score(data) for m in others]
         reached = min(len(dists) for dists, _ in scored)  # positions every model has a distribution at
@@ -570,12 +594,14 @@ class ByteGeneration:
         for j in range(judged):
             dists = [d[j] for d, _ in scored]
             dists.insert(proposer, drafter_dists[j])
-            targets.append(self._target(dists, utf8_at[j]))
+            targets.append(self._target(dists, allowed_at[j]))
         verdict = verify(draft[:judged], np.stack(proposals[:judged]), np.stack(targets), self.rng)
         self.drafted += judged
         self.accepted += verdict.accepted
         kept = draft[: verdict.accepted]
         position = len([s for s in kept if s != END])  # bytes of the draft kept
+        if self.constraint is not None:
+            self.constraint.rollback(len(data) - position)
         drafter.rollback(drafter_states[position])
         for member, (_, states) in zip(others, scored):
             if position < len(states):
@@ -586,6 +612,7 @@ class ByteGeneration:
         symbols = list(kept)
         if verdict.resample is not None:
             symbols.append(verdict.resample)
+            self._consume(verdict.resample)
             if verdict.resample != END:
                 for member in self.members:
                     member.advance(verdict.resample)
@@ -792,17 +819,14 @@ class ByteModels:
     ) -> BytePlan:
         """A byte-level completion of `prompts` (each model's own tokens) under `config`, checked
         once here for every front end: its method ensemble or cos; `combiner` bound to the
-        models (default the loaded one); token-counted drafts (gamma) and structured output are
-        refused (`ConfigError`), as is a prompt longer than a model's context (naming `param`)."""
+        models (default the loaded one); token-counted drafts (gamma) are refused (`ConfigError`),
+        as is a prompt longer than a model's context (naming `param`)."""
         method = config.method
         if config.gamma is not None:
             raise ConfigError("gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
         if method not in ("ensemble", "cos"):
             raise ConfigError(f"method {method}: not available at the byte level yet (models with different tokenizers, or level byte); "
                               "ensemble or cos", param="method")  # fmt: skip
-        if config.constraint is not None:
-            raise ConfigError("structured output (grammar, JSON schema, JSON object): not available at the byte level yet "
-                              "(models with different tokenizers, or level byte)", param="grammar")  # fmt: skip
         for m, p in zip(self.models, prompts):
             if len(p) >= m.n_ctx:
                 raise ConfigError(f"the prompt is {len(p)} tokens for {m.name}, which holds {m.n_ctx}", param=param)
@@ -821,7 +845,8 @@ class ByteModels:
         config = plan.config
         return ByteGeneration(self.members, plan.prompts, plan.combiner, config.sampler(), rng, max_chars=config.max_tokens,
                               stop=config.stop, n_ctx=self.n_ctx, ignore_end=config.ignore_eos, method=plan.method,
-                              gamma=config.byte_gamma, cancelled=cancelled, names=self.names)  # fmt: skip
+                              gamma=config.byte_gamma, cancelled=cancelled, names=self.names,
+                              constraint=None if config.constraint is None else Matcher(byte_symbols(), config.constraint))  # fmt: skip
 
     def close(self) -> None:
         for m in self.models:

@@ -174,5 +174,5 @@ class LoadedModels:
         """The vocabulary as constraints see it (built once, on first use; any thread)."""
         with self._vocabulary_lock:
             if self._vocabulary is None:
-                self._vocabulary = Vocabulary(self.models[0], self.n_vocab, sorted(self.end_tokens))
+                self._vocabulary = Vocabulary.of_model(self.models[0], self.n_vocab, sorted(self.end_tokens))
             return self._vocabulary

@@ -36,15 +36,27 @@ PROFILE_VERSION = 3
 
 
 def cpu_name() -> str:
-    """The CPU's model name (as lscpu says it), for figures that hold only for it."""
+    """The CPU as figures that hold only for it need it named: its model name (as lscpu says it),
+    family and model, and the vector units llama.cpp's kernels use (AVX2, AVX-512, AMX)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "cpu family", "model", "flags") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip() and fields:
+                    break  # the first processor says it all
     except OSError:
         pass
-    return platform.processor() or "?"
+    if "model name" not in fields:
+        return platform.processor() or "?"
+    flags = set(fields.get("flags", "").split())
+    units = "AVX-512" + "".join(f" {n}" for f, n in (("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16")) if f in flags) if "avx512f" in flags else (
+        "AVX2" if "avx2" in flags else "no AVX2")  # fmt: skip
+    units += ", AMX" if "amx_tile" in flags else ", no AMX"
+    return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')}; {units})"
 
 
 def profile_key(model: Any) -> str:

@@ -1,0 +1,144 @@
+"""The bench at the byte level (models of different tokenizers, or `--level byte`): the byte-level
+ensemble and byte-level cos at each draft length, and chosen models alone on their own token path,
+interleaved prompt by prompt on the same prompts and seeds. Speed is characters per second (what
+the byte level and a token path have in common); a configuration's ratio to the ensemble is over
+all prompts' characters and seconds, with its worst prompt beside it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from ..config.specs import GenerationConfig
+from ..runtime.bytelevel import ByteStats, run_to_end
+from ..runtime.generation import completion_rng
+
+if TYPE_CHECKING:
+    from ..ensemble import Ensemble
+    from ..runtime.bytelevel import ByteModels
+
+ENSEMBLE = "ensemble"
+
+
+@dataclass(frozen=True)
+class ByteConfig:
+    """One configuration: a byte-level method and draft length, or a model alone (`alone`: its
+    index) on its own token path."""
+
+    label: str
+    method: str = ENSEMBLE
+    gamma: int = 8
+    alone: int | None = None
+
+
+def byte_configurations(methods: Sequence[str], gammas: Sequence[int], alone: Sequence[int] = ()) -> list[ByteConfig]:
+    """The ensemble first (the baseline), cos at each draft length, then each model alone."""
+    configs = [ByteConfig(ENSEMBLE)] if ENSEMBLE in methods else []
+    configs += [ByteConfig(f"cos {g}", "cos", g) for g in gammas] if "cos" in methods else []
+    return configs + [ByteConfig(f"alone-{i}", alone=i) for i in alone]
+
+
+@dataclass
+class ByteRun:
+    """One generation of the bench."""
+
+    config: ByteConfig
+    prompt: int
+    task: str
+    temperature: float
+    chars: int
+    seconds: float
+    stats: ByteStats | None = None  # None: a model alone (token path)
+
+    def to_dict(self) -> dict:
+        out = {"config": self.config.label, "prompt": self.prompt, "task": self.task, "temperature": self.temperature,
+               "chars": self.chars, "seconds": self.seconds}  # fmt: skip
+        if self.stats is not None:
+            out["stats"] = self.stats.to_dict()
+        return out
+
+
+def run_byte_benchmark(
+    models: "ByteModels",
+    alone: dict[int, "Ensemble"],
+    prompts: Sequence[tuple[str, str]],
+    configs: Sequence[ByteConfig],
+    temperatures: Sequence[float],
+    *,
+    max_chars: int,
+    seed: int = 0,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> list[ByteRun]:
+    """Every configuration on every prompt at every temperature, interleaved prompt by prompt
+    (machine noise then touches them alike). Prompt i draws from random stream i of `seed`; a
+    model alone generates `max_chars` // 3 tokens (about as many characters)."""
+    runs: list[ByteRun] = []
+    total = len(temperatures) * len(prompts) * len(configs)
+    for t in temperatures:
+        for i, (task, prompt) in enumerate(prompts):
+            for config in configs:
+                if progress:
+                    progress(len(runs), total, f"T={t:g} {task} {config.label}")
+                if config.alone is not None:
+                    c = alone[config.alone].generate(prompt, max_tokens=max(1, max_chars // 3), temperature=t, seed=seed + i, method=ENSEMBLE)
+                    runs.append(ByteRun(config, i, task, t, len(c.text), c.stats.seconds))
+                    continue
+                plan = models.plan(models.prompts(prompt), GenerationConfig(method=config.method, max_tokens=max_chars, temperature=t,
+                                                                            byte_gamma=config.gamma))  # fmt: skip
+                c = run_to_end(models.start(plan, completion_rng(seed, i)))
+                runs.append(ByteRun(config, i, task, t, c.stats.chars, c.stats.seconds, c.stats))
+    if progress:
+        progress(total, total, "done")
+    return runs
+
+
+@dataclass
+class ByteRow:
+    """A configuration's figures at one temperature, over all prompts."""
+
+    temperature: float
+    config: str
+    chars_per_second: float
+    vs_ensemble: float | None  # over all prompts' characters and seconds
+    worst_vs_ensemble: float | None  # the prompt where it did worst
+    accepted: int = 0
+    drafted: int = 0
+    calls_per_char: list[float] = field(default_factory=list)
+    most_paths: list[int] = field(default_factory=list)
+
+
+def summarize_bytes(runs: Sequence[ByteRun]) -> list[ByteRow]:
+    rows = []
+    for t in sorted({r.temperature for r in runs}):
+        at = [r for r in runs if r.temperature == t]
+        base = {r.prompt: r for r in at if r.config.label == ENSEMBLE}
+        base_speed = _speed([r for r in at if r.config.label == ENSEMBLE])
+        for label in dict.fromkeys(r.config.label for r in at):
+            mine = [r for r in at if r.config.label == label]
+            speed = _speed(mine)
+            per_prompt = [_speed([r]) / _speed([base[r.prompt]]) for r in mine if r.prompt in base and _speed([base[r.prompt]]) > 0]
+            stats = [r.stats for r in mine if r.stats is not None]
+            total = ByteStats.aggregate(stats) if stats else None
+            rows.append(ByteRow(
+                t, label, speed, speed / base_speed if base_speed else None, min(per_prompt) if per_prompt else None,
+                total.accepted if total else 0, total.drafted if total else 0,
+                [c / max(total.chars, 1) for c in total.calls] if total else [], total.most_paths if total else [],
+            ))  # fmt: skip
+    return rows
+
+
+def _speed(runs: Sequence[ByteRun]) -> float:
+    seconds = sum(r.seconds for r in runs)
+    return sum(r.chars for r in runs) / seconds if seconds > 0 else 0.0
+
+
+def format_byte_table(rows: Sequence[ByteRow], names: Sequence[str]) -> str:
+    header = f"{'T':>4}  {'configuration':<14}{'chars/s':>9}{'x ens':>8}{'worst':>8}{'accepted':>12}  calls/char, most paths ({', '.join(names)})"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        ratio = "-" if r.vs_ensemble is None else f"{r.vs_ensemble:.2f}x"
+        worst = "-" if r.worst_vs_ensemble is None else f"{r.worst_vs_ensemble:.2f}x"
+        accepted = f"{r.accepted}/{r.drafted}" if r.drafted else "-"
+        per_model = "; ".join(f"{c:.2f}, {p}" for c, p in zip(r.calls_per_char, r.most_paths)) or "token path"
+        lines.append(f"{r.temperature:>4g}  {r.config:<14}{r.chars_per_second:>9.1f}{ratio:>8}{worst:>8}{accepted:>12}  {per_model}")
+    return "\n".join(lines)
