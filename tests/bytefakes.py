@@ -170,6 +170,7 @@ class FakeMember:
 
         self.tree_limit = tree_limit
         self.missed = 0
+        self.tree_rows = 0  # rows evaluated ahead for drafts
         self.model = model
         self.view = ByteView(ByteVocab(model.pieces, model.end_tokens), max_paths=max_paths, prune=prune)
         self.prompt: tuple[int, ...] = ()
@@ -223,6 +224,7 @@ class FakeMember:
                 known[seq] = self.view.normalise(self.model.logits(self.prompt + seq))
         if known:
             self.calls += 1
+            self.tree_rows += len(known)
 
         def evaluate(paths) -> None:
             self.missed += len(paths)

@@ -294,3 +294,68 @@ def test_a_grammar_constrains_the_bytes_and_cos_samples_the_constrained_r_exactl
         counts[(c.data, c.finish_reason == "stop")] += 1
     assert all(data in WORDS for data, _ in counts)
     check_against(counts, exact, f"we of A and B under a grammar, {method} {gamma or ''}")
+
+
+# --- --byte-gamma auto: drafts planned from call costs ---------------------------------------------
+from localcos.core.speedmodel import ByteAutoGamma, CallProfile, Costs  # noqa: E402
+
+# a small model and one 30 times dearer; on an accelerator a call's rows cost nothing more, on a
+# compute-bound CPU k rows cost k calls
+FLAT = [CallProfile({1: 0.001}), CallProfile({1: 0.03})]
+LINEAR = [CallProfile({1: 0.001, 2: 0.002, 4: 0.004, 8: 0.008}), CallProfile({1: 0.03, 2: 0.06, 4: 0.12, 8: 0.24})]
+
+
+@pytest.mark.parametrize("profiles, drafts", [(FLAT, True), (LINEAR, False)], ids=["flat", "linear"])
+def test_auto_drafts_where_rows_are_cheap_and_takes_the_ensemble_step_where_they_are_not(profiles, drafts):
+    auto = ByteAutoGamma(Costs(profiles), rechoose_every=1)
+    for _ in range(40):  # an ensemble whose models call once per 3 bytes, one row a call, and agree 90% of the time
+        for i in range(2):
+            auto.observe_advance(i, 3, 1, 1)
+            auto.observe_verdicts(i, 0.9, 0.1)
+    proposer, gamma = auto.choose()
+    assert (gamma > 0) == drafts, (proposer, gamma)
+    if drafts:
+        assert proposer == 0  # the small model drafts, the dear one scores
+    # models that never agree: nothing pays, whatever the costs
+    for _ in range(200):
+        for i in range(2):
+            auto.observe_verdicts(i, 0.0, 1.0)
+    assert auto.choose()[1] == 0
+
+
+def test_cos_with_a_plan_that_changes_every_round_samples_r_exactly(monkeypatch):
+    """Auto's choices (who drafts, how many bytes, or no draft) depend only on what came before,
+    so r stays exact; here the plan cycles through proposers, lengths and ensemble steps."""
+    plans = [(0, 3), (1, 0), (1, 2), (0, 1), (0, 0), (1, 4)]
+    turn = iter(range(10**9))
+    monkeypatch.setattr(ByteAutoGamma, "choose", lambda self, proposers=None: (lambda p: (p[0] if proposers is None else proposers[0], p[1]))(plans[next(turn) % len(plans)]))
+    brutes = [BruteForce(VOCAB_A, PROMPT), BruteForce(VOCAB_B, PROMPT)]
+    exact = string_distribution(_r_we(brutes), LENGTH, alphabet_of(VOCAB_A, VOCAB_B))
+    members = [FakeMember(m) for m in (VOCAB_A, VOCAB_B)]
+    bound = WeightedEnsemble().bind(2, [1, 2])
+    rng = np.random.default_rng(91)
+    counts: Counter = Counter()
+    drafted = steps = 0
+    for _ in range(3000):
+        gen = ByteGeneration(members, [PROMPT] * 2, bound, Sampler(temperature=1.0), rng, max_chars=LENGTH, method="cos", gamma="auto",
+                             costs=Costs(FLAT))  # fmt: skip
+        c = run_to_end(gen)
+        counts[(c.data, c.finish_reason == "stop")] += 1
+        drafted += c.stats.drafted
+        steps += c.stats.ensemble_steps
+    assert drafted > 3000 and steps > 1000
+    check_against(counts, exact, "we of A and B, cos with a changing plan")
+
+
+@pytest.mark.parametrize("profile", [FLAT, LINEAR], ids=["flat", "linear"])
+def test_greedy_auto_gives_the_greedy_ensembles_text(profile):
+    outs = {}
+    for method, gamma in (("ensemble", 8), ("cos", "auto")):
+        members = [FakeMember(VOCAB_A, max_paths=4, prune=0.01), FakeMember(VOCAB_B, max_paths=4, prune=0.01)]
+        gen = ByteGeneration(members, [(0, 7)] * 2, WeightedEnsemble().bind(2, [1, 2]), Sampler(temperature=0), np.random.default_rng(0),
+                             max_chars=40, method=method, gamma=gamma, costs=Costs(profile), ignore_end=True)  # fmt: skip
+        c = run_to_end(gen)
+        outs[method] = c.data
+        if method == "cos" and profile is LINEAR:
+            assert c.stats.drafted == 0 and c.stats.ensemble_steps > 0
+    assert outs["cos"] == outs["ensemble"] and len(outs["ensemble"]) >= 40

@@ -109,7 +109,7 @@ def test_byte_level_cos_across_two_families(pair, combine):
               "--max-tokens", "60", "--json", "--ctx", "512"]  # fmt: skip
     outs = {}
     for method in ("ensemble", "cos"):
-        out = run_cli(*common, "--method", method)
+        out = run_cli(*common, "--method", method, "--byte-gamma", "8")  # drafts whatever the costs here
         assert out.returncode == 0, out.stderr
         outs[method] = json.loads(out.stdout)
     (cos,) = outs["cos"]["completions"]
@@ -150,7 +150,10 @@ def test_serve_combines_two_tokenizers_at_the_byte_level(pair):
         content = reply.choices[0].message.content
         stats = reply.model_extra["localcos"]
         assert "Paris" in content and "<|im_end|>" not in content and reply.choices[0].finish_reason == "stop"
-        assert stats["level"] == "byte" and stats["method"] == "ensemble" and stats["combiner"].startswith("we")
+        # the byte level's default: cos planned from the call costs (--byte-gamma auto), which takes
+        # the ensemble's step wherever a draft would not pay
+        assert stats["level"] == "byte" and stats["method"] == "cos" and stats["combiner"].startswith("we")
+        assert stats["ensemble_steps"] + stats["drafted"] > 0
         assert reply.usage.completion_tokens == len(content) and reply.usage.prompt_tokens > 0  # characters, as max_tokens
         streamed = client.chat.completions.create(model="duo", messages=messages, max_tokens=40, stream=True)
         assert "".join(e.choices[0].delta.content or "" for e in streamed if e.choices) == content
@@ -159,7 +162,7 @@ def test_serve_combines_two_tokenizers_at_the_byte_level(pair):
         assert text.choices[0].text == want_text and text.model_extra["localcos"]["combiner"].startswith("cd")
         assert text.choices[0].finish_reason == "length" and len(want_text) == 48
         # cos per request, two choices
-        both = client.completions.create(model="duo", prompt="def add(a, b):\n", max_tokens=24, n=2, extra_body={"method": "cos"})
+        both = client.completions.create(model="duo", prompt="def add(a, b):\n", max_tokens=24, n=2, extra_body={"method": "cos", "byte_gamma": 8})
         stats = both.model_extra["localcos"]
         assert len(both.choices) == 2 and stats["method"] == "cos" and 0 < stats["accepted"] <= stats["drafted"]
         assert stats["completions"] == 2 and all("return" in c.text for c in both.choices)
@@ -259,7 +262,7 @@ def test_bench_compares_the_byte_level_methods_and_a_model_alone(pair, tmp_path)
     assert 0 < rows["cos 8"]["accepted"] <= rows["cos 8"]["drafted"] and len(rows["cos 8"]["calls_per_char"]) == 2
     assert rows["alone-1"]["calls_per_char"] == []  # the token path
     runs = data["runs"]
-    assert len(runs) == 2 * 4 and {r["prompt"] for r in runs} == {0, 1}
+    assert len(runs) == 2 * 5 and {r["prompt"] for r in runs} == {0, 1}  # the ensemble twice
     assert all(r["chars"] <= 40 for r in runs if "stats" in r)
     refused = run_cli("bench", "--models", models, "--gamma", "3", "--max-tokens", "8")
     lines = refused.stderr.strip().splitlines()

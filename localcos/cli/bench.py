@@ -27,8 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--methods", default=None, help="default: all four (at the byte level: ensemble,cos)")
     g.add_argument("--alone", default="largest", help="models that also decode alone: largest (default), all, none, or indices (0,1)")
     g.add_argument("--gamma", dest="gammas", default=None, help="proposal lengths to sweep, and/or auto (default 1,3,5)")
-    g.add_argument("--byte-gamma", dest="byte_gammas", default="4,8",
-                   help="at the byte level (models of different tokenizers): cos draft lengths in bytes to sweep (default 4,8)")  # fmt: skip
+    g.add_argument("--byte-gamma", dest="byte_gammas", default="auto,8",
+                   help="at the byte level (models of different tokenizers): cos draft lengths in bytes to sweep, and/or auto (default auto,8)")  # fmt: skip
     g.add_argument("--proposer", default=None, help="index of the proposer (default: the cheapest model)")
     g.add_argument("--temperature", dest="temperatures", default="0,1", help="temperatures, comma-separated (default 0,1)")
     g.add_argument("--prompts", default="builtin", help="builtin, or a file of prompts separated by lines '---'")
@@ -211,7 +211,7 @@ def _bench_bytes(args: argparse.Namespace, settings) -> int:
     from ..ensemble import Ensemble
     from ..files import write_text
     from ..runtime.bytelevel import ByteModels
-    from ..runtime.profile import cpu_name
+    from ..runtime.profile import cpu_name, describe
     from ..tools import bench, bytebench
 
     refused = [(args.gammas is not None, "gamma", "--gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N,N"),
@@ -244,6 +244,13 @@ def _bench_bytes(args: argparse.Namespace, settings) -> int:
         print(bytebench.format_byte_table(rows, names))
         if alone_ids:
             print(f"\nalone-I: model I on its own token path ({', '.join(f'{i} = {names[i]}' for i in alone_ids)})")
+        noise = sorted(bytebench.timing_noise(runs))
+        if noise:
+            print(f"\ntiming noise: the ensemble ran each prompt twice (before and after the others); the two runs differ by "
+                  f"{noise[len(noise) // 2]:.1%} in the median, {noise[-1]:.1%} at most. Ratios use both.")  # fmt: skip
+        print(f"\nbatched calls on this machine, from the models' profiles (what --byte-gamma auto plans with):")
+        for name, profile in zip(names, models.costs.profiles):
+            print(f"  {name}: {describe(profile)}")
     if args.json:
         report = {"models": [str(p) for p in settings.load.paths], "level": "byte", "machine": bench.machine(),
                   "summary": [r.__dict__ for r in rows], "runs": [r.to_dict() for r in runs]}  # fmt: skip

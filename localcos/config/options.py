@@ -28,6 +28,7 @@ from .parse import (
     parse_combine,
     parse_float,
     parse_floats,
+    parse_byte_gamma,
     parse_gamma,
     parse_grammar,
     parse_int,
@@ -184,8 +185,9 @@ _OPTIONS = [
     _option("byte_prune", "--byte-prune", "level", "load", lambda v, what: check_prune(parse_float(v, what), what),
             "byte level: drop a tokenisation whose mass is below this fraction of the largest; 0 keeps all (exact, slower)",
             default=0.01, metavar="P"),
-    _option("byte_gamma", "--byte-gamma", "level", "generation", _at_least(1),
-            "byte level, --method cos: bytes each proposer drafts (the others score them in one call)", default=8, metavar="N"),
+    _option("byte_gamma", "--byte-gamma", "level", "generation", parse_byte_gamma,
+            "byte level, --method cos: bytes each proposer drafts (the others score them in one call), or auto: planned each "
+            "round from the models' measured call costs, no draft where drafts would not pay (default auto)", default="auto", metavar="N|auto"),
     # how to generate
     _option("method", "--method", "method", "generation", _choice(METHODS),
             "ensemble (every model, every token), sd, naive-cos, or cos (default: cos; ensemble for one model)", choices=METHODS),

@@ -122,6 +122,22 @@ def parse_gamma(value: Any, what: str = "--gamma") -> Gamma:
     return values[0] if len(values) == 1 else values
 
 
+def _int_or_word(value: Any, what: str, word: str, minimum: int, expected: str) -> int | str:
+    """An integer >= `minimum`, or `word`; else one line saying `what` must be `expected`."""
+    if isinstance(value, str) and value.strip() == word:
+        return word
+    try:
+        return parse_int(value, what, minimum=minimum)
+    except ConfigError:
+        raise ConfigError(f"{what} must be {expected}, got {value!r}", param=param_of(what)) from None
+
+
+def parse_byte_gamma(value: Any, what: str = "--byte-gamma") -> int | str:
+    """Bytes a proposer drafts at the byte level: an integer >= 1, or "auto" (planned each round
+    from the models' call costs)."""
+    return _int_or_word(value, what, "auto", 1, "an integer >= 1 or auto")
+
+
 def format_gamma(gamma: Gamma) -> str:
     """The text `parse_gamma` reads back ("" for the default)."""
     if gamma is None:
@@ -223,12 +239,7 @@ def parse_served_combine(value: Any, what: str) -> str:
 
 def parse_proposer(value: Any, what: str) -> int | str:
     """A proposer: a model index >= 0, or "lookup" (drafts looked up in the context)."""
-    if isinstance(value, str) and value.strip() == "lookup":
-        return "lookup"
-    try:
-        return parse_int(value, what, minimum=0)
-    except ConfigError:
-        raise ConfigError(f"{what} must be a model index >= 0 or lookup, got {value!r}", param=param_of(what)) from None
+    return _int_or_word(value, what, "lookup", 0, "a model index >= 0 or lookup")
 
 
 def parse_ngram_sizes(value: Any, what: str) -> tuple[int, int]:

@@ -188,7 +188,7 @@ class GenerationConfig:
     lookup: str = "auto"  # drafts looked up in the context: auto, on or off (cos, and proposer "lookup")
     lookup_ngram: tuple[int, int] = (3, 12)  # the shortest and longest suffix looked up
     lookup_tokens: int = 16  # the most looked-up tokens a draft takes
-    byte_gamma: int = 8  # byte level, cos: bytes a proposer drafts
+    byte_gamma: int | str = "auto"  # byte level, cos: bytes a proposer drafts, or "auto" (planned from the call costs)
     # structured output (localcos.grammar): at most one of them
     json_schema: Constraint | None = None
     grammar: Constraint | None = None

@@ -299,3 +299,132 @@ class AutoGammaControllers:
         if key not in self._controllers:
             self._controllers[key] = AutoGamma(self.costs, used=used)
         return self._controllers[key]
+
+
+@dataclass
+class ByteAutoGamma:
+    """Chooses, before each round of byte-level cos (``--byte-gamma auto``), whether to draft and
+    who drafts how many bytes, from each model's measured call costs (`costs`) and what the
+    generation has seen so far. Counted, never timed: the same prompt and seed give the same text
+    on one machine.
+
+    At the byte level a model calls llama.cpp only where one of its tokenisations reaches a token
+    boundary, so the ensemble's step already costs each model about one call of a few rows per
+    token of its own. A draft of g bytes by P costs P what the ensemble would for those bytes;
+    each other model V scores them in one call over its likely tokenisations (its rows per draft
+    byte, as measured in earlier scoring calls, plus the rows the call missed, each in a call of
+    its own); a rejection (probability 1 - alpha^g) costs every model the residual byte as well.
+    The draft brings expected_tokens(alpha, g) bytes. Where a call of k rows costs about k calls of
+    one (a compute-bound CPU) this never beats the ensemble's step, and gamma 0 (that step) is
+    chosen; where rows are cheap (an accelerator) drafts pay.
+
+    alpha, each proposer's per-byte acceptance, comes from verdicts on its drafts and, at every
+    ensemble step, from the distributions at hand (the probability min(q, r) summed, what its
+    draft byte would have been accepted with), so the controller knows when drafting would pay
+    before it drafts. Estimates decay, following a new prompt within a few dozen bytes.
+    """
+
+    costs: Costs
+    gamma_max: int = 16
+    margin: float = 0.08  # as AutoGamma's: host work the model leaves out
+    decay: float = 0.98
+    prior_weight: float = 8.0  # bytes (or drafts) of evidence the priors weigh
+    prior_alpha: float = 0.7
+    prior_calls_per_byte: float = 0.3  # about one call per token of 3-4 bytes
+    prior_rows_per_call: float = 1.5
+    prior_ahead_per_byte: float = 0.5  # a scoring call's rows per draft byte
+    prior_missed_per_byte: float = 0.05
+    rechoose_every: int = 8  # rounds a choice is kept (the estimates move slowly)
+
+    def __post_init__(self) -> None:
+        n = self.costs.n_models
+        w = self.prior_weight
+        self.accepted = [self.prior_alpha * w] * n
+        self.tested = [w] * n
+        self.bytes = [w] * n  # bytes advanced outside drafts' scoring, and the calls and rows they took
+        self.calls = [self.prior_calls_per_byte * w] * n
+        self.rows = [self.prior_calls_per_byte * self.prior_rows_per_call * w] * n
+        self.scored = [w] * n  # draft bytes scored as a verifier, the rows evaluated ahead and missed
+        self.ahead = [self.prior_ahead_per_byte * w] * n
+        self.missed = [self.prior_missed_per_byte * w] * n
+        self.could_pay = True  # whether a draft could beat the ensemble's step at all (acceptance 1)
+        self._kept: tuple[tuple | None, int, tuple[int, int]] | None = None  # (candidates, rounds since, choice)
+
+    @staticmethod
+    def _mix(total: list[float], i: int, value: float, d: float) -> None:
+        total[i] = d * total[i] + value
+
+    def observe_advance(self, model: int, n_bytes: int, calls: int, rows: int) -> None:
+        """`model` advanced `n_bytes` bytes the usual way, in `calls` calls of `rows` rows in all."""
+        d = self.decay**n_bytes
+        for total, value in ((self.bytes, n_bytes), (self.calls, calls), (self.rows, rows)):
+            self._mix(total, model, value, d)
+
+    def observe_scoring(self, model: int, n_bytes: int, ahead: int, missed: int) -> None:
+        """`model` scored a draft of `n_bytes` bytes: `ahead` rows in its scoring call, `missed`
+        rows evaluated after it."""
+        d = self.decay**n_bytes
+        for total, value in ((self.scored, n_bytes), (self.ahead, ahead), (self.missed, missed)):
+            self._mix(total, model, value, d)
+
+    def observe_verdicts(self, proposer: int, accepted: float, rejected: float) -> None:
+        """Verdicts on `proposer`'s draft bytes: counts, or an expected count (a probability of
+        acceptance measured without drafting)."""
+        d = self.decay ** (accepted + rejected)
+        self._mix(self.accepted, proposer, accepted, d)
+        self._mix(self.tested, proposer, accepted + rejected, d)
+
+    def alpha(self, proposer: int) -> float:
+        return self.accepted[proposer] / self.tested[proposer]
+
+    @property
+    def wants_acceptance(self) -> bool:
+        """Whether measuring acceptance at ensemble steps can change a choice: not where even
+        drafts always accepted would not pay (what they cost depends on the calls, not on it)."""
+        return self.could_pay
+
+    def _cost(self, model: int, rows: float) -> float:
+        """A call of `rows` rows (fractional: between the two counts around it)."""
+        lo = max(int(math.floor(rows)), 1)
+        frac = max(rows - lo, 0.0)
+        return (1 - frac) * self.costs(model, lo) + frac * self.costs(model, lo + 1) if frac else self.costs(model, lo)
+
+    def byte_seconds(self, model: int) -> float:
+        """What one byte costs `model` when it advances the usual way."""
+        calls = self.calls[model] / self.bytes[model]
+        return calls * self._cost(model, max(self.rows[model] / max(self.calls[model], 1e-9), 1.0))
+
+    def ensemble_bytes_per_second(self) -> float:
+        seconds = sum(self.byte_seconds(i) for i in range(self.costs.n_models))
+        return 1.0 / seconds if seconds > 0 else math.inf
+
+    def cos_bytes_per_second(self, proposer: int, gamma: int, alpha: float | None = None) -> float:
+        """Expected bytes per second of rounds where `proposer` drafts `gamma` bytes (at its
+        measured acceptance, or `alpha`)."""
+        a = self.alpha(proposer) if alpha is None else alpha
+        seconds = gamma * self.byte_seconds(proposer)
+        for v in range(self.costs.n_models):
+            if v == proposer:
+                continue
+            rows = max(gamma * self.ahead[v] / self.scored[v], 1.0)
+            seconds += self._cost(v, rows) + gamma * self.missed[v] / self.scored[v] * self.costs(v, 1)
+        seconds += (1 - a**gamma) * sum(self.byte_seconds(i) for i in range(self.costs.n_models))
+        return expected_tokens(a, gamma) / seconds if seconds > 0 else math.inf
+
+    def choose(self, proposers: Sequence[int] | None = None) -> tuple[int, int]:
+        """(proposer, gamma) with the best expected speed; gamma 0: the ensemble's step. A
+        choice is kept for `rechoose_every` rounds."""
+        key = None if proposers is None else tuple(proposers)
+        if self._kept is not None and self._kept[0] == key and self._kept[1] < self.rechoose_every:
+            self._kept = (key, self._kept[1] + 1, self._kept[2])
+            return self._kept[2]
+        candidates = range(self.costs.n_models) if proposers is None else proposers
+        bar = self.ensemble_bytes_per_second() * (1 + self.margin)
+        lengths = range(1, self.gamma_max + 1)
+        self.could_pay = max(self.cos_bytes_per_second(p, g, alpha=1.0) for p in candidates for g in lengths) > bar
+        choice = (candidates[0], 0)
+        if self.could_pay:
+            best = max((self.cos_bytes_per_second(p, g), -g, p) for p in candidates for g in lengths)
+            choice = (best[2], -best[1] if best[0] > bar else 0)
+        self._kept = (key, 1, choice)
+        return choice

@@ -27,10 +27,12 @@ from ..core.bytelevel import END, SYMBOLS, Advance, ByteView, ByteVocab, Path, U
 from ..core.combiners import BoundCombiner
 from ..core.decoding import Origin
 from ..core.sampling import Sampler
+from ..core.speedmodel import ByteAutoGamma, CallProfile, Costs
 from ..core.verify import verify
 from ..errors import ConfigError, TokenizerMismatchError
 from ..grammar import Matcher, byte_symbols, unpack
 from .generation import Chunk, TokenEvent, completion_rng
+from .profile import profile as call_profile
 
 if TYPE_CHECKING:
     from ..config.specs import LoadSpec, Settings
@@ -70,13 +72,12 @@ def uses_byte_level(spec: "LoadSpec") -> bool:
 
 
 def byte_level_settings(settings: "Settings", method: str | None) -> "Settings":
-    """`settings` as the byte level runs them: the method given (`method`), else ensemble. The
-    token level's default, cos, saves calls; at the byte level the ensemble already calls a model
-    only where one of its tokens ends, so cos saves few calls and pays for bigger ones: it is
-    opt-in (docs/algorithm.md, section 10)."""
+    """`settings` as the byte level runs them: the method given (`method`), else cos, whose
+    `--byte-gamma auto` (the default) drafts only where the models' call costs say a draft pays
+    and otherwise takes the ensemble's own step (docs/algorithm.md, section 10)."""
     from dataclasses import replace
 
-    return replace(settings, generation=replace(settings.generation, method=method or "ensemble"))
+    return replace(settings, generation=replace(settings.generation, method=method or "cos"))
 
 
 # Models of different tokenizers rule out different symbols (one may end where the other cannot).
@@ -343,6 +344,7 @@ class ByteStats:
     drafted: int = 0  # draft symbols judged (cos)
     accepted: int = 0
     missed: list[int] = field(default_factory=list)  # rows a draft's scoring had not evaluated ahead
+    ensemble_steps: int = 0  # cos: rounds where no model drafted (--byte-gamma auto's choice, or no room)
     completions: int = 1
     finish_reasons: dict[str, int] = field(default_factory=dict)  # of several completions (`aggregate`)
 
@@ -365,6 +367,7 @@ class ByteStats:
             most_paths=[max(values) for values in zip(*(s.most_paths for s in stats))], restarts=total("restarts"),
             dropped=total("dropped"), finish_reason=stats[0].finish_reason if len(reasons) == 1 else "", method=stats[0].method, combiner=stats[0].combiner, names=stats[0].names,
             drafted=sum(s.drafted for s in stats), accepted=sum(s.accepted for s in stats), missed=total("missed"),
+            ensemble_steps=sum(s.ensemble_steps for s in stats),
             completions=sum(s.completions for s in stats), finish_reasons=reasons,
         )  # fmt: skip
 
@@ -390,7 +393,8 @@ class ByteStats:
             **({"completions": self.completions, "finish_reasons": self.finish_reasons} if self.completions > 1 else {}),
             "method": self.method,
             "combiner": self.combiner,
-            **({"drafted": self.drafted, "accepted": self.accepted, "missed_rows": self.missed} if self.method == "cos" else {}),
+            **({"drafted": self.drafted, "accepted": self.accepted, "missed_rows": self.missed, "ensemble_steps": self.ensemble_steps}
+               if self.method == "cos" else {}),
         }
 
     def summary(self, names: Sequence[str]) -> str:
@@ -398,7 +402,7 @@ class ByteStats:
             f"{n}: {c / max(self.chars, 1):.2f} calls/char, {p} paths at most, {d:.2g} mass dropped, {r} restarts"
             for n, c, p, d, r in zip(names, self.calls, self.most_paths, self.dropped, self.restarts)
         )
-        drafts = f"; {self.accepted}/{self.drafted} draft symbols accepted" if self.method == "cos" else ""
+        drafts = f"; {self.accepted}/{self.drafted} draft symbols accepted, {self.ensemble_steps} ensemble steps" if self.method == "cos" else ""
         return f"byte level: {self.chars} chars in {self.seconds:.2f} s ({self.chars_per_second:.1f} chars/s); {per_model}{drafts}"
 
 
@@ -443,7 +447,7 @@ class _Round:
     draft every symbol of which was accepted, the model whose turn it is to propose."""
 
     symbols: list[int]
-    next_proposer: int = 0
+    next_proposer: int | None = None
 
 
 class ByteGeneration:
@@ -462,7 +466,9 @@ class ByteGeneration:
         method: "ensemble" (every model advances every byte, r sampled) or "cos" (the models take
             turns drafting `gamma` bytes from their own byte distribution; the others score the
             draft in one call each and it is verified against r, byte by byte: `core.verify`).
-        gamma: bytes per draft (cos).
+        gamma: bytes per draft (cos), or "auto": before each round `costs` (the models' call
+            costs) and what the generation has seen choose who drafts how many bytes, or no draft
+            (the ensemble's step; `core.speedmodel.ByteAutoGamma`).
         cancelled: asked between rounds; when it turns true the text so far is the completion
             (finish reason "cancelled").
         names: the models' names (for the stats).
@@ -484,7 +490,8 @@ class ByteGeneration:
         n_ctx: int | None = None,
         ignore_end: bool = False,
         method: str = "ensemble",
-        gamma: int = 8,
+        gamma: int | str = 8,
+        costs: Costs | None = None,
         cancelled: Callable[[], bool] | None = None,
         names: Sequence[str] = (),
         constraint: Matcher | None = None,
@@ -503,6 +510,11 @@ class ByteGeneration:
         self.n_ctx = n_ctx
         self.method = method
         self.gamma = gamma
+        if gamma == "auto" and costs is None:
+            raise ValueError("gamma auto needs the models' call costs")
+        self.costs = costs
+        self.auto: ByteAutoGamma | None = None
+        self.ensemble_steps = 0
         self.drafted = 0
         self.accepted = 0
 
@@ -552,15 +564,30 @@ class ByteGeneration:
             raise RuntimeError(f"the constraint refused byte {symbol}, which its own mask allowed")
 
     def _ensemble_step(self, utf8: Utf8State) -> _Round:
-        r = self._target([m.view.distribution() for m in self.members], self._allowed(utf8))
+        dists = [m.view.distribution() for m in self.members]
+        allowed = self._allowed(utf8)
+        r = self._target(dists, allowed)
+        if self.auto is not None and self.auto.wants_acceptance:  # what each model's draft byte would have been accepted with
+            for i, dist in enumerate(dists):
+                accept = float(np.minimum(self._proposal(dist, allowed), r).sum())
+                self.auto.observe_verdicts(i, accept, 1.0 - accept)
         symbol = self.sampler.draw(r, self.rng)
         self._consume(symbol)
         if symbol != END:
-            for member in self.members:
-                member.advance(symbol)
+            for i, member in enumerate(self.members):
+                self._advance(i, member, symbol)
         return _Round([symbol])
 
-    def _cos_round(self, utf8: Utf8State, proposer: int) -> _Round:
+    def _advance(self, i: int, member, symbol: int) -> None:
+        """`member` takes a byte the usual way (the auto plan counts what that cost)."""
+        if self.auto is None:
+            member.advance(symbol)
+            return
+        calls, rows = member.calls, member.view.rows
+        member.advance(symbol)
+        self.auto.observe_advance(i, 1, member.calls - calls, member.view.rows - rows)
+
+    def _cos_round(self, utf8: Utf8State, proposer: int, gamma: int) -> _Round:
         """One round of CoS at the byte level (docs/algorithm.md, sections 3-4, with bytes for
         tokens): `proposer` drafts up to `gamma` symbols from its own distribution, every other
         model scores the draft's bytes in one call, the draft is verified against r."""
@@ -572,7 +599,7 @@ class ByteGeneration:
         allowed_at: list[np.ndarray] = []  # the symbols allowed at each draft position
         draft: list[int] = []
         proposals: list[np.ndarray] = []
-        while len(draft) < self.gamma:
+        while len(draft) < gamma:
             dist = drafter.view.distribution()
             drafter_dists.append(dist)
             allowed_at.append(self._allowed(utf8))
@@ -583,11 +610,15 @@ class ByteGeneration:
             if symbol == END:
                 break
             self._consume(symbol)
-            drafter.advance(symbol)
+            self._advance(proposer, drafter, symbol)
             drafter_states.append(drafter.snapshot())
             utf8.push(symbol)
         data = bytes(s for s in draft if s != END)
+        before = [(getattr(m, "tree_rows", 0), getattr(m, "missed", 0)) for m in others]
         scored = [m.score(data) for m in others]
+        if self.auto is not None:
+            for m, (ahead, missed) in zip(others, before):
+                self.auto.observe_scoring(self.members.index(m), len(data), m.tree_rows - ahead, m.missed - missed)
         reached = min(len(dists) for dists, _ in scored)  # positions every model has a distribution at
         judged = min(len(draft), reached)
         targets = []
@@ -598,6 +629,8 @@ class ByteGeneration:
         verdict = verify(draft[:judged], np.stack(proposals[:judged]), np.stack(targets), self.rng)
         self.drafted += judged
         self.accepted += verdict.accepted
+        if self.auto is not None:
+            self.auto.observe_verdicts(proposer, verdict.accepted, float(verdict.resample is not None))
         kept = draft[: verdict.accepted]
         position = len([s for s in kept if s != END])  # bytes of the draft kept
         if self.constraint is not None:
@@ -614,8 +647,8 @@ class ByteGeneration:
             symbols.append(verdict.resample)
             self._consume(verdict.resample)
             if verdict.resample != END:
-                for member in self.members:
-                    member.advance(verdict.resample)
+                for i, member in enumerate(self.members):
+                    self._advance(i, member, verdict.resample)
             return _Round(symbols)
         if judged == len(draft) and (not draft or draft[-1] != END):
             return _Round(symbols, (proposer + 1) % len(self.members))  # CoS: the next model goes on
@@ -635,14 +668,29 @@ class ByteGeneration:
         hold = max((len(s) for s in self.stop), default=1) - 1  # a stop string may still begin here
         finish = ""
         proposer = 0
+        passed = False  # the last draft was accepted whole: the next model in turn proposes (CoS)
         cos = self.method == "cos" and len(self.members) > 1
+        self.auto = ByteAutoGamma(self.costs) if cos and self.gamma == "auto" and self.costs is not None else None
+        self.ensemble_steps = 0
+        longest_draft = 0 if not cos else self.auto.gamma_max if self.auto is not None else int(self.gamma)
         while not finish:
             if self.cancelled is not None and self.cancelled():
                 finish = "cancelled"
                 break
-            room = self.n_ctx is None or all(m.longest + self.gamma < self.n_ctx for m in self.members)
-            step = self._cos_round(utf8, proposer) if cos and room else self._ensemble_step(utf8)
-            proposer = step.next_proposer
+            room = self.n_ctx is None or all(m.longest + longest_draft < self.n_ctx for m in self.members)
+            gamma = 0
+            if cos and room:
+                if self.auto is not None:
+                    proposer, gamma = self.auto.choose([proposer] if passed else None)
+                else:
+                    gamma = int(self.gamma)
+            if gamma:
+                step = self._cos_round(utf8, proposer, gamma)
+            else:
+                step = self._ensemble_step(utf8)
+                self.ensemble_steps += cos
+            passed = step.next_proposer is not None
+            proposer = step.next_proposer if passed else 0
             for symbol in step.symbols:
                 if symbol == END:
                     finish = "stop"
@@ -687,6 +735,7 @@ class ByteGeneration:
             drafted=self.drafted,
             accepted=self.accepted,
             missed=[getattr(m, "missed", 0) for m in self.members],
+            ensemble_steps=self.ensemble_steps,
         )
         self.completion = ByteCompletion(text, bytes(data), finish, stats)
         return self.completion
@@ -739,11 +788,15 @@ class ByteModels:
     """Models loaded for byte-level decoding: each with `max_paths` sequences in one unified KV
     cache, and its byte vocabulary."""
 
-    def __init__(self, models: Sequence[Model], combiner: BoundCombiner, *, max_paths: int, prune: float) -> None:
+    def __init__(
+        self, models: Sequence[Model], combiner: BoundCombiner, *, max_paths: int, prune: float, profiles: Sequence[CallProfile] | None = None
+    ) -> None:
         self.models = list(models)
         self.combiner = combiner
         self.members = [ByteMember(m, max_paths=max_paths, prune=prune) for m in self.models]
         self.n_ctx = min(m.n_ctx for m in self.models)
+        # each model's call cost by rows (`runtime.profile`): what --byte-gamma auto plans with
+        self.costs = Costs(list(profiles) if profiles is not None else [call_profile(m) for m in self.models])
 
     @classmethod
     def load(
@@ -760,16 +813,18 @@ class ByteModels:
         from .loaded import model_options
 
         models: list[Model] = []
+        profiles: list[CallProfile] = []
         try:
             for i, path in enumerate(spec.paths):
                 if progress:
                     progress(i, len(spec.paths), os.fspath(path))
                 models.append(Model(path, n_seq=spec.byte_paths, **model_options(spec, i, max(32, spec.byte_paths))))
+                profiles.append(call_profile(models[-1], spec.calibrate))
                 models[-1].warm_up(timed_calls=0)
             bound = combiner.bind(len(models), [m.n_params for m in models])
             for m in models:
                 byte_vocab(m)
-            return cls(models, bound, max_paths=spec.byte_paths, prune=spec.byte_prune)
+            return cls(models, bound, max_paths=spec.byte_paths, prune=spec.byte_prune, profiles=profiles)
         except BaseException:
             for m in models:
                 m.close()
@@ -845,7 +900,7 @@ class ByteModels:
         config = plan.config
         return ByteGeneration(self.members, plan.prompts, plan.combiner, config.sampler(), rng, max_chars=config.max_tokens,
                               stop=config.stop, n_ctx=self.n_ctx, ignore_end=config.ignore_eos, method=plan.method,
-                              gamma=config.byte_gamma, cancelled=cancelled, names=self.names,
+                              gamma=config.byte_gamma, costs=self.costs, cancelled=cancelled, names=self.names,
                               constraint=None if config.constraint is None else Matcher(byte_symbols(), config.constraint))  # fmt: skip
 
     def close(self) -> None:

@@ -28,7 +28,7 @@ MAX_CHOICES = 16
 MAX_TOP_LOGPROBS = 20
 # request fields that are options of the settings layer (localcos's extras included)
 SETTINGS_FIELDS = (
-    "temperature", "top_p", "top_k", "min_p", "seed", "stop", "method", "gamma", "combine", "weights", "mu",
+    "temperature", "top_p", "top_k", "min_p", "seed", "stop", "method", "gamma", "byte_gamma", "combine", "weights", "mu",
     "plausibility", "expert", "proposer", "ignore_eos", "lookup", "lookup_ngram", "lookup_tokens",
 )  # fmt: skip
 
@@ -125,6 +125,7 @@ class GenerationRequest(_Body):
     ignore_eos: Annotated[bool | None, _option("ignore_eos")] = None
     method: Annotated[str | None, _option("method")] = None
     gamma: Annotated[Gamma, _option("gamma")] = None
+    byte_gamma: Annotated[int | Literal["auto"] | None, _option("byte_gamma")] = None
     combine: Annotated[str | None, _checked(parse_served_combine)] = None
     weights: Annotated[tuple[float, ...] | None, _option("weights")] = None
     mu: Annotated[float | None, _option("mu")] = None

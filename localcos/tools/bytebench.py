@@ -27,11 +27,11 @@ class ByteConfig:
 
     label: str
     method: str = ENSEMBLE
-    gamma: int = 8
+    gamma: int | str = 8  # or "auto"
     alone: int | None = None
 
 
-def byte_configurations(methods: Sequence[str], gammas: Sequence[int], alone: Sequence[int] = ()) -> list[ByteConfig]:
+def byte_configurations(methods: Sequence[str], gammas: Sequence[int | str], alone: Sequence[int] = ()) -> list[ByteConfig]:
     """The ensemble first (the baseline), cos at each draft length, then each model alone."""
     configs = [ByteConfig(ENSEMBLE)] if ENSEMBLE in methods else []
     configs += [ByteConfig(f"cos {g}", "cos", g) for g in gammas] if "cos" in methods else []
@@ -70,13 +70,15 @@ def run_byte_benchmark(
     progress: Callable[[int, int, str], None] | None = None,
 ) -> list[ByteRun]:
     """Every configuration on every prompt at every temperature, interleaved prompt by prompt
-    (machine noise then touches them alike). Prompt i draws from random stream i of `seed`; a
-    model alone generates `max_chars` // 3 tokens (about as many characters)."""
+    (machine noise then touches them alike); the ensemble runs twice, first and last (the two
+    say how noisy the timing is: `timing_noise`). Prompt i draws from random stream i of `seed`;
+    a model alone generates `max_chars` // 3 tokens (about as many characters)."""
     runs: list[ByteRun] = []
-    total = len(temperatures) * len(prompts) * len(configs)
+    order = [*configs, *(c for c in configs if c.label == ENSEMBLE)]
+    total = len(temperatures) * len(prompts) * len(order)
     for t in temperatures:
         for i, (task, prompt) in enumerate(prompts):
-            for config in configs:
+            for config in order:
                 if progress:
                     progress(len(runs), total, f"T={t:g} {task} {config.label}")
                 if config.alone is not None:
@@ -103,6 +105,7 @@ class ByteRow:
     worst_vs_ensemble: float | None  # the prompt where it did worst
     accepted: int = 0
     drafted: int = 0
+    ensemble_steps: int = 0  # cos: rounds without a draft
     calls_per_char: list[float] = field(default_factory=list)
     most_paths: list[int] = field(default_factory=list)
 
@@ -111,20 +114,36 @@ def summarize_bytes(runs: Sequence[ByteRun]) -> list[ByteRow]:
     rows = []
     for t in sorted({r.temperature for r in runs}):
         at = [r for r in runs if r.temperature == t]
-        base = {r.prompt: r for r in at if r.config.label == ENSEMBLE}
+        base: dict[int, list[ByteRun]] = {}
+        for r in at:
+            if r.config.label == ENSEMBLE:
+                base.setdefault(r.prompt, []).append(r)
         base_speed = _speed([r for r in at if r.config.label == ENSEMBLE])
         for label in dict.fromkeys(r.config.label for r in at):
             mine = [r for r in at if r.config.label == label]
             speed = _speed(mine)
-            per_prompt = [_speed([r]) / _speed([base[r.prompt]]) for r in mine if r.prompt in base and _speed([base[r.prompt]]) > 0]
-            stats = [r.stats for r in mine if r.stats is not None]
+            if label == ENSEMBLE:  # its two runs of one prompt are one measurement
+                mine = [ByteRun(runs_[0].config, p, runs_[0].task, t, sum(r.chars for r in runs_), sum(r.seconds for r in runs_))
+                        for p, runs_ in base.items()]  # fmt: skip
+            per_prompt = [_speed([r]) / _speed(base[r.prompt]) for r in mine if r.prompt in base and _speed(base[r.prompt]) > 0]
+            stats = [r.stats for r in at if r.config.label == label and r.stats is not None]
             total = ByteStats.aggregate(stats) if stats else None
             rows.append(ByteRow(
                 t, label, speed, speed / base_speed if base_speed else None, min(per_prompt) if per_prompt else None,
-                total.accepted if total else 0, total.drafted if total else 0,
+                total.accepted if total else 0, total.drafted if total else 0, total.ensemble_steps if total else 0,
                 [c / max(total.chars, 1) for c in total.calls] if total else [], total.most_paths if total else [],
             ))  # fmt: skip
     return rows
+
+
+def timing_noise(runs: Sequence[ByteRun]) -> list[float]:
+    """For each prompt and temperature, how far the ensemble's two runs' speeds are apart, as a
+    fraction of their mean."""
+    pairs: dict[tuple, list[float]] = {}
+    for r in runs:
+        if r.config.label == ENSEMBLE and r.seconds > 0:
+            pairs.setdefault((r.temperature, r.prompt), []).append(r.chars / r.seconds)
+    return [abs(a - b) / ((a + b) / 2) for a, b in (v[:2] for v in pairs.values() if len(v) >= 2) if a + b > 0]
 
 
 def _speed(runs: Sequence[ByteRun]) -> float:
@@ -133,12 +152,13 @@ def _speed(runs: Sequence[ByteRun]) -> float:
 
 
 def format_byte_table(rows: Sequence[ByteRow], names: Sequence[str]) -> str:
-    header = f"{'T':>4}  {'configuration':<14}{'chars/s':>9}{'x ens':>8}{'worst':>8}{'accepted':>12}  calls/char, most paths ({', '.join(names)})"
+    header = f"{'T':>4}  {'configuration':<14}{'chars/s':>9}{'x ens':>8}{'worst':>8}{'accepted':>12}{'no draft':>10}  calls/char, most paths ({', '.join(names)})"
     lines = [header, "-" * len(header)]
     for r in rows:
         ratio = "-" if r.vs_ensemble is None else f"{r.vs_ensemble:.2f}x"
         worst = "-" if r.worst_vs_ensemble is None else f"{r.worst_vs_ensemble:.2f}x"
         accepted = f"{r.accepted}/{r.drafted}" if r.drafted else "-"
+        steps = str(r.ensemble_steps) if r.config.startswith("cos") else "-"
         per_model = "; ".join(f"{c:.2f}, {p}" for c, p in zip(r.calls_per_char, r.most_paths)) or "token path"
-        lines.append(f"{r.temperature:>4g}  {r.config:<14}{r.chars_per_second:>9.1f}{ratio:>8}{worst:>8}{accepted:>12}  {per_model}")
+        lines.append(f"{r.temperature:>4g}  {r.config:<14}{r.chars_per_second:>9.1f}{ratio:>8}{worst:>8}{accepted:>12}{steps:>10}  {per_model}")
     return "\n".join(lines)
