@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--paths", type=int, default=OPTIONS["byte_paths"].default)
     ap.add_argument("--prune", type=float, default=OPTIONS["byte_prune"].default)
     ap.add_argument("--ctx", type=int, default=1024)
-    ap.add_argument("--gammas", default="8,16", help="byte-level cos of the cross pair at these draft lengths (bytes); empty: none")
+    ap.add_argument("--gammas", default="auto,8", help="byte-level cos of the cross pair at these draft lengths (bytes, or auto); empty: none")
     args = ap.parse_args()
     registry = Registry.load(user=False)
     small, coder, big = (registry.pull(n) for n in ("smollm2-135m", "coder-0.5b", "coder-1.5b"))
@@ -49,7 +49,7 @@ def main() -> None:
     cross = ByteModels.load(LoadSpec.make([small, coder], **level), we)
     qwen_bytes = ByteModels.load(LoadSpec.make([coder, big], **level), we)
     for t in [float(x) for x in args.temperatures.split(",")]:
-        gammas = [int(g) for g in args.gammas.split(",") if g]
+        gammas = [OPTIONS["byte_gamma"].check(g) for g in args.gammas.split(",") if g]
         cos_names = [f"smollm+0.5B cos {g}" for g in gammas]
         speeds: dict[str, list[float]] = {k: [] for k in ("0.5B alone", "smollm+0.5B byte", *cos_names, "qwen pair token", "qwen pair byte")}
         judged = {k: [0, 0] for k in cos_names}  # accepted, drafted

@@ -14,7 +14,7 @@ from .core.combiners import BoundCombiner, Combiner, Contrastive, CustomCombiner
 from .core.decoding import METHODS, Origin
 from .core.sampling import Sampler
 from .config.specs import GenerationConfig
-from .ensemble import Ensemble
+from .ensemble import ByteEnsemble, Ensemble
 from .runtime import Chunk, Completion, Stream, TokenEvent
 from .errors import (
     ConfigError,
@@ -32,6 +32,7 @@ __all__ = [
     "METHODS",
     "Chunk",
     "BoundCombiner",
+    "ByteEnsemble",
     "Combiner",
     "Completion",
     "ConfigError",

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from .config.specs import GenerationConfig, LoadSpec
 from .core.combiners import BoundCombiner, Combiner
 from .errors import ConfigError
+from .chat import Message, OwnTemplates
+from .runtime.bytelevel import ByteCompletion, ByteModels, BytePlan, ByteStream
 from .runtime.generation import Completion
 from .runtime.loaded import LoadedModels
 from .runtime.plan import plan
@@ -28,6 +30,7 @@ from .runtime.scoring import Loglikelihood, Scores, loglikelihood, score_tokens
 
 if TYPE_CHECKING:
     from .backend.rpc import Endpoint
+    from .eval.bytescore import ByteScore
 
 
 class Ensemble(LoadedModels):
@@ -149,3 +152,103 @@ class Ensemble(LoadedModels):
 def _config(config: GenerationConfig | None, settings: dict[str, object]) -> GenerationConfig:
     """`config` (default: the defaults) with the keyword settings over it."""
     return (config or GenerationConfig()).with_values(settings)
+
+
+class ByteEnsemble(ByteModels):
+    """Two or more GGUF models of any tokenizers, combined exactly at the byte level: each model's
+    distribution over the next byte, marginalised over its tokenisations, combined by the
+    combiner, sampled byte by byte (docs/algorithm.md, section 10).
+
+        from localcos import ByteEnsemble, Contrastive
+        with ByteEnsemble.load(["smollm2.gguf", "qwen-coder.gguf"], Contrastive(mu=0.1, expert=1)) as ens:
+            out = ens.generate("def add(a, b):", max_tokens=80, temperature=0)  # max_tokens: characters
+            print(out.text, out.stats.summary(ens.names))
+
+    Each model reads the prompt in its own tokens; `chat_prompts` renders a conversation in each
+    model's own chat template. Models that share a tokenizer decode faster at the token level
+    (`Ensemble`).
+    """
+
+    @classmethod
+    def load(  # type: ignore[override]
+        cls,
+        paths: Sequence[str | os.PathLike[str]],
+        combiner: Combiner | None = None,
+        *,
+        n_ctx: int = 4096,
+        byte_paths: int = 8,
+        byte_prune: float = 0.01,
+        n_gpu_layers: int | Sequence[int | None] | None = None,
+        n_threads: int | None = None,
+        calibrate: bool = False,
+        progress: Callable[[int, int, str], None] | None = None,
+    ) -> "ByteEnsemble":
+        """Load every model with `byte_paths` llama.cpp sequences (the tokenisations it holds at
+        most); a tokenisation below `byte_prune` times the likeliest is dropped (0: exact, with
+        enough paths). The other arguments as `Ensemble.load`."""
+        from .core.combiners import WeightedEnsemble
+
+        spec = LoadSpec.make(paths, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=n_threads, calibrate=calibrate, level="byte",
+                             byte_paths=byte_paths, byte_prune=byte_prune)  # fmt: skip
+        return super().load(spec, combiner or WeightedEnsemble(), progress=progress)  # type: ignore[return-value]
+
+    def chat_prompts(self, messages: Sequence[Message]) -> list[list[int]]:
+        """A conversation as each model's prompt, in its own chat template and special tokens."""
+        return OwnTemplates(self).tokens(messages)
+
+    def generate(
+        self,
+        prompt: str | Sequence[Sequence[int]],
+        *,
+        config: GenerationConfig | None = None,
+        combiner: Combiner | None = None,
+        **settings: object,
+    ) -> ByteCompletion:
+        """One completion of `prompt` (text, or each model's prompt tokens: `chat_prompts`).
+        Settings as `Ensemble.generate`'s; method "cos" (the default) or "ensemble", byte_gamma
+        (bytes a proposer drafts, or "auto"); max_tokens counts characters."""
+        return self.generate_many(prompt, 1, config=config, combiner=combiner, **settings)[0]
+
+    def generate_many(
+        self,
+        prompt: str | Sequence[Sequence[int]],
+        n: int,
+        *,
+        config: GenerationConfig | None = None,
+        combiner: Combiner | None = None,
+        **settings: object,
+    ) -> list[ByteCompletion]:
+        """`n` completions of one prompt, one after another; completion k draws from random
+        stream k of the seed (as `generate --n` and a server's choices do)."""
+        from .runtime.bytelevel import run_to_end
+        from .runtime.generation import completion_rng
+
+        planned = self._plan(prompt, config, combiner, settings)
+        return [run_to_end(self.start(planned, completion_rng(planned.config.seed, k))) for k in range(n)]
+
+    def stream(  # type: ignore[override]
+        self,
+        prompt: str | Sequence[Sequence[int]],
+        *,
+        config: GenerationConfig | None = None,
+        combiner: Combiner | None = None,
+        **settings: object,
+    ) -> ByteStream:
+        """Like `generate`, but a `ByteStream` that yields text pieces as characters complete."""
+        from .runtime.generation import completion_rng
+
+        planned = self._plan(prompt, config, combiner, settings)
+        return ByteStream(self, planned, completion_rng(planned.config.seed, 0))
+
+    def bits_per_byte(self, text: str, *, combiners: Sequence[Combiner] | None = None, window: int | None = None) -> "ByteScore":
+        """Bits per byte of `text` under each of `combiners` (default: the ensemble's) and each
+        model alone, in windows of `window` bytes (default: the context less 2), the second half
+        of each scored (`localcos score --file` at the byte level)."""
+        from .eval.bytescore import bits_per_byte
+
+        return bits_per_byte(self, text, list(combiners or [self.combiner.combiner]), window=window or self.n_ctx - 2)
+
+    def _plan(self, prompt: str | Sequence[Sequence[int]], config: GenerationConfig | None, combiner: Combiner | None, settings: dict) -> BytePlan:
+        config = _config(config, {"method": "cos", **settings})
+        prompts = self.prompts(prompt) if isinstance(prompt, str) else [list(p) for p in prompt]
+        return self.plan(prompts, config, combiner=combiner)

@@ -267,3 +267,25 @@ def test_bench_compares_the_byte_level_methods_and_a_model_alone(pair, tmp_path)
     refused = run_cli("bench", "--models", models, "--gamma", "3", "--max-tokens", "8")
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and len(lines) == 1 and "--byte-gamma" in lines[0]
+
+
+def test_the_python_api_combines_two_tokenizers_as_the_command_line_does(pair):
+    """`ByteEnsemble`: one seed, one text, whether generated, streamed or from `localcos
+    generate`; a conversation in each model's own template; bits per byte."""
+    from localcos import ByteEnsemble, Contrastive
+    from localcos.chat import Message
+
+    cli = run_cli("generate", "--models", ",".join(map(str, pair)), "--combine", "cd", "-p", "def fib(n):", "--max-tokens", "48",
+                  "--temperature", "0.8", "--seed", "11", "--json", "--ctx", "512")  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    want = json.loads(cli.stdout)["completions"][0]["text"]
+    with ByteEnsemble.load(pair, Contrastive(mu=0.1, expert=1), n_ctx=512) as ens:
+        out = ens.generate("def fib(n):", max_tokens=48, temperature=0.8, seed=11)
+        assert out.text == want and out.stats.method == "cos" and len(out.text) <= 48
+        assert "".join(ens.stream("def fib(n):", max_tokens=48, temperature=0.8, seed=11)) == want
+        reply = ens.generate(ens.chat_prompts([Message("user", "What is the capital of France? One word.")]), max_tokens=30, temperature=0)
+        assert "Paris" in reply.text and reply.finish_reason == "stop"
+        two = ens.generate_many("def fib(n):", 2, max_tokens=48, temperature=0.8, seed=11)
+        assert two[0].text == want and two[1].text != want
+        score = ens.bits_per_byte("def add(a, b):\n    return a + b\n" * 4, window=128)
+        assert 0 < score.combined[0].per_byte < 8 and len(score.members) == 2

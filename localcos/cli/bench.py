@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.profile import advice, cpu_name, describe
     from ..tools import bench
 
+    if args.plot:
+        require_matplotlib()
     settings = resolve(args, DEFAULTS)
     if uses_byte_level(settings.load):
         return _bench_bytes(args, settings)
@@ -77,8 +79,6 @@ def run(args: argparse.Namespace) -> int:
     levels = sorted(set(parse_ints(args.sequences, "--sequences", minimum=1))) if args.sequences else None
     if levels:
         settings = replace(settings, load=replace(settings.load, parallel=max(levels)))
-    if args.plot:
-        require_matplotlib()
     n_models = len(settings.load.paths)
     members = _members(args.alone, n_models)
     proposer = parse_int(args.proposer, "--proposer", minimum=0) if args.proposer is not None else None
