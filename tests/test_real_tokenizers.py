@@ -278,3 +278,22 @@ def test_a_template_that_cannot_render_at_the_byte_level_is_one_line_naming_its_
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert re.search(message, lines[0]), lines[0]
+
+
+def test_byte_level_cos_with_few_sequences_per_model_gives_the_ensembles_text(real_models):
+    """Two sequences per model, no pruning but the cap: while a draft runs, the paths a snapshot
+    may come back to hold their sequences while free ones last, then give them up (a crash once:
+    no free sequence was left for a new path)."""
+    import json
+
+    texts = {}
+    for method in ("ensemble", "cos"):
+        proc = run("generate", "--models", f"{real_models['qwen2']},{real_models['llama3']}", "--prompt", "Hello", "--max-tokens", "48",
+                   "--temperature", "0", "--ignore-eos", "--json", "--ctx", "256", "--method", method, "--byte-gamma", "4",
+                   "--byte-paths", "2", "--byte-prune", "0")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        result = json.loads(proc.stdout)
+        texts[method] = result["completions"][0]["text"]
+        if method == "cos":
+            assert result["stats"][0]["drafted"] > 0
+    assert len(texts["cos"]) == 48 and texts["cos"] == texts["ensemble"]

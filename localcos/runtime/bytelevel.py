@@ -213,7 +213,7 @@ class ByteMember:
             path.handle = slot
         used = {id(s) for s in slots}
         self.free = [s for s in self.model.slots if id(s) not in used]
-        self._anchored = used
+        self._anchored = set()  # no snapshot is pending after a rollback
 
     def _seats(self, targets: list[list[int]]) -> list:
         """A distinct sequence holding exactly each of `targets`: one that holds it already (or
@@ -280,19 +280,32 @@ class ByteMember:
 
     def _place(self, change: Advance) -> list[tuple[object, object]]:
         """A sequence for each new path: its parent's, when the parent is let go, else a free one
-        holding the parent's cells. Sequences of paths let go are freed."""
+        holding the parent's cells. Sequences of paths let go are freed. A parent a snapshot may
+        come back to keeps its sequence while free ones last; past that a child takes it over
+        (a rollback to the snapshot then evaluates those cells again)."""
         parents = {id(p.parent) for p in change.new}
         gone = {id(p): p for p in change.gone}
         for path in change.gone:
             if id(path) not in parents:
                 self._release(path)
-        inherited: set[int] = set()
+        heirs: dict[int, Path] = {}  # a gone parent -> the new path that takes its sequence
+        for path in change.new:
+            parent = path.parent
+            assert parent is not None and parent.handle is not None
+            if id(parent) in gone and id(parent) not in heirs and id(parent.handle) not in self._anchored:
+                heirs[id(parent)] = path
+        short = len(change.new) - len(heirs) - len(self.free)
+        for path in change.new:
+            if short <= 0:
+                break
+            if id(path.parent) in gone and id(path.parent) not in heirs:
+                heirs[id(path.parent)] = path
+                short -= 1
         out = []
         for path in change.new:
             parent = path.parent
             assert parent is not None and parent.handle is not None
-            if id(parent) in gone and id(parent) not in inherited and id(parent.handle) not in self._anchored:
-                inherited.add(id(parent))
+            if heirs.get(id(parent)) is path:
                 slot = parent.handle
             else:
                 slot = self._free_slot()
@@ -301,7 +314,7 @@ class ByteMember:
             path.handle = slot
             out.append((path, slot))
         for key, path in gone.items():
-            if key in parents and key not in inherited:
+            if key in parents and key not in heirs:
                 self._release(path)
         return out
 
