@@ -188,17 +188,11 @@ class FakeMember:
             self._evaluate(self.view.advance(byte).new)
         except Unreachable:  # pruned away: one path again, the longest-match tokenisation
             data = bytes(self.view.text) + bytes([byte])
-            tokens: list[int] = []
-            pos = 0
-            while pos < len(data):
-                token, n = self.view.vocab.longest(data[pos:])
-                tokens.append(token)
-                pos += n
-            tokens.pop()
-            start = sum(len(self.model.pieces[t]) for t in tokens)
+            tokens = self.view.vocab.cover(data)
+            start = len(data) - len(self.model.pieces[tokens.pop()])
             self.view.restart(tokens, start, self.model.logits(self.prompt + tuple(tokens)))
             for b in data[start:]:
-                self._evaluate(self.view.advance(b).new)
+                self._evaluate(self.view.advance(b, force=True).new)
 
     def _evaluate(self, paths) -> None:
         if paths:

@@ -297,3 +297,21 @@ def test_byte_level_cos_with_few_sequences_per_model_gives_the_ensembles_text(re
         if method == "cos":
             assert result["stats"][0]["drafted"] > 0
     assert len(texts["cos"]) == 48 and texts["cos"] == texts["ensemble"]
+
+
+@pytest.mark.parametrize(
+    "paths, prune, combine, gamma, method, seed",
+    [(1, 0.0, "cd", 2, "ensemble", 0), (1, 0.0, "we", "auto", "cos", 1), (2, 0.2, "cd", 5, "cos", 1), (2, 0.0, "cd", 5, "cos", 1)],
+)
+def test_untrained_models_at_the_byte_level_go_on_where_a_model_gives_the_byte_drawn_no_mass(real_models, paths, prune, combine, gamma, method, seed):
+    """Random F16 models at T=1 with few paths: r draws bytes that a model's held paths, or its
+    own rows in float64 prefix sums, give no mass (once: Unreachable out of a restart, or no
+    valid UTF-8 byte left). The model follows its own tokenisation of the text, and the text
+    goes on, valid UTF-8, to its length."""
+    from localcos import ByteEnsemble, Contrastive, WeightedEnsemble
+
+    combiner = Contrastive(mu=0.5, expert=1) if combine == "cd" else WeightedEnsemble([0.5, 0.5])
+    with ByteEnsemble.load([real_models["qwen2"], real_models["llama3"]], combiner, n_ctx=256, byte_paths=paths, byte_prune=prune) as ens:
+        out = ens.generate("Hello wörld 🦙", max_tokens=60, temperature=1.0, byte_gamma=gamma, seed=seed, method=method, ignore_eos=True)
+    assert len(out.text) == 60 and out.data.decode("utf-8") == out.text
+    assert sum(out.stats.restarts) > 0  # what this test is about did happen

@@ -39,6 +39,7 @@ import numpy as np
 from ..errors import ConfigError, check_range
 
 END = 256  # the end symbol's index in a byte distribution
+FORCED = 1e-300  # the probability a forced advance gives a token the row gives 0
 SYMBOLS = 257  # 256 byte values and END
 _DEEP = 4  # byte columns precomputed for the whole vocabulary; deeper ones are read per range
 _ALL_SYMBOLS = np.arange(SYMBOLS)
@@ -97,6 +98,19 @@ class ByteVocab:
             if lo < hi:
                 return int(self.order[lo]), n
         return None
+
+    def cover(self, data: bytes) -> list[int]:
+        """Tokens that spell `data`, the longest first at each point (how a tokenizer would
+        most likely go); `Unreachable` for a byte no token holds."""
+        tokens: list[int] = []
+        pos = 0
+        while pos < len(data):
+            step = self.longest(data[pos:])
+            if step is None:
+                raise Unreachable(f"no token of this vocabulary holds byte {data[pos]}")
+            tokens.append(step[0])
+            pos += step[1]
+        return tokens
 
     def column(self, depth: int, lo: int, hi: int) -> np.ndarray:
         """Byte `depth` of the sorted tokens lo..hi (all longer than `depth`)."""
@@ -254,8 +268,13 @@ class ByteView:
             raise ValueError("the byte view holds no mass (every path was dropped)")
         return masses / total
 
-    def advance(self, byte: int) -> Advance:
-        """Append `byte` (not END) to the text; returns the paths that need a row and those let go."""
+    def advance(self, byte: int, force: bool = False) -> Advance:
+        """Append `byte` (not END) to the text; returns the paths that need a row and those let go.
+
+        `force`: the text is given (a restart replays it along the model's own tokenisation), so
+        a token that spells it is followed even where its probability is 0 in float64 (a prefix
+        sum does not hold a probability below about 1e-16 of the mass before it): it gets
+        `FORCED`, which the view's renormalisation makes relative."""
         if not 0 <= byte < END:
             raise ValueError(f"not a byte: {byte}")
         vocab = self.vocab
@@ -277,13 +296,13 @@ class ByteView:
             assert cum is not None
             for k in range(lo, exact):
                 p = cum[k + 1] - cum[k]
-                if p > 0:
-                    child = Path(path.tokens + (int(vocab.order[k]),), n, path.log_mass + math.log(p), 0, vocab.size, parent=path)
+                if p > 0 or force:
+                    child = Path(path.tokens + (int(vocab.order[k]),), n, path.log_mass + math.log(max(p, FORCED)), 0, vocab.size, parent=path)
                     new.append(child)
-            if exact < hi and cum[hi] > cum[exact]:
+            if exact < hi and (cum[hi] > cum[exact] or force):
                 # a new object: the old one stays valid for a snapshot taken before this byte
                 survivor = replace(path, lo=exact, hi=hi, bounds=None)
-                survivors.append((survivor, path.log_mass + math.log(cum[hi] - cum[exact])))
+                survivors.append((survivor, path.log_mass + math.log(max(cum[hi] - cum[exact], FORCED))))
             else:
                 gone.append(path)
         self.text.append(byte)

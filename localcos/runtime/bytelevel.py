@@ -255,10 +255,20 @@ class ByteMember:
         return target[keep:]
 
     def _restart(self, data: bytes) -> None:
-        """One path again: the model's tokens of `data` but the last, evaluated in the first
-        sequence; then the bytes after them again, one by one."""
-        tokens = self.model.tokenize(data, add_bos=False)[:-1]
-        start = sum(len(self.model.piece(t)) for t in tokens)
+        """One path again: the model's own tokens of `data` but the last (as far as they spell
+        it: a tokenizer may replace invalid UTF-8; the longest tokens after that), evaluated in
+        the first sequence; then the bytes after them again, one by one, followed even where the
+        row gives them no probability (`ByteView.advance`'s force)."""
+        tokens: list[int] = []
+        pos = 0
+        for t in self.model.tokenize(data, add_bos=False):
+            piece = self.model.piece(t)
+            if not piece or not data.startswith(piece, pos):
+                break
+            tokens.append(t)
+            pos += len(piece)
+        tokens += self.view.vocab.cover(data[pos:])
+        start = len(data) - len(self.model.piece(tokens.pop()))
         home = self.model.slots[0]
         row = home.prefill(self.prompt + tokens)  # shares what any sequence holds of it
         self.calls += 1
@@ -267,7 +277,7 @@ class ByteMember:
         self.free = [s for s in self.model.slots if s is not home]
         self.view.restart(tokens, start, row, handle=home)
         for b in data[start:]:
-            self._evaluate(self._place(self.view.advance(b)))
+            self._evaluate(self._place(self.view.advance(b, force=True)))
 
     def _evaluate(self, parts: list) -> None:
         limit = self.model.max_logit_rows
@@ -547,15 +557,16 @@ class ByteGeneration:
 
     def _finish(self, p: np.ndarray, allowed: np.ndarray) -> np.ndarray:
         """A distribution over symbols as it is sampled: the `allowed` symbols only, END unless
-        ignored, then the sampler's settings. Under a constraint, a distribution without mass on
-        the allowed symbols (pruned paths, or the models' own zeros) is uniform over them."""
+        ignored, then the sampler's settings. A distribution without mass on the allowed symbols
+        (pruned paths, or the models' own zeros, where r is not defined) is uniform over them;
+        each model then follows the symbol drawn by a restart (`ByteMember.advance`)."""
         p = p * allowed
         if self.ignore_end:
             p[END] = 0.0
         total = p.sum()
-        if total <= 0:
-            if self.constraint is None or not allowed.any():
-                raise ValueError("no byte the models allow keeps the text valid UTF-8" + (" and inside the constraint" if self.constraint else ""))
+        if total <= 0:  # the models' views give the allowed symbols nothing: r is not defined here
+            if not allowed.any():
+                raise ValueError("no symbol keeps the text valid UTF-8" + (" and inside the constraint" if self.constraint else ""))
             p, total = allowed.astype(np.float64), float(allowed.sum())
         return self.sampler.finalize((p / total).astype(np.float32))
 
