@@ -315,3 +315,38 @@ def test_untrained_models_at_the_byte_level_go_on_where_a_model_gives_the_byte_d
         out = ens.generate("Hello wörld 🦙", max_tokens=60, temperature=1.0, byte_gamma=gamma, seed=seed, method=method, ignore_eos=True)
     assert len(out.text) == 60 and out.data.decode("utf-8") == out.text
     assert sum(out.stats.restarts) > 0  # what this test is about did happen
+
+
+@pytest.mark.parametrize("paths, prune, method, gamma", [(3, 0.01, "ensemble", 8), (3, 0.2, "cos", 4), (8, 0.01, "cos", 6), (2, 0.0, "cos", 3)])
+def test_every_path_is_evaluated_on_its_own_tokens(real_models, monkeypatch, paths, prune, method, gamma):
+    """A path's row is llama.cpp's row after the prompt and the path's tokens, so the sequence
+    that holds a path must hold exactly those tokens first, after every byte, draft and rollback:
+    sequences are taken over, shared and re-seated as paths come and go, and a mistake there
+    computes rows from another context, which no NumPy fake can see."""
+    from localcos import ByteEnsemble, Contrastive
+    from localcos.runtime.bytelevel import ByteMember
+
+    checked = [0]
+
+    def held_exactly(member: ByteMember) -> None:
+        for path in member.view.paths:
+            if path.handle is not None:
+                want = member.prompt + list(path.tokens)
+                assert path.handle.tokens[: len(want)] == want, (len(path.tokens), len(path.handle.tokens))
+                checked[0] += 1
+
+    for name in ("advance", "rollback"):
+        original = getattr(ByteMember, name)
+
+        def wrapped(self, *args, _original=original):
+            out = _original(self, *args)
+            held_exactly(self)
+            return out
+
+        monkeypatch.setattr(ByteMember, name, wrapped)
+    with ByteEnsemble.load([real_models["qwen2"], real_models["llama3"]], Contrastive(mu=0.5, expert=1), n_ctx=512, byte_paths=paths,
+                           byte_prune=prune) as ens:  # fmt: skip
+        for seed in range(3):
+            out = ens.generate("Hello wörld 🦙 def f(x):", max_tokens=80, temperature=1.0, byte_gamma=gamma, seed=seed, method=method, ignore_eos=True)
+            assert len(out.text) == 80
+    assert checked[0] > 200

@@ -196,7 +196,8 @@ class ByteView:
         self.text.clear()
         self.paths = [root]
         self.most_paths = 1
-        self.restarts = 0
+        self.restarts = self.rows = 0
+        self.dropped, self._kept = 0.0, 1.0
         return root
 
     def restart(self, tokens: Sequence[int], start: int, row: np.ndarray, handle: object = None) -> Path:

@@ -347,6 +347,10 @@ class ByteAutoGamma:
         self.scored = [w] * n  # draft bytes scored as a verifier, the rows evaluated ahead and missed
         self.ahead = [self.prior_ahead_per_byte * w] * n
         self.missed = [self.prior_missed_per_byte * w] * n
+        # rounds drafted: their estimated and their priced cost, each proposer's (the ratio
+        # corrects the estimate; a prior of two rounds as estimated)
+        self.planned = [2.0] * n
+        self.spent = [2.0] * n
         self.could_pay = True  # whether a draft could beat the ensemble's step at all (acceptance 1)
         self._kept: tuple[tuple | None, int, tuple[int, int]] | None = None  # (candidates, rounds since, choice)
 
@@ -400,7 +404,14 @@ class ByteAutoGamma:
 
     def cos_bytes_per_second(self, proposer: int, gamma: int, alpha: float | None = None) -> float:
         """Expected bytes per second of rounds where `proposer` drafts `gamma` bytes (at its
-        measured acceptance, or `alpha`)."""
+        measured acceptance, or `alpha`), the estimate corrected by what such rounds cost."""
+        a = self.alpha(proposer) if alpha is None else alpha
+        seconds = self.round_seconds(proposer, gamma, a) * self.spent[proposer] / self.planned[proposer]
+        return expected_tokens(a, gamma) / seconds if seconds > 0 else math.inf
+
+    def round_seconds(self, proposer: int, gamma: int, alpha: float | None = None) -> float:
+        """The estimate of what a round where `proposer` drafts `gamma` bytes costs, in seconds
+        of the models' profiles."""
         a = self.alpha(proposer) if alpha is None else alpha
         seconds = gamma * self.byte_seconds(proposer)
         for v in range(self.costs.n_models):
@@ -409,7 +420,15 @@ class ByteAutoGamma:
             rows = max(gamma * self.ahead[v] / self.scored[v], 1.0)
             seconds += self._cost(v, rows) + gamma * self.missed[v] / self.scored[v] * self.costs(v, 1)
         seconds += (1 - a**gamma) * sum(self.byte_seconds(i) for i in range(self.costs.n_models))
-        return expected_tokens(a, gamma) / seconds if seconds > 0 else math.inf
+        return seconds
+
+    def observe_round(self, proposer: int, planned: float, spent: float) -> None:
+        """A round `proposer` drafted was estimated at `planned` seconds and its calls cost
+        `spent` (priced at the same profiles): the work the estimate leaves out (sequences
+        evaluated again after a rollback, rows a replay missed beyond the average, the proposer's
+        rejected bytes) corrects its next estimates. Counted, not timed."""
+        self._mix(self.planned, proposer, planned, 0.9)  # rounds are few: follow the last ten or so
+        self._mix(self.spent, proposer, spent, 0.9)
 
     def choose(self, proposers: Sequence[int] | None = None) -> tuple[int, int]:
         """(proposer, gamma) with the best expected speed; gamma 0: the ensemble's step. A

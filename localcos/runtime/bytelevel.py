@@ -112,17 +112,19 @@ class ByteMember:
     A sequence let go keeps its cells until it is taken again (a rollback may want them back);
     whoever takes it keeps what it shares with the new path (`_seat`)."""
 
-    def __init__(self, model: Model, *, max_paths: int, prune: float) -> None:
+    def __init__(self, model: Model, *, max_paths: int, prune: float, price: CallProfile | None = None) -> None:
         if len(model.slots) < max_paths:
             raise ValueError(f"{model.name} holds {len(model.slots)} sequences; the byte level needs {max_paths}")
         self.model = model
         self.view = ByteView(byte_vocab(model), max_paths=max_paths, prune=prune)
         self.free = list(model.slots[1:])
         self.calls = 0
+        self.price = price  # the model's call cost by rows (its profile)
+        self.spent = 0.0  # its calls priced at `price`: what --byte-gamma auto checks its plan against
         self.tree_rows = 0  # rows evaluated ahead for drafts (`score`)
         self.missed = 0  # rows a draft's replay asked for that were not evaluated ahead
         self.prompt: list[int] = []
-        self._anchored: set[int] = set()  # sequences of paths a snapshot may come back to
+        self._anchored: set[int] = set()  # sequences a snapshot or a draft's replay may come back to
 
     def start(self, prompt: Sequence[int]) -> None:
         """Evaluate the prompt (its own tokens) in the first sequence; the view starts there."""
@@ -135,6 +137,7 @@ class ByteMember:
         self._anchored = set()
         self.view.start(row, handle=home)
         self.calls = self.tree_rows = self.missed = 0
+        self.spent = 0.0
 
     def advance(self, byte: int) -> None:
         """Append a byte; the new paths' rows come from one call (or a few, within the model's
@@ -186,8 +189,10 @@ class ByteMember:
             parts.append((slot, tokens, 0, len(tokens)))
         if not parts:
             return {}
-        rows = model.decode(parts)
-        self.calls += 1
+        # the replay's paths take their rows from these chains, and their cells stay here until
+        # the round's rollback re-seats them: rows a replay still misses go elsewhere
+        self._anchored.update(id(slot) for slot, _, _, _ in parts)
+        rows = self._decode(parts)
         known = {}
         for (base, tokens), chain_rows in zip(chains, rows):
             for i in range(len(tokens)):
@@ -231,7 +236,9 @@ class ByteMember:
         for i in order:
             if chosen[i] is None:
                 spare = [s for s in self.model.slots if id(s) not in taken]
-                slot = max(spare, key=lambda s: (common_prefix(s.tokens, targets[i]), id(s) not in self._anchored))
+                # a sequence nothing pending relies on (its cells are copied from wherever they are),
+                # else the one that shares most
+                slot = max(spare, key=lambda s: (id(s) not in self._anchored, common_prefix(s.tokens, targets[i])))
                 chosen[i] = slot
                 taken.add(id(slot))
         holders = {id(chosen[i]) for i in order if chosen[i].tokens[: len(targets[i])] == targets[i]}
@@ -242,8 +249,7 @@ class ByteMember:
             if rest:
                 missing.append((slot, rest, 0, 0))
         if missing:  # cells nobody held any more: evaluate them again, no rows asked
-            self.model.decode(missing)
-            self.calls += 1
+            self._decode(missing)
         return chosen
 
     def _seat(self, slot, target: list[int]) -> list[int]:
@@ -272,6 +278,8 @@ class ByteMember:
         home = self.model.slots[0]
         row = home.prefill(self.prompt + tokens)  # shares what any sequence holds of it
         self.calls += 1
+        if self.price is not None:
+            self.spent += self.price(max(len(self.prompt) + len(tokens) - len(home.tokens), 1))
         for path in self.view.paths:
             path.handle = None
         self.free = [s for s in self.model.slots if s is not home]
@@ -279,53 +287,72 @@ class ByteMember:
         for b in data[start:]:
             self._evaluate(self._place(self.view.advance(b, force=True)))
 
+    def _decode(self, parts: list) -> list:
+        """One llama.cpp call, counted (`calls`) and priced at the model's profile (`spent`)."""
+        rows = self.model.decode(parts)
+        self.calls += 1
+        if self.price is not None:
+            self.spent += self.price(sum(len(tokens) for _, tokens, _, _ in parts))
+        return rows
+
     def _evaluate(self, parts: list) -> None:
+        """Each path's row, in as few calls as the model's limits allow: `parts` are (path,
+        sequence) or (path, sequence, tokens its sequence still lacks before the path's own)."""
         limit = self.model.max_logit_rows
         for i in range(0, len(parts), limit):
             batch = parts[i : i + limit]
-            rows = self.model.decode([(slot, [path.token], 0, 1) for path, slot in batch])
-            self.calls += 1
-            for (path, _), row in zip(batch, rows):
+            calls = []
+            for path, slot, *lacking in batch:
+                tokens = [*(lacking[0] if lacking else ()), path.token]
+                calls.append((slot, tokens, len(tokens) - 1, len(tokens)))
+            rows = self._decode(calls)
+            for (path, *_), row in zip(batch, rows):
                 self.view.set_row(path, row[0])
 
-    def _place(self, change: Advance) -> list[tuple[object, object]]:
-        """A sequence for each new path: its parent's, when the parent is let go, else a free one
-        holding the parent's cells. Sequences of paths let go are freed. A parent a snapshot may
-        come back to keeps its sequence while free ones last; past that a child takes it over
-        (a rollback to the snapshot then evaluates those cells again)."""
-        parents = {id(p.parent) for p in change.new}
-        gone = {id(p): p for p in change.gone}
+    def _place(self, change: Advance) -> list[tuple[Path, object, list[int]]]:
+        """A sequence for each new path, holding its parent's tokens (the path's own token is
+        evaluated there next): the parent's sequence when the parent is let go, else a free one
+        sharing the parent's cells. Sequences of paths let go are freed. A parent a snapshot
+        may come back to keeps its sequence while free ones last; past that a child takes it
+        over (a rollback to the snapshot then evaluates those cells again).
+
+        Sequences, not path objects, are what parents and children have in common (a path kept
+        and then pruned is a copy of the parent its children name). Returns (path, sequence,
+        tokens the sequence still lacks: cells nobody held any more)."""
+        new_ids = {id(p) for p in change.new}
+        kept = {id(p.handle) for p in self.view.paths if id(p) not in new_ids and p.handle is not None}
+        parent_slots = {id(p.parent.handle) for p in change.new if p.parent is not None}
+        loose: dict[int, object] = {}  # sequences of paths let go that no kept path holds
         for path in change.gone:
-            if id(path) not in parents:
-                self._release(path)
-        heirs: dict[int, Path] = {}  # a gone parent -> the new path that takes its sequence
+            if path.handle is not None and id(path.handle) not in kept:
+                loose[id(path.handle)] = path.handle
+        for key, slot in loose.items():
+            if key not in parent_slots:
+                self._free(slot)
+        heirs: dict[int, Path] = {}  # a loose parent sequence -> the new path that takes it over
         for path in change.new:
-            parent = path.parent
-            assert parent is not None and parent.handle is not None
-            if id(parent) in gone and id(parent) not in heirs and id(parent.handle) not in self._anchored:
-                heirs[id(parent)] = path
+            key = id(path.parent.handle)  # type: ignore[union-attr]
+            if key in loose and key not in heirs and key not in self._anchored:
+                heirs[key] = path
         short = len(change.new) - len(heirs) - len(self.free)
         for path in change.new:
-            if short <= 0:
-                break
-            if id(path.parent) in gone and id(path.parent) not in heirs:
-                heirs[id(path.parent)] = path
+            key = id(path.parent.handle)  # type: ignore[union-attr]
+            if short > 0 and key in loose and key not in heirs:
+                heirs[key] = path
                 short -= 1
         out = []
         for path in change.new:
             parent = path.parent
             assert parent is not None and parent.handle is not None
-            if heirs.get(id(parent)) is path:
-                slot = parent.handle
-            else:
-                slot = self._free_slot()
-                rest = self._seat(slot, parent.handle.tokens)
-                assert not rest  # the parent's sequence holds all of it
+            slot = parent.handle if heirs.get(id(parent.handle)) is path else self._free_slot()
+            out.append((path, slot, self._seat(slot, self.prompt + list(parent.tokens))))
+        for path, slot, _ in out:
             path.handle = slot
-            out.append((path, slot))
-        for key, path in gone.items():
-            if key in parents and key not in heirs:
-                self._release(path)
+        for path in change.gone:
+            path.handle = None
+        for key, slot in loose.items():
+            if key in parent_slots and key not in heirs:
+                self._free(slot)
         return out
 
     def _free_slot(self):
@@ -335,10 +362,8 @@ class ByteMember:
                 return self.free.pop(i)
         return self.free.pop()
 
-    def _release(self, path) -> None:
-        slot = path.handle
-        if slot is not None and slot not in self.free:
-            path.handle = None
+    def _free(self, slot) -> None:
+        if all(slot is not other for other in self.free):
             self.free.append(slot)
 
     @property
@@ -602,6 +627,12 @@ class ByteGeneration:
                 self._advance(i, member, symbol)
         return _Round([symbol])
 
+    def _spent(self) -> float | None:
+        """The members' calls so far, priced at their profiles (None: a member that does not
+        price its calls, a test's stand-in)."""
+        spent = [getattr(m, "spent", None) for m in self.members]
+        return None if None in spent else float(sum(spent))
+
     def _advance(self, i: int, member, symbol: int) -> None:
         """`member` takes a byte the usual way (the auto plan counts what that cost)."""
         if self.auto is None:
@@ -709,7 +740,11 @@ class ByteGeneration:
                 else:
                     gamma = int(self.gamma)
             if gamma:
+                planned = self.auto.round_seconds(proposer, gamma) if self.auto is not None else 0.0
+                spent = self._spent()
                 step = self._cos_round(utf8, proposer, gamma)
+                if self.auto is not None and spent is not None:
+                    self.auto.observe_round(proposer, planned, self._spent() - spent)
             else:
                 step = self._ensemble_step(utf8)
                 self.ensemble_steps += cos
@@ -817,10 +852,10 @@ class ByteModels:
     ) -> None:
         self.models = list(models)
         self.combiner = combiner
-        self.members = [ByteMember(m, max_paths=max_paths, prune=prune) for m in self.models]
-        self.n_ctx = min(m.n_ctx for m in self.models)
         # each model's call cost by rows (`runtime.profile`): what --byte-gamma auto plans with
         self.costs = Costs(list(profiles) if profiles is not None else [call_profile(m) for m in self.models])
+        self.members = [ByteMember(m, max_paths=max_paths, prune=prune, price=p) for m, p in zip(self.models, self.costs.profiles)]
+        self.n_ctx = min(m.n_ctx for m in self.models)
 
     @classmethod
     def load(
@@ -926,6 +961,13 @@ class ByteModels:
                               stop=config.stop, n_ctx=self.n_ctx, ignore_end=config.ignore_eos, method=plan.method,
                               gamma=config.byte_gamma, costs=self.costs, cancelled=cancelled, names=self.names,
                               constraint=None if config.constraint is None else Matcher(byte_symbols(), config.constraint))  # fmt: skip
+
+    def reset(self) -> None:
+        """Empty every sequence: the next prompt is evaluated from scratch (a prompt found in
+        the cache has its last token evaluated again alone, whose rows round a little
+        differently from the batch that first computed it; a benchmark wants every run alike)."""
+        for m in self.models:
+            m.reset()
 
     def close(self) -> None:
         for m in self.models:

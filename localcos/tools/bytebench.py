@@ -70,8 +70,8 @@ def run_byte_benchmark(
     progress: Callable[[int, int, str], None] | None = None,
 ) -> list[ByteRun]:
     """Every configuration on every prompt at every temperature, interleaved prompt by prompt
-    (machine noise then touches them alike); the ensemble runs twice, first and last (the two
-    say how noisy the timing is: `timing_noise`). Prompt i draws from random stream i of `seed`;
+    (machine noise then touches them alike), each from empty caches; the ensemble runs twice,
+    first and last (the two say how noisy the timing is: `timing_noise`). Prompt i draws from random stream i of `seed`;
     a model alone generates `max_chars` // 3 tokens (about as many characters)."""
     runs: list[ByteRun] = []
     order = [*configs, *(c for c in configs if c.label == ENSEMBLE)]
@@ -85,6 +85,7 @@ def run_byte_benchmark(
                     c = alone[config.alone].generate(prompt, max_tokens=max(1, max_chars // 3), temperature=t, seed=seed + i, method=ENSEMBLE)
                     runs.append(ByteRun(config, i, task, t, len(c.text), c.stats.seconds))
                     continue
+                models.reset()  # every run from an empty cache: the same rows for the same text
                 plan = models.plan(models.prompts(prompt), GenerationConfig(method=config.method, max_tokens=max_chars, temperature=t,
                                                                             byte_gamma=config.gamma))  # fmt: skip
                 c = run_to_end(models.start(plan, completion_rng(seed, i)))
