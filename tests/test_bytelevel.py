@@ -359,3 +359,17 @@ def test_greedy_auto_gives_the_greedy_ensembles_text(profile):
         if method == "cos" and profile is LINEAR:
             assert c.stats.drafted == 0 and c.stats.ensemble_steps > 0
     assert outs["cos"] == outs["ensemble"] and len(outs["ensemble"]) >= 40
+
+
+def test_auto_stops_drafting_when_drafted_rounds_cost_more_than_it_planned():
+    auto = ByteAutoGamma(Costs(FLAT), rechoose_every=1)
+    for _ in range(40):
+        for i in range(2):
+            auto.observe_advance(i, 3, 1, 1)
+            auto.observe_verdicts(i, 0.9, 0.1)
+    proposer, gamma = auto.choose()
+    assert gamma > 0
+    for _ in range(6):  # its rounds cost five times what it planned (work the estimate leaves out)
+        planned = auto.round_seconds(proposer, gamma)
+        auto.observe_round(proposer, planned, 5 * planned)
+    assert auto.choose()[1] == 0
