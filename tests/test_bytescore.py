@@ -113,3 +113,14 @@ def test_a_choice_scores_the_probability_of_its_bytes_after_the_context():
         we = sum(math.log(0.5 * brutes[0].next_symbol(data[:j])[data[j]] + 0.5 * brutes[1].next_symbol(data[:j])[data[j]]) for j in range(len(data)))
         assert scores.combined[0][0][k] == pytest.approx(we, rel=1e-6)
         assert scores.tokens[0][k] == len(data)
+
+
+def test_a_byte_r_gives_nothing_is_scored_at_the_floor_not_as_infinite(monkeypatch):
+    """Pruned paths can rule a byte of the text out in every model (the combination then gives
+    it 0): it is scored at RULED_OUT, as each model's own is, and the bits stay finite."""
+    import localcos.eval.bytescore as bytescore
+    from localcos.runtime.bytelevel import RULED_OUT
+
+    monkeypatch.setattr(bytescore, "combine_symbols", lambda combiner, dists, t: np.zeros(257))
+    result = bits_per_byte(fake_models(VOCAB_A, VOCAB_B), "abaab", [WeightedEnsemble()], window=5)
+    assert result.combined[0].total == pytest.approx(-math.log2(RULED_OUT) * result.combined[0].count)

@@ -129,7 +129,9 @@ def bits_per_byte(
                     unreachable[i] += 1
                 alone[i].add(max(float(d[byte]), RULED_OUT))
             for c, bits in zip(bound, combined):
-                bits.add(float(combine_symbols(c, dists, 1.0)[byte]))  # END keeps its share
+                # END keeps its share; a byte every model's paths rule out is scored as each
+                # model's is there (RULED_OUT), not as infinitely unlikely
+                bits.add(max(float(combine_symbols(c, dists, 1.0)[byte]), RULED_OUT))
 
         for member, prompt in zip(members, prompts):
             member.start(prompt)
