@@ -49,8 +49,10 @@ def test_a_real_models_first_byte_is_the_mass_of_the_tokens_that_begin_with_it(p
         assert after_space[ord("P")] > 0.2  # " Paris"
 
 
+@pytest.mark.parametrize("big", ["coder-0.5b", "coder-1.5b"])
 @pytest.mark.parametrize("combine", ["we", "cd"])
-def test_generate_combines_two_tokenizers_at_the_byte_level(pair, combine):
+def test_generate_combines_two_tokenizers_at_the_byte_level(trained, big, combine):
+    pair = [trained("smollm2-135m"), trained(big)]
     out = run_cli("generate", "--models", ",".join(map(str, pair)), "--combine", combine, "-p", "def add(a, b):\n",
                   "--temperature", "0", "--max-tokens", "60", "--json", "--ctx", "512")  # fmt: skip
     assert out.returncode == 0, out.stderr
