@@ -137,10 +137,9 @@ class OwnTemplates:
                 raise ConfigError(f"{m.path} has no chat template in its GGUF metadata; at the byte level every model formats "
                                   "the conversation itself: generate without --chat", param="chat_template_model")  # fmt: skip
 
-    def tokens(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None) -> list[list[int]]:
-        """Each model's prompt tokens for the conversation."""
-        if tools:
-            raise ConfigError("tools: not available at the byte level", param="tools")
+    def tokens(self, messages: Sequence[Message]) -> list[list[int]]:
+        """Each model's prompt tokens for the conversation (no tools: their calls would be each
+        model's own special tokens; the server refuses them at the byte level)."""
         return [own_prompt(m, messages) for m in self.models]
 
     @staticmethod

@@ -335,6 +335,7 @@ class ByteAutoGamma:
     prior_ahead_per_byte: float = 0.5  # a scoring call's rows per draft byte
     prior_missed_per_byte: float = 0.05
     rechoose_every: int = 8  # rounds a choice is kept (the estimates move slowly)
+    round_decay: float = 0.9  # drafted rounds are few: their costs follow the last ten or so
 
     def __post_init__(self) -> None:
         n = self.costs.n_models
@@ -427,8 +428,8 @@ class ByteAutoGamma:
         `spent` (priced at the same profiles): the work the estimate leaves out (sequences
         evaluated again after a rollback, rows a replay missed beyond the average, the proposer's
         rejected bytes) corrects its next estimates. Counted, not timed."""
-        self._mix(self.planned, proposer, planned, 0.9)  # rounds are few: follow the last ten or so
-        self._mix(self.spent, proposer, spent, 0.9)
+        self._mix(self.planned, proposer, planned, self.round_decay)
+        self._mix(self.spent, proposer, spent, self.round_decay)
 
     def choose(self, proposers: Sequence[int] | None = None) -> tuple[int, int]:
         """(proposer, gamma) with the best expected speed; gamma 0: the ensemble's step. A

@@ -184,7 +184,8 @@ def render(served: ServedEnsemble, request_messages: Sequence[ChatMessage], tool
     if served.settings.system and conversation[0].role != "system":
         conversation = [Message("system", served.settings.system), *conversation]
     try:
-        return served.formatter.tokens(conversation, tools=tools)
+        # the byte level's requests carry no tools (`_byte_chat` refuses them)
+        return served.formatter.tokens(conversation, tools=tools) if tools else served.formatter.tokens(conversation)
     except LocalcosError as e:
         raise from_localcos(e, "messages") from None
 
