@@ -96,6 +96,9 @@ def test_level_auto_keeps_the_token_path_for_one_tokenizer_and_byte_is_forced(tr
         (["--gamma", "3"], "--byte-gamma"),
         (["--byte-gamma", "0"], "--byte-gamma"),
         (["--level", "bytes"], "--level"),
+        (["--proposer", "1"], "proposer: not available at the byte level"),
+        (["--lookup", "on"], "lookup: not available at the byte level"),
+        (["--rpc", "127.0.0.1:1"], "--rpc: not available at the byte level"),
     ],
 )
 def test_bad_byte_level_input_is_one_line(pair, flags, message):
@@ -291,3 +294,9 @@ def test_the_python_api_combines_two_tokenizers_as_the_command_line_does(pair):
         assert two[0].text == want and two[1].text != want
         score = ens.bits_per_byte("def add(a, b):\n    return a + b\n" * 4, window=128)
         assert 0 < score.combined[0].per_byte < 8 and len(score.members) == 2
+
+
+def test_serve_at_the_byte_level_refuses_parallel_in_one_line(pair):
+    out = run_cli("serve", "--models", ",".join(map(str, pair)), "--parallel", "2", "--port", "0", timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "--parallel: the byte level decodes one generation at a time" in lines[0], out.stderr

@@ -48,8 +48,6 @@ def run(args: argparse.Namespace) -> int:
     if args.system is not None and not args.chat:
         raise ConfigError("--system needs --chat", param="system")
     settings = resolve(args, DEFAULTS)
-    if settings.load.parallel is None and n > 1 and not any(settings.load.rpc):  # --n: decode them together
-        settings = replace(settings, load=replace(settings.load, parallel=default_parallel(settings.load.n_ctx, n)))
     config = settings.generation
     if config.seed is None:  # a seed the user can repeat: printed with the stats
         config = replace(config, seed=int.from_bytes(os.urandom(4), "little"))
@@ -58,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     if uses_byte_level(settings.load):
         settings = byte_level_settings(settings, args.method)
         return _generate_bytes(args, settings, replace(config, method=settings.generation.method), prompt, n)
+    if settings.load.parallel is None and n > 1 and not any(settings.load.rpc):  # --n: decode them together
+        settings = replace(settings, load=replace(settings.load, parallel=default_parallel(settings.load.n_ctx, n)))
     with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress) as ens:
         if args.chat:
             formatter = ChatFormatter(ens, settings.chat_template_model)

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
         byte_level = uses_byte_level(settings.load)
-        if byte_level:  # models of different tokenizers: one generation at a time, ensemble unless --method cos
+        if byte_level:  # models of different tokenizers: one generation at a time (its paths take the sequences)
             settings = byte_level_settings(settings, args.method)
             ens: Ensemble | ByteModels = ByteModels.load(settings.load, settings.combiner(), progress=loading_progress)
             parallel = 1

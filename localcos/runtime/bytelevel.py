@@ -74,9 +74,12 @@ def uses_byte_level(spec: "LoadSpec") -> bool:
 def byte_level_settings(settings: "Settings", method: str | None) -> "Settings":
     """`settings` as the byte level runs them: the method given (`method`), else cos, whose
     `--byte-gamma auto` (the default) drafts only where the models' call costs say a draft pays
-    and otherwise takes the ensemble's own step (docs/algorithm.md, section 10)."""
+    and otherwise takes the ensemble's own step (docs/algorithm.md, section 10). More than one
+    sequence at once is refused: a byte-level generation takes every model's sequences."""
     from dataclasses import replace
 
+    if (settings.load.parallel or 1) > 1:
+        raise ConfigError("--parallel: the byte level decodes one generation at a time (models with different tokenizers)", param="parallel")
     return replace(settings, generation=replace(settings.generation, method=method or "cos"))
 
 
@@ -871,6 +874,9 @@ class ByteModels:
 
         from .loaded import model_options
 
+        if any(spec.rpc):  # a model on RPC servers decodes one sequence; its paths need byte_paths of them
+            raise ConfigError("--rpc: not available at the byte level (each model holds --byte-paths sequences here; "
+                              "a model on RPC servers decodes one)", param="rpc")  # fmt: skip
         models: list[Model] = []
         profiles: list[CallProfile] = []
         try:
@@ -933,14 +939,18 @@ class ByteModels:
     ) -> BytePlan:
         """A byte-level completion of `prompts` (each model's own tokens) under `config`, checked
         once here for every front end: its method ensemble or cos; `combiner` bound to the
-        models (default the loaded one); token-counted drafts (gamma) are refused (`ConfigError`),
-        as is a prompt longer than a model's context (naming `param`)."""
+        models (default the loaded one); token-counted drafts (gamma), a proposer, lookup on
+        and a prompt longer than a model's context are refused (`ConfigError`, naming `param`)."""
         method = config.method
         if config.gamma is not None:
             raise ConfigError("gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
         if method not in ("ensemble", "cos"):
             raise ConfigError(f"method {method}: not available at the byte level yet (models with different tokenizers, or level byte); "
                               "ensemble or cos", param="method")  # fmt: skip
+        if config.proposer is not None or config.lookup == "on":  # drafts looked up in token ids; proposers take turns
+            param = "proposer" if config.proposer is not None else "lookup"
+            raise ConfigError(f"{param}: not available at the byte level (models take turns drafting bytes; lookup drafts are "
+                              "token ids)", param=param)  # fmt: skip
         for m, p in zip(self.models, prompts):
             if len(p) >= m.n_ctx:
                 raise ConfigError(f"the prompt is {len(p)} tokens for {m.name}, which holds {m.n_ctx}", param=param)
