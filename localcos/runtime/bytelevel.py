@@ -743,11 +743,11 @@ class ByteGeneration:
                 else:
                     gamma = int(self.gamma)
             if gamma:
-                planned = self.auto.round_seconds(proposer, gamma) if self.auto is not None else 0.0
-                spent = self._spent()
+                # the plan's estimate of this round, and the members' priced calls before it
+                check = (self.auto.round_seconds(proposer, gamma), self._spent()) if self.auto is not None else None
                 step = self._cos_round(utf8, proposer, gamma)
-                if self.auto is not None and spent is not None:
-                    self.auto.observe_round(proposer, planned, self._spent() - spent)
+                if check is not None and check[1] is not None:
+                    self.auto.observe_round(proposer, check[0], self._spent() - check[1])  # type: ignore[union-attr, operator]
             else:
                 step = self._ensemble_step(utf8)
                 self.ensemble_steps += cos

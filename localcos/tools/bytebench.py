@@ -112,29 +112,31 @@ class ByteRow:
 
 
 def summarize_bytes(runs: Sequence[ByteRun]) -> list[ByteRow]:
+    """One row per temperature and configuration. A prompt's ratio to the ensemble puts all of a
+    configuration's runs of that prompt (the ensemble's two) against the ensemble's."""
     rows = []
     for t in sorted({r.temperature for r in runs}):
         at = [r for r in runs if r.temperature == t]
-        base: dict[int, list[ByteRun]] = {}
-        for r in at:
-            if r.config.label == ENSEMBLE:
-                base.setdefault(r.prompt, []).append(r)
-        base_speed = _speed([r for r in at if r.config.label == ENSEMBLE])
+        base = _by_prompt([r for r in at if r.config.label == ENSEMBLE])
+        base_speed = _speed([r for group in base.values() for r in group])
         for label in dict.fromkeys(r.config.label for r in at):
             mine = [r for r in at if r.config.label == label]
             speed = _speed(mine)
-            if label == ENSEMBLE:  # its two runs of one prompt are one measurement
-                mine = [ByteRun(runs_[0].config, p, runs_[0].task, t, sum(r.chars for r in runs_), sum(r.seconds for r in runs_))
-                        for p, runs_ in base.items()]  # fmt: skip
-            per_prompt = [_speed([r]) / _speed(base[r.prompt]) for r in mine if r.prompt in base and _speed(base[r.prompt]) > 0]
-            stats = [r.stats for r in at if r.config.label == label and r.stats is not None]
-            total = ByteStats.aggregate(stats) if stats else None
+            per_prompt = [_speed(group) / _speed(base[p]) for p, group in _by_prompt(mine).items() if p in base and _speed(base[p]) > 0]
+            stats = [r.stats for r in mine if r.stats is not None]
+            total = ByteStats.aggregate(stats) if stats else ByteStats()
             rows.append(ByteRow(
                 t, label, speed, speed / base_speed if base_speed else None, min(per_prompt) if per_prompt else None,
-                total.accepted if total else 0, total.drafted if total else 0, total.ensemble_steps if total else 0,
-                [c / max(total.chars, 1) for c in total.calls] if total else [], total.most_paths if total else [],
+                total.accepted, total.drafted, total.ensemble_steps, [c / max(total.chars, 1) for c in total.calls], total.most_paths,
             ))  # fmt: skip
     return rows
+
+
+def _by_prompt(runs: Sequence[ByteRun]) -> dict[int, list[ByteRun]]:
+    groups: dict[int, list[ByteRun]] = {}
+    for r in runs:
+        groups.setdefault(r.prompt, []).append(r)
+    return groups
 
 
 def timing_noise(runs: Sequence[ByteRun]) -> list[float]:
