@@ -243,7 +243,9 @@ class ByteEnsemble(ByteModels):
     def bits_per_byte(self, text: str, *, combiners: Sequence[Combiner] | None = None, window: int | None = None) -> "ByteScore":
         """Bits per byte of `text` under each of `combiners` (default: the ensemble's) and each
         model alone, in windows of `window` bytes (default: the context less 2), the second half
-        of each scored (`localcos score --file` at the byte level)."""
+        of each scored (`localcos score --file` at the byte level). Scores are exact up to the
+        path cap when the ensemble was loaded with `byte_prune=0` (as `localcos score` loads it):
+        pruning bounds how far sampled text moves, not one given text's probability."""
         from .eval.bytescore import bits_per_byte
 
         return bits_per_byte(self, text, list(combiners or [self.combiner.combiner]), window=window or self.n_ctx - 2)

@@ -187,18 +187,26 @@ class FakeMember:
         try:
             self._evaluate(self.view.advance(byte).new)
         except Unreachable:  # pruned away: one path again, the longest-match tokenisation
-            data = bytes(self.view.text) + bytes([byte])
-            tokens = self.view.vocab.cover(data)
-            start = len(data) - len(self.model.pieces[tokens.pop()])
-            self.view.restart(tokens, start, self.model.logits(self.prompt + tuple(tokens)))
-            for b in data[start:]:
-                self._evaluate(self.view.advance(b, force=True).new)
+            self._restart(bytes(self.view.text) + bytes([byte]))
+
+    def rebuild(self, ahead: bytes) -> None:
+        """As `ByteMember.rebuild`: one path again, of the text and the bytes ahead of it."""
+        text = bytes(self.view.text)
+        self._restart(text + ahead, until=len(text))
+
+    def _restart(self, data: bytes, until: int | None = None) -> None:
+        tokens = self.view.vocab.cover(data)
+        start = len(data) - len(self.model.pieces[tokens.pop()])
+        self.view.restart(tokens, start, self.model.logits(self.prompt + tuple(tokens)))
+        for b in data[start:until]:
+            self._evaluate(self.view.advance(b, force=True).new)
 
     def _evaluate(self, paths) -> None:
         if paths:
             self.calls += 1
         for path in paths:
             self.view.set_row(path, self.model.logits(self.prompt + path.tokens))
+        self.view.settle()
 
     def snapshot(self):
         return self.view.snapshot()

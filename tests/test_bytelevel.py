@@ -3,11 +3,13 @@ token sequences, on tiny models with deliberately ambiguous vocabularies."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
 from bytefakes import VOCAB_A, VOCAB_B, BruteForce, TinyModel, all_strings, alphabet_of
-from localcos.core.bytelevel import END, ByteView, ByteVocab, check_prune
+from localcos.core.bytelevel import END, ByteView, ByteVocab, Unreachable, check_prune
 from localcos.errors import ConfigError
 
 PROMPT = (0, 1)
@@ -21,6 +23,7 @@ def view_after(model: TinyModel, s: bytes, **options) -> ByteView:
     for b in s:
         for path in view.advance(b).new:
             view.set_row(path, model.logits(PROMPT + path.tokens))
+        view.settle()
     return view
 
 
@@ -51,6 +54,55 @@ def test_paths_cover_every_tokenisation_and_pruning_counts_what_it_drops():
     pruned = view_after(VOCAB_A, s, prune=0.5)
     assert pruned.dropped > 0
     assert all(p.log_mass > -np.inf for p in pruned.paths)
+
+
+@dataclass(frozen=True)
+class TextModel(TinyModel):
+    """A model whose next-token logits depend on the text its context spells, not on how it is
+    tokenised: every tokenisation reaching one position predicts alike."""
+
+    def logits(self, context):
+        text = b"".join(self.pieces[t] for t in context)
+        return TinyModel.logits(self, tuple(text))
+
+
+def test_paths_that_reach_one_position_and_predict_alike_are_folded_into_one_exactly():
+    model = TextModel(VOCAB_A.pieces, VOCAB_A.end_tokens, seed=5)
+    folded_some = False
+    for s in all_strings(alphabet_of(VOCAB_A), 4):
+        exact = view_after(model, s)
+        if not exact.paths:
+            continue
+        # a threshold no path's mass falls below here: only folding differs from exact
+        folding = view_after(model, s, prune=1e-12)
+        assert folding.dropped == 0
+        np.testing.assert_allclose(folding.distribution(), exact.distribution(), rtol=0, atol=1e-12, err_msg=repr(s))
+        assert folding.rows <= exact.rows and len(folding.paths) <= len(exact.paths)
+        folded_some |= folding.folded > 0 and folding.rows < exact.rows
+    assert folded_some  # rows were saved somewhere, not just nothing to fold
+
+
+def test_folding_moves_a_byte_distribution_by_at_most_prune_per_path_folded():
+    prune = 0.4
+    folds = 0
+    for s in all_strings(alphabet_of(VOCAB_A), 4):
+        view = ByteView(ByteVocab(VOCAB_A.pieces, VOCAB_A.end_tokens), max_paths=10**6, prune=prune)
+        view.start(VOCAB_A.logits(PROMPT))
+        try:
+            for b in s:
+                for path in view.advance(b).new:
+                    view.set_row(path, VOCAB_A.logits(PROMPT + path.tokens))
+                before = view.distribution()
+                folded = view.settle()
+                after = view.distribution()
+                assert 0.5 * np.abs(after - before).sum() <= prune * len(folded) + 1e-12, repr(s)
+                assert (after == before).all() or folded
+                folds += len(folded)
+        except Unreachable:  # pruning at 0.4 drops paths some strings need
+            continue
+    assert folds > 0
+    # with prune 0 nothing is folded: the exact view
+    assert view_after(VOCAB_A, b"ababa").folded == 0
 
 
 def test_a_byte_of_probability_zero_is_refused():

@@ -87,6 +87,24 @@ def test_level_auto_keeps_the_token_path_for_one_tokenizer_and_byte_is_forced(tr
     assert "byte level" in forced.stderr
 
 
+def test_every_front_end_takes_the_byte_level_options_and_score_keeps_every_tokenisation(trained, tmp_path):
+    for command in ("generate", "chat", "serve", "bench", "score"):
+        helped = run_cli(command, "--help")
+        assert all(flag in helped.stdout for flag in ("--level", "--byte-paths", "--byte-prune")), command
+    # score at the byte level for one tokenizer when asked, exact by default (nothing pruned)
+    text = tmp_path / "t.py"
+    text.write_text("def add(a, b):\n    return a + b\n\n\nprint(add(2, 3))\n")
+    coder = str(trained("coder-0.5b"))
+    out = run_cli("score", "--models", f"{coder},{coder}", "--file", str(text), "--level", "byte", "--ctx", "64", "--json", str(tmp_path / "s.json"))
+    assert out.returncode == 0, out.stderr
+    assert "at the byte level" in out.stdout and "--byte-prune 0)" in out.stdout
+    report = json.loads((tmp_path / "s.json").read_text())
+    alone = [row["value"] for row in report["rows"] if row["kind"] == "model"]
+    assert len(alone) == 2 and alone[0] == pytest.approx(alone[1], abs=1e-6)  # one model twice: one score
+    refused = run_cli("score", "--models", f"{coder},{coder}", "--file", str(text), "--level", "byte", "--byte-prune", "1")
+    assert refused.returncode == 2 and "--byte-prune" in refused.stderr.strip().splitlines()[-1]
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
@@ -300,3 +318,32 @@ def test_serve_at_the_byte_level_refuses_parallel_in_one_line(pair):
     out = run_cli("serve", "--models", ",".join(map(str, pair)), "--parallel", "2", "--port", "0", timeout=120)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "--parallel: the byte level decodes one generation at a time" in lines[0], out.stderr
+
+
+def test_tokenisations_folded_on_a_trained_model_give_up_their_sequences(pair, monkeypatch):
+    """Trained models put a little mass on other splits of a text that then follow the same
+    tokens (random models never predict alike, so only trained ones fold): a folded path's
+    sequence goes back to the free ones, and every path still held keeps its own sequence
+    holding exactly the prompt and its tokens."""
+    from localcos import ByteEnsemble, WeightedEnsemble
+    from localcos.tools.prompts import builtin_prompts
+
+    checked = [0]
+    original = ByteMember._step
+
+    def step(self, change):
+        original(self, change)
+        seqs = [p.handle for p in self.view.paths]
+        assert len({id(s) for s in seqs}) == len(seqs)  # one sequence per held path
+        for path in self.view.paths:
+            want = self.prompt + list(path.tokens)
+            assert path.handle.tokens[: len(want)] == want
+        held, free = {id(s) for s in seqs}, {id(s) for s in self.free}
+        assert not held & free and held | free == {id(s) for s in self.model.slots}  # none lost
+        checked[0] += 1
+
+    monkeypatch.setattr(ByteMember, "_step", step)
+    with ByteEnsemble.load(pair, WeightedEnsemble([0.5, 0.5]), n_ctx=1024) as ens:
+        _, prompt = builtin_prompts()[4]
+        folded = [sum(ens.generate(prompt, max_tokens=160, temperature=t, seed=0, method="ensemble").stats.folded) for t in (0, 1)]
+    assert sum(folded) > 0 and checked[0] > 100  # what this test is about did happen

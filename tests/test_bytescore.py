@@ -19,9 +19,9 @@ from localcos.eval.bytescore import bits_per_byte, windows_of
 PROMPT = (0, 1)
 
 
-def fake_models(*models):
+def fake_models(*models, **member_options):
     return SimpleNamespace(
-        members=[FakeMember(m) for m in models],
+        members=[FakeMember(m, **member_options) for m in models],
         models=[SimpleNamespace(n_params=1) for _ in models],
         document_starts=lambda: [PROMPT] * len(models),
     )
@@ -124,3 +124,21 @@ def test_a_byte_r_gives_nothing_is_scored_at_the_floor_not_as_infinite(monkeypat
     monkeypatch.setattr(bytescore, "combine_symbols", lambda combiner, dists, t: np.zeros(257))
     result = bits_per_byte(fake_models(VOCAB_A, VOCAB_B), "abaab", [WeightedEnsemble()], window=5)
     assert result.combined[0].total == pytest.approx(-math.log2(RULED_OUT) * result.combined[0].count)
+
+
+def test_a_byte_the_held_paths_rule_out_is_scored_from_the_models_own_tokenisation():
+    """One path per model and heavy pruning: the text goes where a model's held path cannot
+    follow. Its paths are rebuilt from its own tokenisation of the text so far and the byte is
+    scored there (as a generation goes on), not at the floor of a byte it rules out."""
+    from localcos.eval.bytescore import walk
+
+    models = fake_models(VOCAB_A, VOCAB_B, max_paths=1, prune=0.5)
+    data = "abbabaabab\u00e9ba".encode()
+    seen: list[list[float]] = []
+    for member in models.members:
+        member.start(PROMPT)
+    rebuilds = walk(models.members, data, lambda j, dists: seen.append([float(d[data[j]]) for d in dists]))
+    assert len(seen) == len(data) and sum(rebuilds) > 0
+    assert all(p > 0 for probs in seen for p in probs)
+    result = bits_per_byte(fake_models(VOCAB_A, VOCAB_B, max_paths=1, prune=0.5), data.decode(), [WeightedEnsemble()], window=len(data))
+    assert sum(result.unreachable) > 0 and all(b.total < b.count * 29 for b in result.members)

@@ -13,6 +13,11 @@ from ..files import atomic_write, write_text
 from ..tools.plotting import plot_sweep, require_matplotlib
 from .options import add_options, loading_progress, resolve
 
+# At the byte level score keeps every tokenisation (up to the cap): pruning bounds how far the
+# distribution of *sampled* text moves (by the mass dropped), but not one given text's
+# probability, which a dropped tokenisation the text then follows can hold most of.
+BYTE_DEFAULTS = {"byte_prune": 0.0, "byte_paths": 16}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -29,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument(
         "--sweep", help="a grid: weights=0:1:0.1 (the first model's weight), mu=0,0.05,0.1,0.2 or plausibility=0.05,0.1"
     )
-    add_options(p, ["models", "hardware", "combination"], exclude={"synthetic", "synthetic_dtype"})
+    add_options(p, ["models", "hardware", "combination", "level"], defaults=BYTE_DEFAULTS, exclude={"synthetic", "synthetic_dtype", "byte_gamma"})
     refused = p.add_argument_group("not for score")
     for flag in ("--json-schema", "--grammar", "--json-object"):
         refused.add_argument(flag, dest=f"refused_{flag[2:].replace('-', '_')}", nargs="?", const=True, default=None,
@@ -70,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         if sweep is None:
             raise ConfigError("--plot draws the figure over a --sweep grid; give --sweep", param="plot")
         require_matplotlib()
-    settings = resolve(args, {"ctx": 512 if args.file else 2048})
+    settings = resolve(args, {"ctx": 512 if args.file else 2048, **BYTE_DEFAULTS})
     if sweep is not None:
         wanted = ("cd",) if sweep.name in ("mu", "plausibility") else ("we", "logit-mix")
         if settings.combine.combine not in wanted:
@@ -174,7 +179,7 @@ def _score_bytes(args: argparse.Namespace, settings, text: str | None, items: li
         rows += [("model", name, bits.per_byte, None) for name, bits in zip(names, result.members)]
         for kind, label, value, _ in rows:
             print(f"{(f'r {label}' if kind == 'r' else f'{label} alone')[:33]:<34}{value:>12.4f}")
-        pruned = ", ".join(f"{n}: {d:.2g} of its mass over a window dropped, {u} bytes outside its paths" for n, d, u in zip(names, result.dropped, result.unreachable))
+        pruned = ", ".join(f"{n}: {d:.2g} of its mass over a window dropped, {u} bytes outside its held paths (rebuilt)" for n, d, u in zip(names, result.dropped, result.unreachable))
         print(f"\n{seconds:.2f}s, {scored / seconds:.1f} scored bytes/s; pruning (--byte-prune {settings.load.byte_prune:g}): {pruned}")
         report.update(kind="bits_per_byte", bytes=result.bytes, windows=result.windows, window=result.window,
                       dropped_mass=result.dropped, unreachable_bytes=result.unreachable)  # fmt: skip

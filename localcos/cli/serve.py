@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--demo", action="store_true", help="serve the small synthetic demo pair (random text; for trying clients)")
     add_options(p, ["server"])
-    add_options(p, ["models", "hardware", "combination", "method", "sampling", "output", "chat"], defaults=DEFAULTS, exclude={"synthetic", "synthetic_dtype"})
+    add_options(p, ["models", "hardware", "combination", "method", "level", "sampling", "output", "chat"], defaults=DEFAULTS, exclude={"synthetic", "synthetic_dtype"})
     p.set_defaults(func=run)
 
 

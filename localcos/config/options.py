@@ -183,7 +183,9 @@ _OPTIONS = [
     _option("byte_paths", "--byte-paths", "level", "load", _at_least(1),
             "byte level: the most tokenisations of the text each model keeps (its llama.cpp sequences)", default=8, metavar="N"),
     _option("byte_prune", "--byte-prune", "level", "load", lambda v, what: check_prune(parse_float(v, what), what),
-            "byte level: drop a tokenisation whose mass is below this fraction of the largest; 0 keeps all (exact, slower)",
+            "byte level: drop a tokenisation whose mass is below this fraction of the largest, and fold one into the heaviest "
+            "at the same position when its mass times how far their predictions differ (total variation) is below it; "
+            "0 keeps all (exact, slower)",
             default=0.01, metavar="P"),
     _option("byte_gamma", "--byte-gamma", "level", "generation", parse_byte_gamma,
             "byte level, --method cos: bytes each proposer drafts (the others score them in one call), or auto: planned each "

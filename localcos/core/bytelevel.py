@@ -16,12 +16,17 @@ which is then at the end of s), so
 
     P(s b) = sum over paths of P(T) * P(next token's bytes begin with s[start:] b | T)
 
-summed from prefix sums of the paths' distributions over the vocabulary sorted by bytes, in which
-the tokens beginning with any byte string form one contiguous range. Nothing here loops over the
-vocabulary in Python; one step costs a few binary searches per path.
+summed over the paths' distributions in the vocabulary sorted by bytes, in which the tokens
+beginning with any byte string form one contiguous range. Nothing here loops over the vocabulary
+in Python; a path's row is read once over the whole vocabulary (its 256-way split by first byte,
+in one vectorised pass) and after that over ever smaller ranges.
 
 Paths whose mass falls below `prune` times the largest are dropped (0 keeps every one: exact), at
-most `max_paths` are kept, and the mass dropped is counted (`ByteView.dropped`).
+most `max_paths` are kept, and the mass dropped is counted (`ByteView.dropped`). Paths that reach
+one position by different tokenisations tend to stay in step (the same tokens follow each of
+them) and to predict alike: once their rows are known, a lighter one whose mass times the total
+variation between its row and the heaviest's is below `prune` times the heaviest's mass is folded
+into it (`ByteView.settle`: its mass kept, its row no longer asked for; with prune 0 never).
 
 This module is NumPy only: a `ByteView` says which new paths need a row (`ByteView.advance`), and
 whoever owns the model evaluates them (`runtime.bytelevel` with llama.cpp, or a test's fake).
@@ -73,7 +78,7 @@ class ByteVocab:
         ends = set(self.end_tokens.tolist())
         ids = [t for t, p in enumerate(pieces) if p and t not in ends]
         ids.sort(key=lambda t: pieces[t])
-        self.order = np.array(ids, dtype=np.int64)  # sorted position -> token id
+        self.order = np.array(ids, dtype=np.int32)  # sorted position -> token id (int32: gathered every row)
         self.pieces: list[bytes] = [pieces[t] for t in ids]  # sorted
         self.size = len(ids)
         self.lengths = np.array([len(p) for p in self.pieces], dtype=np.int64)
@@ -119,15 +124,58 @@ class ByteVocab:
         return np.frombuffer(bytes(p[depth] for p in self.pieces[lo:hi]), dtype=np.uint8)
 
 
+class Row:
+    """A path's next-token distribution as the byte level reads it: the probabilities of the byte
+    tokens in sorted order (`probs`, unnormalised; times `scale` they sum with `end` to 1) and
+    the end tokens' probability `end`, both renormalised over the tokens that can be generated.
+
+    Ranges are summed directly (never as differences of prefix sums), so a token far less likely
+    than the tokens sorted before it keeps its probability."""
+
+    __slots__ = ("probs", "scale", "end")
+
+    def __init__(self, probs: np.ndarray, scale: float, end: float) -> None:
+        self.probs = probs
+        self.scale = scale
+        self.end = end
+
+    def prob(self, k: int) -> float:
+        """The probability of the token at sorted position k."""
+        return float(self.probs[k]) * self.scale
+
+    def mass(self, lo: int, hi: int) -> float:
+        """The probability of the tokens at sorted positions lo..hi."""
+        return float(self.probs[lo:hi].sum()) * self.scale
+
+    def split(self, bounds: np.ndarray) -> np.ndarray:
+        """The probability of each range between consecutive `bounds` (sorted positions,
+        non-decreasing): len(bounds) - 1 values, one pass over bounds[0]..bounds[-1]."""
+        starts, ends = bounds[:-1], bounds[1:]
+        out = np.zeros(len(starts))
+        filled = starts < ends
+        if filled.any():
+            # consecutive non-empty ranges meet (the empty ones between them have no length),
+            # so reduceat over their starts sums exactly each of them, the last up to bounds[-1]
+            lo = int(bounds[0])
+            out[filled] = np.add.reduceat(self.probs[lo : int(bounds[-1])], starts[filled] - lo)
+        return out * self.scale
+
+    def distance(self, other: "Row") -> float:
+        """Total variation between this distribution and `other` (rows of one vocabulary)."""
+        gap = self.probs * self.scale
+        gap -= other.probs * other.scale
+        return 0.5 * (float(np.abs(gap, out=gap).sum()) + abs(self.end - other.end))
+
+
 @dataclass(eq=False)
 class Path:
     """One token sequence whose bytes are the text so far up to `start` (see the module's doc).
 
     `lo`..`hi` are the sorted positions of the tokens that may still follow it (their bytes begin
-    with the pending bytes and reach past them); `bounds` splits that range by the next byte.
-    `cum` is the prefix sum of its next-token distribution in sorted order and `end` its end
-    tokens' probability, both renormalised over the tokens that can be generated; None until the
-    row is known. `handle` is the evaluator's (a llama.cpp slot holding prompt + tokens)."""
+    with the pending bytes and reach past them); `bounds` splits that range by the next byte and
+    `split` is the probability of each part. `row` is its next-token distribution, None until
+    the model has computed it. `handle` is the evaluator's (a llama.cpp slot holding prompt +
+    tokens)."""
 
     tokens: tuple[int, ...]
     start: int
@@ -135,9 +183,9 @@ class Path:
     lo: int
     hi: int
     parent: "Path | None" = None
-    cum: np.ndarray | None = None
-    end: float = 0.0
+    row: Row | None = None
     bounds: np.ndarray | None = field(default=None, repr=False)
+    split: np.ndarray | None = field(default=None, repr=False)
     handle: object = None
 
     @property
@@ -174,7 +222,8 @@ class ByteView:
     """One model's distribution over the next byte, given the bytes generated so far.
 
     Start it with the row after the prompt (`start`), then alternate `distribution` and
-    `advance(byte)`, giving each new path its row (`set_row`) before the next `distribution`.
+    `advance(byte)`, giving each new path its row (`set_row`) and then calling `settle` before
+    the next `distribution`.
     """
 
     def __init__(self, vocab: ByteVocab, *, max_paths: int = 8, prune: float = 0.0) -> None:
@@ -188,6 +237,7 @@ class ByteView:
         self.most_paths = 0  # the most paths held at once
         self.rows = 0  # rows asked for (the prompt's excluded)
         self.restarts = 0  # times the paths were rebuilt from a tokenisation of the text
+        self.folded = 0  # paths folded into a heavier one at the same position (`settle`)
 
     def start(self, row: np.ndarray, handle: object = None) -> Path:
         """Begin at the end of the prompt, whose next-token logits are `row`."""
@@ -196,7 +246,7 @@ class ByteView:
         self.text.clear()
         self.paths = [root]
         self.most_paths = 1
-        self.restarts = self.rows = 0
+        self.restarts = self.rows = self.folded = 0
         self.dropped, self._kept = 0.0, 1.0
         return root
 
@@ -213,22 +263,21 @@ class ByteView:
 
     def set_row(self, path: Path, row: np.ndarray) -> None:
         """The next-token logits after `path`'s tokens."""
-        path.cum, path.end = self.normalise(row)
+        path.row = self.normalise(row)
 
-    def normalise(self, row: np.ndarray) -> tuple[np.ndarray, float]:
-        """A logits row as a path keeps it: the prefix sums of its distribution over the byte
-        tokens in sorted order and its end tokens' probability, renormalised over both (a new
-        array: `row` may be llama.cpp's buffer, valid until the next call)."""
-        z = np.asarray(row[: self.vocab.n_vocab], dtype=np.float64)
-        p = np.exp(z - z.max())
-        byte_tokens = p[self.vocab.order]
-        end = float(p[self.vocab.end_tokens].sum())
-        cum = np.empty(self.vocab.size + 1)
-        cum[0] = 0.0
-        np.cumsum(byte_tokens, out=cum[1:])
-        total = cum[-1] + end
-        cum /= total
-        return cum, end / total
+    def normalise(self, row: np.ndarray) -> Row:
+        """A logits row as a path keeps it (`Row`: its own arrays; `row` may be llama.cpp's
+        buffer, valid until the next call)."""
+        vocab = self.vocab
+        logits = row[: vocab.n_vocab]
+        top = logits.max()
+        # gathered in the row's own type (float32 from llama.cpp: half the memory traffic),
+        # exponentiated in float64
+        probs = np.subtract(logits.take(vocab.order), top, dtype=np.float64)
+        np.exp(probs, out=probs)
+        end = float(np.exp(np.subtract(logits[vocab.end_tokens], top, dtype=np.float64)).sum())
+        total = float(probs.sum()) + end
+        return Row(probs, 1.0 / total, end / total)
 
     def snapshot(self) -> "ViewState":
         """Where the view stands now; `restore` comes back to it after advancing further (paths
@@ -241,6 +290,14 @@ class ByteView:
         self.paths = list(state.paths)
         self._kept = state.kept
         self.dropped = 1.0 - state.kept
+
+    def _split(self, path: Path) -> np.ndarray:
+        """The probability under `path`'s row of each next byte (256 values), over the tokens
+        that may follow it."""
+        if path.split is None:
+            assert path.row is not None, "give every new path its row first"
+            path.split = path.row.split(self._bounds(path)[: END + 1])
+        return path.split
 
     def _bounds(self, path: Path) -> np.ndarray:
         """Where the tokens that may follow `path` split by their next byte: SYMBOLS entries, the
@@ -258,12 +315,10 @@ class ByteView:
         masses = np.zeros(SYMBOLS)
         top = max(p.log_mass for p in self.paths)
         for path in self.paths:
-            assert path.cum is not None, "give every new path its row first"
             weight = math.exp(path.log_mass - top)
-            split = path.cum[self._bounds(path)]
-            masses[:END] += weight * np.diff(split)
+            masses[:END] += weight * self._split(path)
             if path.start == len(self.text):
-                masses[END] += weight * path.end
+                masses[END] += weight * path.row.end  # type: ignore[union-attr]
         total = masses.sum()
         if total <= 0:
             raise ValueError("the byte view holds no mass (every path was dropped)")
@@ -273,9 +328,9 @@ class ByteView:
         """Append `byte` (not END) to the text; returns the paths that need a row and those let go.
 
         `force`: the text is given (a restart replays it along the model's own tokenisation), so
-        a token that spells it is followed even where its probability is 0 in float64 (a prefix
-        sum does not hold a probability below about 1e-16 of the mass before it): it gets
-        `FORCED`, which the view's renormalisation makes relative."""
+        a token that spells it is followed even where its probability is 0 in float64 (exp
+        underflows some 745 nats below the likeliest token, and a model may rule a token out):
+        it gets `FORCED`, which the view's renormalisation makes relative."""
         if not 0 <= byte < END:
             raise ValueError(f"not a byte: {byte}")
         vocab = self.vocab
@@ -293,17 +348,18 @@ class ByteView:
             exact = lo
             while exact < hi and vocab.lengths[exact] == depth:  # tokens ending exactly here
                 exact += 1
-            cum = path.cum
-            assert cum is not None
+            row = path.row
+            assert row is not None
             for k in range(lo, exact):
-                p = cum[k + 1] - cum[k]
+                p = row.prob(k)
                 if p > 0 or force:
                     child = Path(path.tokens + (int(vocab.order[k]),), n, path.log_mass + math.log(max(p, FORCED)), 0, vocab.size, parent=path)
                     new.append(child)
-            if exact < hi and (cum[hi] > cum[exact] or force):
+            rest = row.mass(exact, hi) if exact < hi else 0.0
+            if exact < hi and (rest > 0 or force):
                 # a new object: the old one stays valid for a snapshot taken before this byte
-                survivor = replace(path, lo=exact, hi=hi, bounds=None)
-                survivors.append((survivor, path.log_mass + math.log(max(cum[hi] - cum[exact], FORCED))))
+                survivor = replace(path, lo=exact, hi=hi, bounds=None, split=None)
+                survivors.append((survivor, path.log_mass + math.log(max(rest, FORCED))))
             else:
                 gone.append(path)
         self.text.append(byte)
@@ -312,13 +368,39 @@ class ByteView:
             del self.text[-1]
             raise Unreachable(f"byte {byte} has probability 0 under this model's paths")
         kept, dropped = self._prune(kept)
-        gone += [p for p in dropped if p.cum is not None]  # a dropped new path was never evaluated
+        gone += [p for p in dropped if p.row is not None]  # a dropped new path was never evaluated
         kept_ids = {id(p) for p in kept}
         new = [c for c in new if id(c) in kept_ids]
         self.paths = kept
         self.most_paths = max(self.most_paths, len(kept))
         self.rows += len(new)
         return Advance(new, gone)
+
+    def settle(self) -> list[Path]:
+        """Fold the paths that end at the end of the text (the last byte's new paths, their rows
+        given) into the heaviest of them where one predicts like it: its mass times the total
+        variation between their rows below `prune` times the heaviest's mass (the bound on what
+        the fold moves in this byte's distribution, as pruning bounds what a drop takes away).
+        The heaviest carries their mass on. Returns the paths folded away (their handles may be
+        reused); none with prune 0."""
+        n = len(self.text)
+        fresh = [p for p in self.paths if p.start == n]
+        if self.prune == 0 or len(fresh) < 2:
+            return []
+        heaviest = max(fresh, key=lambda p: p.log_mass)
+        assert heaviest.row is not None, "give every new path its row first"
+        folded = [
+            p for p in fresh
+            if p is not heaviest and math.exp(p.log_mass - heaviest.log_mass) * p.row.distance(heaviest.row) < self.prune  # type: ignore[union-attr]
+        ]  # fmt: skip
+        if not folded:
+            return []
+        # a new object: a snapshot taken before holds the old one
+        heir = replace(heaviest, log_mass=_logsumexp([heaviest.log_mass] + [p.log_mass for p in folded]))
+        gone = {id(p) for p in folded}
+        self.paths = [heir if p is heaviest else p for p in self.paths if id(p) not in gone]
+        self.folded += len(folded)
+        return folded
 
     def _prune(self, paths: list[tuple[Path, float]]) -> tuple[list[Path], list[Path]]:
         """Keep the paths above `prune` x the largest mass, at most `max_paths` (the heaviest)."""
@@ -348,12 +430,12 @@ class ByteView:
         firsts: list[tuple[float, Path, int, int]] = []
         for path in self.paths:
             pending = bytes(self.text[path.start :])
-            cum = path.cum
-            assert cum is not None
+            row = path.row
+            assert row is not None
             for j in range(1, len(draft) + 1):
                 lo, hi = vocab.exact(pending + draft[:j])
                 for k in range(lo, hi):
-                    p = cum[k + 1] - cum[k]
+                    p = row.prob(k)
                     if p > 0:
                         firsts.append((path.log_mass + math.log(p), path, int(vocab.order[k]), j))
         firsts.sort(key=lambda x: -x[0])
@@ -377,7 +459,7 @@ class ByteView:
 def replay(
     view: ByteView,
     draft: bytes,
-    known: Mapping[tuple[int, ...], tuple[np.ndarray, float]],
+    known: Mapping[tuple[int, ...], Row],
     evaluate: Callable[[list[Path]], None],
 ) -> tuple[list[np.ndarray], list[ViewState]]:
     """Advance `view` through `draft`, each new path's row taken from `known` (token sequence ->
@@ -385,7 +467,7 @@ def replay(
     `set_row` each). Returns the view's distribution and state at every position reached, the
     current one first: all len(draft) + 1 of them, or fewer when a byte of the draft has
     probability 0 under the held paths (the view then stays at the last byte it could take).
-    The view is exactly where advancing one byte at a time would bring it."""
+    The view is exactly where advancing (and settling) one byte at a time would bring it."""
     dists = [view.distribution()]
     states = [view.snapshot()]
     for byte in draft:
@@ -399,9 +481,10 @@ def replay(
             if row is None:
                 missing.append(path)
             else:
-                path.cum, path.end = row
+                path.row = row
         if missing:
             evaluate(missing)
+        view.settle()
         dists.append(view.distribution())
         states.append(view.snapshot())
     return dists, states

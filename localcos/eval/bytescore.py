@@ -53,7 +53,7 @@ class ByteScore:
     windows: int
     window: int  # bytes per window
     bytes: int  # bytes in the text
-    unreachable: list[int] = field(default_factory=list)  # bytes each model's pruned paths gave 0 (scored at 1e-9)
+    unreachable: list[int] = field(default_factory=list)  # bytes each model's held paths ruled out (scored after a rebuild)
     dropped: list[float] = field(default_factory=list)  # each model's mass pruned over a window's bytes, mean of the windows
 
 
@@ -75,25 +75,37 @@ def windows_of(data: bytes, window: int) -> list[tuple[int, int]]:
     return out
 
 
-def walk(members: Sequence, data: bytes, visit: Callable[[int, list], None]) -> None:
+def walk(members: Sequence, data: bytes, visit: Callable[[int, list], None]) -> list[int]:
     """Advance every member's view through `data`, a chunk of `CHUNK_BYTES` per call of each
     model (`ByteMember.score`), calling `visit(j, dists)` with every model's distribution over
-    byte j of `data` (given the bytes before it), in order."""
+    byte j of `data` (given the bytes before it), in order. Returns how many times each model's
+    paths were rebuilt (bytes its held paths ruled out)."""
+    rebuilds = [0] * len(members)
     pos = 0
     while pos < len(data):
         chunk = data[pos : pos + CHUNK_BYTES]
         scored = [m.score(chunk) for m in members]
         reached = min(len(d) for d, _ in scored) - 1  # bytes every model got through
         taken = min(reached + 1, len(chunk))
+        stuck = [len(states) <= taken for _, states in scored]
+        for i, (member, (dists, states), rebuilt) in enumerate(zip(members, scored, stuck)):
+            if rebuilt:
+                rebuilds[i] += 1
+                # its held paths rule out byte `reached` (pruning dropped the ones the text goes
+                # on with): as in a generation, its paths are rebuilt from its own tokenisation of
+                # the text, and the byte is scored from those
+                member.rollback(states[-1])
+                member.rebuild(chunk[reached : reached + 1])
+                dists[reached] = member.view.distribution()
         for j in range(taken):
             visit(pos + j, [d[j] for d, _ in scored])
-        for member, (_, states) in zip(members, scored):
-            if taken < len(states):
-                member.rollback(states[taken])
-            else:  # its held paths could not take byte `reached`: it takes it the usual way
-                member.rollback(states[-1])
+        for member, (_, states), rebuilt in zip(members, scored, stuck):
+            if rebuilt:
                 member.advance(chunk[taken - 1])
+            else:
+                member.rollback(states[taken])
         pos += taken
+    return rebuilds
 
 
 def bits_per_byte(
@@ -125,8 +137,6 @@ def bits_per_byte(
                 return
             byte = piece[j]
             for i, d in enumerate(dists):
-                if d[byte] == 0:
-                    unreachable[i] += 1
                 alone[i].add(max(float(d[byte]), RULED_OUT))
             for c, bits in zip(bound, combined):
                 # END keeps its share; a byte every model's paths rule out is scored as each
@@ -135,7 +145,8 @@ def bits_per_byte(
 
         for member, prompt in zip(members, prompts):
             member.start(prompt)
-        walk(members, piece, visit)
+        for i, n in enumerate(walk(members, piece, visit)):
+            unreachable[i] += n
         for i, member in enumerate(members):
             dropped[i] += member.view.dropped
         if progress:

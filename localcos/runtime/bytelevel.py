@@ -23,9 +23,10 @@ import numpy as np
 from ..backend import Model, shared_vocab_size
 from ..config.specs import GenerationConfig
 from ..backend.model import common_prefix
-from ..core.bytelevel import END, SYMBOLS, Advance, ByteView, ByteVocab, Path, Unreachable, Utf8State, ViewState, replay
+from ..core.bytelevel import END, SYMBOLS, Advance, ByteView, ByteVocab, Path, Row, Unreachable, Utf8State, ViewState, replay
 from ..core.combiners import BoundCombiner
 from ..core.decoding import Origin
+from ..core.hostmem import keep_freed_memory
 from ..core.sampling import Sampler
 from ..core.speedmodel import ByteAutoGamma, CallProfile, Costs
 from ..core.verify import verify
@@ -151,7 +152,24 @@ class ByteMember:
         except Unreachable:
             self._restart(bytes(self.view.text) + bytes([byte]))
             return
+        self._step(change)
+
+    def _step(self, change: Advance) -> None:
+        """The new paths' rows, then the paths the view folds away let go of their sequences."""
         self._evaluate(self._place(change))
+        folded = self.view.settle()
+        held = {id(p.handle) for p in self.view.paths}
+        for path in folded:
+            if path.handle is not None and id(path.handle) not in held:
+                self._free(path.handle)
+            path.handle = None
+
+    def rebuild(self, ahead: bytes) -> None:
+        """Hold one tokenisation of the text so far again: the model's own tokenisation of the
+        text and the bytes `ahead` of it (what `advance` does with a byte the held paths rule
+        out), as far as the text goes. The paths then reach the bytes ahead."""
+        text = bytes(self.view.text)
+        self._restart(text + ahead, until=len(text))
 
     # --- drafts: score bytes ahead in one call, come back to where the view was ----------------
     def snapshot(self) -> ViewState:
@@ -173,7 +191,7 @@ class ByteMember:
         known = self._evaluate_ahead(draft)
         return replay(self.view, draft, known, self._evaluate_missing)
 
-    def _evaluate_ahead(self, draft: bytes) -> dict[tuple[int, ...], tuple[np.ndarray, float]]:
+    def _evaluate_ahead(self, draft: bytes) -> dict[tuple[int, ...], Row]:
         model = self.model
         limit = min(model.max_logit_rows, model.n_batch)
         chains = self.view.lattice(draft, limit)
@@ -263,11 +281,12 @@ class ByteMember:
         slot.truncate(keep)
         return target[keep:]
 
-    def _restart(self, data: bytes) -> None:
+    def _restart(self, data: bytes, until: int | None = None) -> None:
         """One path again: the model's own tokens of `data` but the last (as far as they spell
         it: a tokenizer may replace invalid UTF-8; the longest tokens after that), evaluated in
-        the first sequence; then the bytes after them again, one by one, followed even where the
-        row gives them no probability (`ByteView.advance`'s force)."""
+        the first sequence; then the bytes after them again up to `until` (default: the end),
+        one by one, followed even where the row gives them no probability (`ByteView.advance`'s
+        force)."""
         tokens: list[int] = []
         pos = 0
         for t in self.model.tokenize(data, add_bos=False):
@@ -287,8 +306,8 @@ class ByteMember:
             path.handle = None
         self.free = [s for s in self.model.slots if s is not home]
         self.view.restart(tokens, start, row, handle=home)
-        for b in data[start:]:
-            self._evaluate(self._place(self.view.advance(b, force=True)))
+        for b in data[start:until]:
+            self._step(self.view.advance(b, force=True))
 
     def _decode(self, parts: list) -> list:
         """One llama.cpp call, counted (`calls`) and priced at the model's profile (`spent`)."""
@@ -388,6 +407,7 @@ class ByteStats:
     most_paths: list[int] = field(default_factory=list)
     restarts: list[int] = field(default_factory=list)  # paths rebuilt from the model's tokenisation
     dropped: list[float] = field(default_factory=list)  # each model's probability mass pruned
+    folded: list[int] = field(default_factory=list)  # paths folded into a heavier one at their position
     finish_reason: str = ""
     method: str = "ensemble"
     combiner: str = ""  # its description
@@ -416,7 +436,7 @@ class ByteStats:
             bytes=sum(s.bytes for s in stats), chars=sum(s.chars for s in stats), seconds=sum(s.seconds for s in stats),
             prompt_seconds=sum(s.prompt_seconds for s in stats), calls=total("calls"), rows=total("rows"),
             most_paths=[max(values) for values in zip(*(s.most_paths for s in stats))], restarts=total("restarts"),
-            dropped=total("dropped"), finish_reason=stats[0].finish_reason if len(reasons) == 1 else "", method=stats[0].method, combiner=stats[0].combiner, names=stats[0].names,
+            dropped=total("dropped"), folded=total("folded"), finish_reason=stats[0].finish_reason if len(reasons) == 1 else "", method=stats[0].method, combiner=stats[0].combiner, names=stats[0].names,
             drafted=sum(s.drafted for s in stats), accepted=sum(s.accepted for s in stats), missed=total("missed"),
             ensemble_steps=sum(s.ensemble_steps for s in stats),
             completions=sum(s.completions for s in stats), finish_reasons=reasons,
@@ -440,6 +460,7 @@ class ByteStats:
             "most_paths": self.most_paths,
             "restarts": self.restarts,
             "dropped_mass": [float(f"{d:.3g}") for d in self.dropped],
+            "folded": self.folded,
             "finish_reason": self.finish_reason,
             **({"completions": self.completions, "finish_reasons": self.finish_reasons} if self.completions > 1 else {}),
             "method": self.method,
@@ -450,8 +471,8 @@ class ByteStats:
 
     def summary(self, names: Sequence[str]) -> str:
         per_model = ", ".join(
-            f"{n}: {c / max(self.chars, 1):.2f} calls/char, {p} paths at most, {d:.2g} mass dropped, {r} restarts"
-            for n, c, p, d, r in zip(names, self.calls, self.most_paths, self.dropped, self.restarts)
+            f"{n}: {c / max(self.chars, 1):.2f} calls/char, {p} paths at most, {d:.2g} mass dropped, {f} folded, {r} restarts"
+            for n, c, p, d, f, r in zip(names, self.calls, self.most_paths, self.dropped, self.folded, self.restarts)
         )
         drafts = f"; {self.accepted}/{self.drafted} draft symbols accepted, {self.ensemble_steps} ensemble steps" if self.method == "cos" else ""
         return f"byte level: {self.chars} chars in {self.seconds:.2f} s ({self.chars_per_second:.1f} chars/s); {per_model}{drafts}"
@@ -790,6 +811,7 @@ class ByteGeneration:
             most_paths=[m.view.most_paths for m in self.members],
             restarts=[m.view.restarts for m in self.members],
             dropped=[m.view.dropped for m in self.members],
+            folded=[m.view.folded for m in self.members],
             finish_reason=finish,
             method="cos" if cos else "ensemble",
             combiner=self.combiner.description,
@@ -853,6 +875,7 @@ class ByteModels:
     def __init__(
         self, models: Sequence[Model], combiner: BoundCombiner, *, max_paths: int, prune: float, profiles: Sequence[CallProfile] | None = None
     ) -> None:
+        keep_freed_memory()  # every row's vocabulary-sized arrays come and go (see core.hostmem)
         self.models = list(models)
         self.combiner = combiner
         # each model's call cost by rows (`runtime.profile`): what --byte-gamma auto plans with
@@ -960,7 +983,7 @@ class ByteModels:
     def cancelled_completion(self, plan: BytePlan) -> ByteCompletion:
         """The completion of a generation cancelled before it started."""
         n = len(self.models)
-        stats = ByteStats(calls=[0] * n, rows=[0] * n, most_paths=[0] * n, restarts=[0] * n, dropped=[0.0] * n, missed=[0] * n,
+        stats = ByteStats(calls=[0] * n, rows=[0] * n, most_paths=[0] * n, restarts=[0] * n, dropped=[0.0] * n, folded=[0] * n, missed=[0] * n,
                           finish_reason="cancelled", method=plan.method, combiner=plan.combiner.description, names=self.names)  # fmt: skip
         return ByteCompletion("", b"", "cancelled", stats)
 
