@@ -240,15 +240,19 @@ class ByteEnsemble(ByteModels):
         planned = self._plan(prompt, config, combiner, settings)
         return ByteStream(self, planned, completion_rng(planned.config.seed, 0))
 
-    def bits_per_byte(self, text: str, *, combiners: Sequence[Combiner] | None = None, window: int | None = None) -> "ByteScore":
+    def bits_per_byte(
+        self, text: str, *, combiners: Sequence[Combiner] | None = None, window: int | None = None, prune: float = 0.0
+    ) -> "ByteScore":
         """Bits per byte of `text` under each of `combiners` (default: the ensemble's) and each
         model alone, in windows of `window` bytes (default: the context less 2), the second half
-        of each scored (`localcos score --file` at the byte level). Scores are exact up to the
-        path cap when the ensemble was loaded with `byte_prune=0` (as `localcos score` loads it):
-        pruning bounds how far sampled text moves, not one given text's probability."""
+        of each scored (`localcos score --file` at the byte level). Tokenisations are pruned at
+        `prune` while scoring (default 0: every one kept, up to the loaded `byte_paths`, as
+        `localcos score` does): pruning bounds how far sampled text moves, not one given text's
+        probability."""
         from .eval.bytescore import bits_per_byte
 
-        return bits_per_byte(self, text, list(combiners or [self.combiner.combiner]), window=window or self.n_ctx - 2)
+        with self.pruning(prune):
+            return bits_per_byte(self, text, list(combiners or [self.combiner.combiner]), window=window or self.n_ctx - 2)
 
     def _plan(self, prompt: str | Sequence[Sequence[int]], config: GenerationConfig | None, combiner: Combiner | None, settings: dict) -> BytePlan:
         config = _config(config, {"method": "cos", **settings})

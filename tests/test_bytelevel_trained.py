@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from localcos.backend import Model
+from localcos.errors import ConfigError
 from localcos.runtime.bytelevel import ByteMember
 
 
@@ -312,6 +313,13 @@ def test_the_python_api_combines_two_tokenizers_as_the_command_line_does(pair):
         assert two[0].text == want and two[1].text != want
         score = ens.bits_per_byte("def add(a, b):\n    return a + b\n" * 4, window=128)
         assert 0 < score.combined[0].per_byte < 8 and len(score.members) == 2
+        # scored with every tokenisation kept (prune 0), then back to the loaded pruning
+        assert [m.view.prune for m in ens.members] == [0.01, 0.01]
+        rough = ens.bits_per_byte("def add(a, b):\n    return a + b\n" * 4, window=128, prune=0.5)
+        assert max(rough.dropped) > max(score.dropped)
+        with pytest.raises(ConfigError, match="below 1"):
+            ens.bits_per_byte("def f(): pass\n", prune=1.5)
+        assert [m.view.prune for m in ens.members] == [0.01, 0.01]
 
 
 def test_serve_at_the_byte_level_refuses_parallel_in_one_line(pair):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import codecs
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
@@ -23,7 +24,7 @@ import numpy as np
 from ..backend import Model, shared_vocab_size
 from ..config.specs import GenerationConfig
 from ..backend.model import common_prefix
-from ..core.bytelevel import END, SYMBOLS, Advance, ByteView, ByteVocab, Path, Row, Unreachable, Utf8State, ViewState, replay
+from ..core.bytelevel import END, SYMBOLS, Advance, ByteView, ByteVocab, Path, Row, Unreachable, Utf8State, ViewState, check_prune, replay
 from ..core.combiners import BoundCombiner
 from ..core.decoding import Origin
 from ..core.hostmem import keep_freed_memory
@@ -1001,6 +1002,20 @@ class ByteModels:
         differently from the batch that first computed it; a benchmark wants every run alike)."""
         for m in self.models:
             m.reset()
+
+    @contextmanager
+    def pruning(self, prune: float) -> Iterator[None]:
+        """Every model's paths pruned (and folded) at `prune` inside the block, as loaded after
+        it: scoring a given text keeps every tokenisation (prune 0), whatever generation uses."""
+        prune = check_prune(prune)
+        loaded = [m.view.prune for m in self.members]
+        for m in self.members:
+            m.view.prune = prune
+        try:
+            yield
+        finally:
+            for m, p in zip(self.members, loaded):
+                m.view.prune = p
 
     def close(self) -> None:
         for m in self.models:
