@@ -86,6 +86,12 @@ def test_level_auto_keeps_the_token_path_for_one_tokenizer_and_byte_is_forced(tr
     forced = run_cli(*common, "--level", "byte")
     assert forced.returncode == 0, forced.stderr
     assert "byte level" in forced.stderr
+    # an option only the byte level reads, for models at the token level: one line, not ignored
+    for command, flag in (("generate", "--byte-prune"), ("score", "--byte-paths"), ("generate", "--byte-gamma")):
+        extra = ["-p", "x"] if command == "generate" else ["--file", __file__]
+        refused = run_cli(command, "--models", pair, *extra, flag, "4" if flag != "--byte-prune" else "0")
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"localcos: error: {flag}: these models share a tokenizer"), refused.stderr
 
 
 def test_every_front_end_takes_the_byte_level_options_and_score_keeps_every_tokenisation(trained, tmp_path):
@@ -118,6 +124,7 @@ def test_every_front_end_takes_the_byte_level_options_and_score_keeps_every_toke
         (["--proposer", "1"], "proposer: not available at the byte level"),
         (["--lookup", "on"], "lookup: not available at the byte level"),
         (["--rpc", "127.0.0.1:1"], "--rpc: not available at the byte level"),
+        (["--chat", "--chat-template-model", "1"], "--chat-template-model: at the byte level each model reads"),
     ],
 )
 def test_bad_byte_level_input_is_one_line(pair, flags, message):

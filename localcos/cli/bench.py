@@ -59,14 +59,14 @@ def run(args: argparse.Namespace) -> int:
     from ..core.decoding import METHODS, cheapest
     from ..ensemble import Ensemble
     from ..models.weights import type_name
-    from ..runtime.bytelevel import uses_byte_level
+    from ..runtime.bytelevel import decodes_bytes
     from ..runtime.profile import advice, cpu_name, describe
     from ..tools import bench
 
     if args.plot:
         require_matplotlib()
     settings = resolve(args, DEFAULTS)
-    if uses_byte_level(settings.load):
+    if decodes_bytes(settings):
         return _bench_bytes(args, settings)
     methods = [parse_choice(m, "--methods", METHODS) for m in (args.methods or "ensemble,sd,naive-cos,cos").split(",")]
     gammas: list[int | str] = []

@@ -23,10 +23,10 @@ def settings_for(args: argparse.Namespace):
     """The chat's settings from its command line (--demo: the synthetic demo pair)."""
     if args.demo and (args.models or args.preset):
         raise ConfigError("give --demo or --models/--preset, not both", param="demo")
-    from ..runtime.bytelevel import byte_level_settings, uses_byte_level
+    from ..runtime.bytelevel import byte_level_settings, decodes_bytes
 
     settings = resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
-    return byte_level_settings(settings, args.method) if uses_byte_level(settings.load) else settings
+    return byte_level_settings(settings, args.method) if decodes_bytes(settings) else settings
 
 
 def run(args: argparse.Namespace) -> int:

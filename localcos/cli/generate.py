@@ -51,9 +51,9 @@ def run(args: argparse.Namespace) -> int:
     config = settings.generation
     if config.seed is None:  # a seed the user can repeat: printed with the stats
         config = replace(config, seed=int.from_bytes(os.urandom(4), "little"))
-    from ..runtime.bytelevel import byte_level_settings, uses_byte_level
+    from ..runtime.bytelevel import byte_level_settings, decodes_bytes
 
-    if uses_byte_level(settings.load):
+    if decodes_bytes(settings):
         settings = byte_level_settings(settings, args.method)
         return _generate_bytes(args, settings, replace(config, method=settings.generation.method), prompt, n)
     if settings.load.parallel is None and n > 1 and not any(settings.load.rpc):  # --n: decode them together

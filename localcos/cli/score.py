@@ -83,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
     points = sweep.settings() if sweep else [{}]
     grid = [settings.with_values(point) for point in points]  # each point checked like an option
     labels = [_label(point) for point in points]
-    from ..runtime.bytelevel import uses_byte_level
+    from ..runtime.bytelevel import decodes_bytes
 
-    if uses_byte_level(settings.load):
+    if decodes_bytes(settings):
         return _score_bytes(args, settings, text if args.file else None, None if args.file else items, grid, labels, sweep)
     with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, max_logit_rows=SCORING_LOGIT_ROWS) as ens:
         combiners = [s.combiner() for s in grid]

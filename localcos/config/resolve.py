@@ -107,7 +107,7 @@ def resolve(
     if value("chat_template_model") is not None:
         chat_model = value("chat_template_model")
     check_for_models(generation, n, combine=combine, chat_template_model=chat_model, json=json)
-    return Settings(load, combine, generation, chat_template_model=chat_model, system=value("system"), name=title)
+    return Settings(load, combine, generation, chat_template_model=chat_model, system=value("system"), name=title, given=frozenset(given))
 
 
 def resolve_server(values: Mapping[str, Any]) -> ServerSpec:

@@ -283,6 +283,7 @@ class Settings:
     chat_template_model: int = 0
     system: str | None = None
     name: str = ""  # what to call the ensemble: the preset, the synthetic set, or its models
+    given: frozenset[str] = frozenset()  # the options the user gave (not defaults): what a level may refuse
 
     def combiner(self) -> Combiner:
         return self.combine.combiner()
