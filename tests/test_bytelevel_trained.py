@@ -87,9 +87,11 @@ def test_level_auto_keeps_the_token_path_for_one_tokenizer_and_byte_is_forced(tr
     assert forced.returncode == 0, forced.stderr
     assert "byte level" in forced.stderr
     # an option only the byte level reads, for models at the token level: one line, not ignored
-    for command, flag in (("generate", "--byte-prune"), ("score", "--byte-paths"), ("generate", "--byte-gamma")):
-        extra = ["-p", "x"] if command == "generate" else ["--file", __file__]
-        refused = run_cli(command, "--models", pair, *extra, flag, "4" if flag != "--byte-prune" else "0")
+    cases = [("generate", ["-p", "x", "--byte-prune", "0"]), ("score", ["--file", __file__, "--byte-paths", "4"]),
+             ("generate", ["-p", "x", "--byte-gamma", "4"]), ("bench", ["--byte-gamma", "4"])]  # fmt: skip
+    for command, extra in cases:
+        flag = extra[-2]
+        refused = run_cli(command, "--models", pair, *extra)
         lines = refused.stderr.strip().splitlines()
         assert refused.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"localcos: error: {flag}: these models share a tokenizer"), refused.stderr
 

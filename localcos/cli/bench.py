@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--methods", default=None, help="default: all four (at the byte level: ensemble,cos)")
     g.add_argument("--alone", default="largest", help="models that also decode alone: largest (default), all, none, or indices (0,1)")
     g.add_argument("--gamma", dest="gammas", default=None, help="proposal lengths to sweep, and/or auto (default 1,3,5)")
-    g.add_argument("--byte-gamma", dest="byte_gammas", default="auto,8",
+    g.add_argument("--byte-gamma", dest="byte_gammas", default=None,
                    help="at the byte level (models of different tokenizers): cos draft lengths in bytes to sweep, and/or auto (default auto,8)")  # fmt: skip
     g.add_argument("--proposer", default=None, help="index of the proposer (default: the cheapest model)")
     g.add_argument("--temperature", dest="temperatures", default="0,1", help="temperatures, comma-separated (default 0,1)")
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         require_matplotlib()
     settings = resolve(args, DEFAULTS)
-    if decodes_bytes(settings):
+    if decodes_bytes(settings, also_given=["byte_gamma"] if args.byte_gammas is not None else []):  # the bench's own list
         return _bench_bytes(args, settings)
     methods = [parse_choice(m, "--methods", METHODS) for m in (args.methods or "ensemble,sd,naive-cos,cos").split(",")]
     gammas: list[int | str] = []
@@ -223,7 +223,7 @@ def _bench_bytes(args: argparse.Namespace, settings) -> int:
         if bad:
             raise ConfigError(message, param=param)
     methods = [parse_choice(m, "--methods", ("ensemble", "cos")) for m in (args.methods or "ensemble,cos").split(",")]
-    gammas = [OPTIONS["byte_gamma"].check(g) for g in args.byte_gammas.split(",")]
+    gammas = [OPTIONS["byte_gamma"].check(g) for g in (args.byte_gammas or "auto,8").split(",")]
     temperatures, max_chars, repeat, seed, prompts = _common(args)
     prompts = [p for p in prompts for _ in range(repeat)]
     with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress) as models:

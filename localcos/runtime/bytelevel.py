@@ -76,11 +76,12 @@ def uses_byte_level(spec: "LoadSpec") -> bool:
 BYTE_OPTIONS = ("byte_paths", "byte_prune", "byte_gamma")  # read by the byte level only
 
 
-def decodes_bytes(settings: "Settings") -> bool:
+def decodes_bytes(settings: "Settings", also_given: Sequence[str] = ()) -> bool:
     """Whether the models of `settings` decode at the byte level (`uses_byte_level`). An option
-    given that the level chosen would not read is refused in one line: the byte level's own for
-    models that decode at the token level, and --chat-template-model at the byte level (each model
-    reads a conversation in its own template there)."""
+    given (in `settings`, or `also_given`: options a front end took itself) that the level chosen
+    would not read is refused in one line: the byte level's own for models that decode at the
+    token level, and --chat-template-model at the byte level (each model reads a conversation in
+    its own template there)."""
     from ..config.options import OPTIONS
 
     if uses_byte_level(settings.load):
@@ -88,7 +89,7 @@ def decodes_bytes(settings: "Settings") -> bool:
             raise ConfigError("--chat-template-model: at the byte level each model reads the conversation in its own chat template",
                               param="chat_template_model")  # fmt: skip
         return True
-    unread = [name for name in BYTE_OPTIONS if name in settings.given]
+    unread = [name for name in BYTE_OPTIONS if name in settings.given or name in also_given]
     if unread:
         raise ConfigError(f"{OPTIONS[unread[0]].flag}: these models share a tokenizer and decode at the token level, where it "
                           "does nothing; add --level byte to decode them at the byte level", param=unread[0])  # fmt: skip
