@@ -331,10 +331,11 @@ def test_the_python_api_combines_two_tokenizers_as_the_command_line_does(pair):
         assert [m.view.prune for m in ens.members] == [0.01, 0.01]
 
 
-def test_serve_at_the_byte_level_refuses_parallel_in_one_line(pair):
-    out = run_cli("serve", "--models", ",".join(map(str, pair)), "--parallel", "2", "--port", "0", timeout=120)
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1 and "--parallel: the byte level decodes one generation at a time" in lines[0], out.stderr
+def test_serve_and_score_at_the_byte_level_refuse_parallel_in_one_line(pair):
+    for command, extra in (("serve", ["--port", "0"]), ("score", ["--file", __file__])):
+        out = run_cli(command, "--models", ",".join(map(str, pair)), "--parallel", "2", *extra, timeout=120)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and "--parallel: the byte level decodes one generation at a time" in lines[0], out.stderr
 
 
 def test_tokenisations_folded_on_a_trained_model_give_up_their_sequences(pair, monkeypatch):

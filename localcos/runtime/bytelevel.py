@@ -80,11 +80,14 @@ def decodes_bytes(settings: "Settings", also_given: Sequence[str] = ()) -> bool:
     """Whether the models of `settings` decode at the byte level (`uses_byte_level`). An option
     given (in `settings`, or `also_given`: options a front end took itself) that the level chosen
     would not read is refused in one line: the byte level's own for models that decode at the
-    token level, and --chat-template-model at the byte level (each model reads a conversation in
-    its own template there)."""
+    token level; at the byte level --chat-template-model (each model reads a conversation in its
+    own template there) and --parallel above 1 (a byte-level generation takes every model's
+    sequences: one at a time)."""
     from ..config.options import OPTIONS
 
     if uses_byte_level(settings.load):
+        if (settings.load.parallel or 1) > 1:
+            raise ConfigError("--parallel: the byte level decodes one generation at a time (models with different tokenizers)", param="parallel")
         if "chat_template_model" in settings.given:
             raise ConfigError("--chat-template-model: at the byte level each model reads the conversation in its own chat template",
                               param="chat_template_model")  # fmt: skip
@@ -99,12 +102,9 @@ def decodes_bytes(settings: "Settings", also_given: Sequence[str] = ()) -> bool:
 def byte_level_settings(settings: "Settings", method: str | None) -> "Settings":
     """`settings` as the byte level runs them: the method given (`method`), else cos, whose
     `--byte-gamma auto` (the default) drafts only where the models' call costs say a draft pays
-    and otherwise takes the ensemble's own step (docs/algorithm.md, section 10). More than one
-    sequence at once is refused: a byte-level generation takes every model's sequences."""
+    and otherwise takes the ensemble's own step (docs/algorithm.md, section 10)."""
     from dataclasses import replace
 
-    if (settings.load.parallel or 1) > 1:
-        raise ConfigError("--parallel: the byte level decodes one generation at a time (models with different tokenizers)", param="parallel")
     return replace(settings, generation=replace(settings.generation, method=method or "cos"))
 
 
