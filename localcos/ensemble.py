@@ -21,7 +21,7 @@ from .config.specs import GenerationConfig, LoadSpec
 from .core.combiners import BoundCombiner, Combiner
 from .errors import ConfigError
 from .chat import Message, OwnTemplates
-from .runtime.bytelevel import ByteCompletion, ByteModels, BytePlan, ByteStream
+from .runtime.bytelevel import ByteCompletion, ByteModels, BytePlan, ByteStream, refuse_byte_options
 from .runtime.generation import Completion
 from .runtime.loaded import LoadedModels
 from .runtime.plan import plan
@@ -135,7 +135,7 @@ class Ensemble(LoadedModels):
         its own random stream (`runtime.completion_rng`), the first of them the one `generate`
         and `stream` draw from.
         """
-        return run_completions(self, plan(self, prompt, _config(config, settings), combiner), n)
+        return run_completions(self, plan(self, prompt, _token_config(config, settings), combiner), n)
 
     def stream(
         self,
@@ -146,12 +146,19 @@ class Ensemble(LoadedModels):
         **settings: object,
     ) -> Stream:
         """Like `generate`, but returns a `Stream` that yields text pieces as they become final."""
-        return Stream(self, plan(self, prompt, _config(config, settings), combiner))
+        return Stream(self, plan(self, prompt, _token_config(config, settings), combiner))
 
 
 def _config(config: GenerationConfig | None, settings: dict[str, object]) -> GenerationConfig:
     """`config` (default: the defaults) with the keyword settings over it."""
     return (config or GenerationConfig()).with_values(settings)
+
+
+def _token_config(config: GenerationConfig | None, settings: dict[str, object]) -> GenerationConfig:
+    """`_config` for models that decode at the token level: a keyword only the byte level reads
+    (byte_gamma) is a `ConfigError`, not ignored."""
+    refuse_byte_options(settings, json=True, remedy="load them with ByteEnsemble")
+    return _config(config, settings)
 
 
 class ByteEnsemble(ByteModels):

@@ -182,6 +182,14 @@ def test_speculative_methods_need_two_models(single):
         single.generate("hi", method="cos")
 
 
+def test_a_byte_level_setting_is_refused_at_the_token_level(pair):
+    """byte_gamma means nothing to models that share a tokenizer: refused, not ignored."""
+    for run in (pair.generate, pair.stream):
+        with pytest.raises(ConfigError, match="byte_gamma: these models share a tokenizer.*ByteEnsemble") as e:
+            run("hi", method="cos", byte_gamma=8)
+        assert e.value.param == "byte_gamma"
+
+
 def test_mismatched_tokenizers_are_refused(models):
     with pytest.raises(TokenizerMismatchError):
         Ensemble.load([models["base"], models["other_tokenizer"]])

@@ -189,6 +189,9 @@ def test_errors_have_openai_shape_and_status(server):
         (post("/v1/completions", json={"prompt": "x", "combine": "this:x"}), 400, "combine"),
         (post("/v1/completions", json={"prompt": "x", "response_format": {"type": "xml"}}), 400, "response_format"),
         (post("/v1/completions", json={"prompt": "x", "frobnicate": 1}), 400, "frobnicate"),
+        # the byte level's own draft length, sent to models that decode at the token level
+        (post("/v1/completions", json={"prompt": "x", "byte_gamma": 8}), 400, "byte_gamma"),
+        (post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "byte_gamma": "auto"}), 400, "byte_gamma"),
         (post("/tokenize", json={"prompt": 5}), 400, "prompt"),
         (post("/detokenize", json={"tokens": [1, 10**9]}), 400, "tokens"),
     ]

@@ -17,7 +17,7 @@ import codecs
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -83,8 +83,6 @@ def decodes_bytes(settings: "Settings", also_given: Sequence[str] = ()) -> bool:
     token level; at the byte level --chat-template-model (each model reads a conversation in its
     own template there) and --parallel above 1 (a byte-level generation takes every model's
     sequences: one at a time)."""
-    from ..config.options import OPTIONS
-
     if uses_byte_level(settings.load):
         if (settings.load.parallel or 1) > 1:
             raise ConfigError("--parallel: the byte level decodes one generation at a time (models with different tokenizers)", param="parallel")
@@ -92,11 +90,21 @@ def decodes_bytes(settings: "Settings", also_given: Sequence[str] = ()) -> bool:
             raise ConfigError("--chat-template-model: at the byte level each model reads the conversation in its own chat template",
                               param="chat_template_model")  # fmt: skip
         return True
-    unread = [name for name in BYTE_OPTIONS if name in settings.given or name in also_given]
-    if unread:
-        raise ConfigError(f"{OPTIONS[unread[0]].flag}: these models share a tokenizer and decode at the token level, where it "
-                          "does nothing; add --level byte to decode them at the byte level", param=unread[0])  # fmt: skip
+    refuse_byte_options([*settings.given, *also_given])
     return False
+
+
+def refuse_byte_options(given: Iterable[str], *, json: bool = False, remedy: str = "add --level byte") -> None:
+    """The one rule for models that decode at the token level: an option only the byte level
+    reads (`BYTE_OPTIONS`), among the options `given`, is a `ConfigError` (named as a flag, or
+    with `json` as a request's field or a keyword), saying how to decode at the byte level
+    (`remedy`)."""
+    from ..config.options import OPTIONS
+
+    unread = [name for name in BYTE_OPTIONS if name in given]
+    if unread:
+        raise ConfigError(f"{OPTIONS[unread[0]].what(json)}: these models share a tokenizer and decode at the token level, where "
+                          f"it does nothing; {remedy} to decode them at the byte level", param=unread[0])  # fmt: skip
 
 
 def byte_level_settings(settings: "Settings", method: str | None) -> "Settings":

@@ -18,7 +18,7 @@ from ..config import Settings
 from ..core.combiners import BoundCombiner
 from ..errors import Cancelled, LocalcosError, RemoteError
 from ..grammar import Constraint, ToolCallFormat, tool_call_format, tool_grammar
-from ..runtime.bytelevel import ByteModels, BytePlan, ByteStats
+from ..runtime.bytelevel import ByteModels, BytePlan, ByteStats, refuse_byte_options
 from ..runtime.generation import Completion
 from ..runtime.loaded import LoadedModels
 from ..runtime.plan import Plan, check_token_ids, plan
@@ -131,6 +131,11 @@ def _settings_for(served: ServedEnsemble, request: GenerationRequest, max_tokens
     it entered; what depends on the models is checked when the request is planned).
     `constraint`: the tools' grammar, in place of any other."""
     values = request.settings_values()
+    if not served.byte_level:
+        try:
+            refuse_byte_options(values, json=True, remedy="start the server with --level byte")
+        except LocalcosError as e:
+            raise from_localcos(e) from None
     if constraint is not None:
         values.update(json_schema=None, json_object=False, grammar=constraint)
     if max_tokens > 0:
