@@ -350,3 +350,36 @@ def test_every_path_is_evaluated_on_its_own_tokens(real_models, monkeypatch, pat
             out = ens.generate("Hello wörld 🦙 def f(x):", max_tokens=80, temperature=1.0, byte_gamma=gamma, seed=seed, method=method, ignore_eos=True)
             assert len(out.text) == 80
     assert checked[0] > 200
+
+
+def test_the_byte_level_makes_the_calls_its_profiles_say_cost_least(real_models):
+    """Every tokenisation held is a row; where the profile says rows cost more together than
+    apart, each row gets a call of its own, and the greedy text is the one that one call for all
+    gives (F16: batched rows equal single rows closely enough)."""
+    from localcos import ByteEnsemble, WeightedEnsemble
+    from localcos.core.speedmodel import CallProfile
+
+    apart = CallProfile({1: 1.0, 2: 2.5, 4: 5.5})  # every row dearer beside another
+    together = CallProfile({1: 1.0, 2: 1.01, 4: 1.02, 8: 1.05})
+    texts, shapes = {}, {}
+    with ByteEnsemble.load([real_models["qwen2"], real_models["llama3"]], WeightedEnsemble([0.5, 0.5]), n_ctx=256, byte_paths=8,
+                           byte_prune=0.0) as ens:  # fmt: skip
+        for name, profile in (("together", together), ("apart", apart)):
+            calls: list[tuple[int, ...]] = []
+            for member in ens.members:
+                member.price = profile
+                original = member.model.decode
+
+                def decode(parts, _original=original):
+                    calls.append(tuple(last - first for _, _, first, last in parts))
+                    return _original(parts)
+
+                member.model.decode = decode
+            ens.reset()
+            texts[name] = ens.generate("Hello wörld, def f(x):", max_tokens=64, temperature=0.0, method="ensemble", ignore_eos=True).text
+            for member in ens.members:
+                del member.model.decode
+            shapes[name] = calls
+    assert any(len(c) > 1 for c in shapes["together"])  # tokenisations met at one byte: one call held them
+    assert all(c == (1,) for c in shapes["apart"]), shapes["apart"]
+    assert len(texts["apart"]) == 64 and texts["apart"] == texts["together"]

@@ -47,6 +47,12 @@ def expected_speedup(method: str, alpha: float, gamma: int, c: float, batch_cost
     return None
 
 
+# a call split off is counted at this fraction of a one-row call more than its profile says (the
+# host's side of a call, and the profiles' noise): a split must save more than that
+CALL_OVERHEAD = 0.05
+_GROUP_WINDOW = 32  # requests one grouped call holds at most (bounds the search)
+
+
 @dataclass(frozen=True)
 class CallProfile:
     """What one llama_decode call of a model costs, by the rows it evaluates: seconds measured
@@ -93,6 +99,63 @@ class CallProfile:
         """b(n): a call of n rows in single-row calls."""
         return self(n) / self(1)
 
+    @functools.cached_property
+    def splits_pay(self) -> bool:
+        """Whether some call costs more than two calls of its rows (up to twice the largest count
+        measured; beyond that the extrapolation is linear): then `group` splits requests."""
+        top = 2 * max(self.seconds)
+        extra = CALL_OVERHEAD * self(1)
+        return any(self(a + b) > self(a) + self(b) + extra for a in range(1, top) for b in range(a, top - a + 1))
+
+    def group(self, tokens: Sequence[int], fits: Callable[[int, int], bool] = lambda i, j: True) -> list[range]:
+        """Requests of `tokens` tokens each (in this order) grouped into consecutive calls that cost
+        least here, each group one that `fits` (requests i..j-1 within a model's limits; a range
+        that fits only holds ranges that fit); every request fits alone. One call for as many as
+        fit where a call never costs more than its parts (a GPU, most CPU weight types); where it
+        can (two rows of some CPU kernels cost more than two one-row calls), the split that costs
+        least, a call counted at `CALL_OVERHEAD` more than its profile."""
+        groups: list[range] = []
+        if not self.splits_pay:
+            start = 0
+            for k in range(1, len(tokens)):
+                if not fits(start, k + 1):
+                    groups.append(range(start, k))
+                    start = k
+            return groups + ([range(start, len(tokens))] if tokens else [])
+        ends = [0]
+        for n in tokens:
+            ends.append(ends[-1] + n)
+        extra = CALL_OVERHEAD * self(1)
+        best = [0.0] + [math.inf] * len(tokens)
+        cut = [0] * (len(tokens) + 1)
+        for k in range(1, len(tokens) + 1):
+            first = k - 1
+            while first > 0 and k - first < _GROUP_WINDOW and fits(first - 1, k):
+                first -= 1
+            for j in range(first, k):  # larger calls first: a tie keeps fewer calls
+                cost = best[j] + self(ends[k] - ends[j]) + extra
+                if cost < best[k]:
+                    best[k], cut[k] = cost, j
+        k = len(tokens)
+        while k:
+            groups.append(range(cut[k], k))
+            k = cut[k]
+        return groups[::-1]
+
+    def least(self, tokens: Sequence[int]) -> float:
+        """Seconds of requests of `tokens` tokens each, grouped into calls as `group` does."""
+        key = tuple(tokens)
+        cost = self._least.get(key)
+        if cost is None:
+            cost = sum(self(sum(tokens[i] for i in g)) for g in self.group(tokens))
+            if len(self._least) < 4096:
+                self._least[key] = cost
+        return cost
+
+    @functools.cached_property
+    def _least(self) -> dict[tuple[int, ...], float]:
+        return {}
+
     def to_dict(self) -> dict[str, float]:
         return {str(n): t for n, t in sorted(self.seconds.items())}
 
@@ -121,8 +184,9 @@ class Costs:
         profile, others = self.profiles[model], self.load[model]
         if n_tokens <= 0 or not others:
             return profile(n_tokens)
-        share = others * profile(others + 1) / (others + 1)
-        return max(profile(others + n_tokens) - share, 1e-3 * profile(1))
+        # the calls the scheduler makes of the others' rows and these (`CallProfile.group`)
+        share = others * profile.least((1,) * (others + 1)) / (others + 1)
+        return max(profile.least((1,) * others + (n_tokens,)) - share, 1e-3 * profile(1))
 
     def under_load(self, rows: Sequence[int]) -> "Costs":
         return Costs(self.profiles, rows)

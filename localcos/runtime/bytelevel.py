@@ -34,7 +34,7 @@ from ..core.verify import verify
 from ..errors import ConfigError, TokenizerMismatchError
 from ..grammar import Matcher, byte_symbols, unpack
 from .generation import Chunk, TokenEvent, completion_rng
-from .profile import profile as call_profile
+from .profile import call_groups, profile as call_profile
 
 if TYPE_CHECKING:
     from ..config.specs import LoadSpec, Settings
@@ -245,9 +245,9 @@ class ByteMember:
         # the replay's paths take their rows from these chains, and their cells stay here until
         # the round's rollback re-seats them: rows a replay still misses go elsewhere
         self._anchored.update(id(slot) for slot, _, _, _ in parts)
-        rows = self._decode(parts)
         known = {}
-        for (base, tokens), chain_rows in zip(chains, rows):
+        for k, chain_rows in self._calls(parts):
+            base, tokens = chains[k]
             for i in range(len(tokens)):
                 known[base.tokens + tuple(tokens[: i + 1])] = self.view.normalise(chain_rows[i])
         self.tree_rows += sum(len(t) for _, t in chains[: len(parts)])
@@ -349,19 +349,22 @@ class ByteMember:
             self.spent += self.price(sum(len(tokens) for _, tokens, _, _ in parts))
         return rows
 
+    def _calls(self, parts: list) -> Iterator[tuple[int, np.ndarray]]:
+        """Each part's rows (see `Model.decode`): (its index, its rows), in the calls the model's
+        profile says cost least (`runtime.profile.call_groups`). A call's rows are valid until
+        the next call, which is made when they have been read."""
+        for group in call_groups(self.model, self.price, parts):
+            yield from zip(group, self._decode([parts[i] for i in group]))
+
     def _evaluate(self, parts: list) -> None:
-        """Each path's row, in as few calls as the model's limits allow: `parts` are (path,
-        sequence) or (path, sequence, tokens its sequence still lacks before the path's own)."""
-        limit = self.model.max_logit_rows
-        for i in range(0, len(parts), limit):
-            batch = parts[i : i + limit]
-            calls = []
-            for path, slot, *lacking in batch:
-                tokens = [*(lacking[0] if lacking else ()), path.token]
-                calls.append((slot, tokens, len(tokens) - 1, len(tokens)))
-            rows = self._decode(calls)
-            for (path, *_), row in zip(batch, rows):
-                self.view.set_row(path, row[0])
+        """Each path's row (`_calls`): `parts` are (path, sequence) or (path, sequence, tokens its
+        sequence still lacks before the path's own)."""
+        calls = []
+        for path, slot, *lacking in parts:
+            tokens = [*(lacking[0] if lacking else ()), path.token]
+            calls.append((slot, tokens, len(tokens) - 1, len(tokens)))
+        for i, row in self._calls(calls):
+            self.view.set_row(parts[i][0], row[0])
 
     def _place(self, change: Advance) -> list[tuple[Path, object, list[int]]]:
         """A sequence for each new path, holding its parent's tokens (the path's own token is

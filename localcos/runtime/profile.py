@@ -18,7 +18,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..core.speedmodel import CallProfile
 from ..files import CACHE_HINT, atomic_write
@@ -138,6 +138,21 @@ def profile(model: Any, calibrate: bool = False) -> CallProfile:
     with atomic_write(_cache_file(key), hint=CACHE_HINT) as f:
         json.dump(record, f, indent=1)
     return measured
+
+
+def call_groups(model: Any, profile: CallProfile | None, parts: Sequence[tuple[Any, Sequence[int], int, int]]) -> list[range]:
+    """`Model.decode` parts (slot, tokens, first, last) grouped into the calls that cost least
+    at the model's `profile` (`CallProfile.group`; None: one call for as many as fit), each
+    within the model's limits (n_batch tokens, max_logit_rows rows)."""
+    ends, rows = [0], [0]
+    for _, tokens, first, last in parts:
+        ends.append(ends[-1] + len(tokens))
+        rows.append(rows[-1] + last - first)
+
+    def fits(i: int, j: int) -> bool:
+        return ends[j] - ends[i] <= model.n_batch and rows[j] - rows[i] <= model.max_logit_rows
+
+    return (profile or CallProfile.flat(1.0)).group([len(tokens) for _, tokens, _, _ in parts], fits)
 
 
 def describe(profile: CallProfile) -> str:

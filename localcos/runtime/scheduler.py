@@ -26,6 +26,7 @@ import numpy as np
 
 from ..core.decoding import Decoder, Evaluate
 from .generation import Chunk, Completion, Generation, Work, cancelled_completion, completion_rng
+from .profile import call_groups
 
 if TYPE_CHECKING:
     from .loaded import LoadedModels
@@ -200,39 +201,24 @@ class Scheduler(Rounds):
 
     def _evaluate(self, i: int, model: Any, waiting: list[Sequence]) -> list[np.ndarray]:
         """Every waiting request to model i, in calls of at most n_batch tokens and
-        max_logit_rows rows; the logits copied out (the next call reuses llama.cpp's buffer)."""
+        max_logit_rows rows, grouped as the model's call profile says they cost least
+        (`runtime.profile.call_groups`: one call for all where rows batch well); the logits
+        copied out (the next call reuses llama.cpp's buffer)."""
         results: list[np.ndarray | None] = [None] * len(waiting)
-        call: list[int] = []
-        tokens = rows = 0
-
-        def flush() -> None:
-            nonlocal tokens, rows
-            if not call:
-                return
-            parts = []
-            for k in call:
-                request = waiting[k].request
-                assert request is not None
-                parts.append((model.slots[waiting[k].slot], request.tokens, len(request.tokens) - request.n_logits, len(request.tokens)))
-            views = model.decode(parts)
-            for k, view in zip(call, views):
-                results[k] = np.array(view)
-            call.clear()
-            tokens = rows = 0
-
+        shared: list[int] = []  # the requests that may share calls, and their parts of a call
+        parts = []
         for k, sequence in enumerate(waiting):
             request = sequence.request
             assert request is not None
-            n, n_rows = len(request.tokens), request.n_logits
-            if n > model.n_batch or n_rows > model.max_logit_rows:  # too big to share a call
-                results[k] = model.slots[sequence.slot].evaluate(request.tokens, request.n_logits)
-                continue
-            if tokens + n > model.n_batch or rows + n_rows > model.max_logit_rows:
-                flush()
-            call.append(k)
-            tokens += n
-            rows += n_rows
-        flush()
+            slot = model.slots[sequence.slot]
+            if len(request.tokens) > model.n_batch or request.n_logits > model.max_logit_rows:  # too big to share a call
+                results[k] = slot.evaluate(request.tokens, request.n_logits)
+            else:
+                shared.append(k)
+                parts.append((slot, request.tokens, len(request.tokens) - request.n_logits, len(request.tokens)))
+        for group in call_groups(model, self.loaded.profiles[i], parts):
+            for j, view in zip(group, model.decode([parts[j] for j in group])):
+                results[shared[j]] = np.array(view)
         return results  # type: ignore[return-value]
 
 
