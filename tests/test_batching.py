@@ -87,13 +87,13 @@ def test_sequences_at_different_phases_decode_together_as_alone(pair):
 def test_a_seed_gives_the_same_completions_however_many_run_at_once(pair, dear_pairs):
     """Also where the profile splits calls (two rows dearer than two one-row calls: the
     sequences' rows then share calls differently)."""
-    from localcos.core.speedmodel import CallProfile
+    from test_cost_profile import DEAR_PAIRS
 
     outs = {}
     for parallel in (1, 4):
         with Ensemble.load(pair, n_ctx=256, parallel=parallel) as ens:
             if dear_pairs:
-                ens.profiles = [CallProfile({1: 1.0, 2: 2.5, 3: 3.3, 4: 3.35, 6: 5.2})] * 2
+                ens.profiles = [DEAR_PAIRS] * 2
             many = ens.generate_many(PROMPTS[0], 10, method="cos", gamma=2, max_tokens=12, seed=42, ignore_eos=True)
             outs[parallel] = [c.token_ids for c in many]
     assert len({tuple(t) for t in outs[1]}) > 5  # different draws
