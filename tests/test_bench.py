@@ -10,7 +10,6 @@ import sys
 import pytest
 
 from localcos import Ensemble, GenerationStats, ModelRunStats
-from localcos.core.sampling import Sampler
 from localcos.tools.bench import Config, Run, configurations, summarize
 from localcos.core.speedmodel import AutoGamma, CallProfile, Costs, expected_speedup, expected_tokens
 
@@ -125,18 +124,29 @@ def test_auto_gamma_takes_the_ensembles_step_when_speculation_does_not_pay_and_r
     assert cheap.choose("cos")[1] >= 1
 
 
-def test_during_ensemble_steps_the_controller_learns_acceptance_as_one_minus_tv(models):
+def test_during_ensemble_steps_the_controller_learns_acceptance_as_one_minus_tv(models, monkeypatch):
     """With gamma 0 chosen, the decoder reports alpha_i = sum min(r, q_i) for every model at every
     token: the controller's estimate converges to the true mean acceptance without drafting."""
     from localcos.core.speedmodel import AutoGamma
+    from localcos.runtime import generation
 
+    made: list[AutoGamma] = []
+
+    class NeverDrafts(AutoGamma):
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            made.append(self)
+
+        def ensemble_tokens_per_second(self, cost=None) -> float:
+            return float("inf")  # force gamma 0
+
+    monkeypatch.setattr(generation, "AutoGamma", NeverDrafts)
     with Ensemble.load([models["base"], models["sibling"]], n_ctx=256) as ens:
-        auto = ens.auto.get(("cos", ens.combiner.describe(), Sampler()), (True, True))
-        auto.ensemble_tokens_per_second = lambda cost=None: float("inf")  # force gamma 0
         out = ens.generate("The river runs", method="cos", gamma="auto", max_tokens=40, seed=0, ignore_eos=True)
         assert out.stats.proposed == 0 and len(out.token_ids) == 40  # no drafts: the ensemble's steps
         assert all(o.kind == "sample" for o in out.origins)
-        assert isinstance(auto, AutoGamma) and auto.judged == 2 * 40  # one verdict per model per token
+        (auto,) = made
+        assert auto.judged == 2 * 40  # one verdict per model per token
         spec = ens.generate("The river runs", method="cos", gamma=1, max_tokens=200, seed=1, ignore_eos=True).stats
         measured = [auto.accepted[i] / auto.tested[i] for i in (0, 1)]
         assert all(abs(m - spec.acceptance_rate) < 0.2 for m in measured), (measured, spec.acceptance_rate)
@@ -162,7 +172,10 @@ def test_auto_gamma_end_to_end(models):
     with Ensemble.load([models["base"], models["larger"]], n_ctx=256) as ens:
         out = ens.generate("The river runs", method="cos", gamma="auto", max_tokens=48, seed=0, ignore_eos=True)
         assert len(out.token_ids) == 48 and out.stats.proposed > 0
-        assert len(ens.auto) == 1, "the controller is kept on the ensemble and learns across calls"
+        # each generation plans from its own start: the same seed after other requests, the same text
+        ens.generate("Other text of another length", method="cos", gamma="auto", max_tokens=20, seed=3, ignore_eos=True)
+        again = ens.generate("The river runs", method="cos", gamma="auto", max_tokens=48, seed=0, ignore_eos=True)
+        assert again.token_ids == out.token_ids and again.stats.proposed == out.stats.proposed
         greedy = ens.generate("The river runs", method="cos", gamma="auto", max_tokens=48, temperature=0, ignore_eos=True)
         reference = ens.generate("The river runs", method="ensemble", max_tokens=48, temperature=0, ignore_eos=True)
         assert greedy.token_ids == reference.token_ids

@@ -222,7 +222,15 @@ def test_serve_combines_two_tokenizers_at_the_byte_level(pair):
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model="duo", prompt=[[1, 2]], max_tokens=4)
         again = client.chat.completions.create(model="duo", messages=messages, max_tokens=40)
-        assert again.choices[0].message.content == content  # a chat's prompt reused from the cache: the same reply
+        assert again.choices[0].message.content == content  # after other requests: the same reply
+        # one seed, one text: a seeded request after requests of other lengths, twice, as a fresh process
+        fib = ["-p", "def fib(n):", "--combine", "cd", "--max-tokens", "48", "--temperature", "0.8", "--seed", "11", "--json", "--ctx", "512"]
+        want = run_cli("generate", "--models", models, *fib)
+        assert want.returncode == 0, want.stderr
+        for other in ("x = 1", "class Stack:\n    def push(self, item):"):
+            got = client.completions.create(model="duo", prompt="def fib(n):", max_tokens=48, temperature=0.8, seed=11, extra_body={"combine": "cd"})
+            assert got.choices[0].text == json.loads(want.stdout)["completions"][0]["text"]
+            client.completions.create(model="duo", prompt=other, max_tokens=len(other), temperature=0.8, seed=3)
 
 
 @pytest.mark.parametrize("big", ["coder-0.5b", "coder-1.5b"])

@@ -375,7 +375,6 @@ def test_the_byte_level_makes_the_calls_its_profiles_say_cost_least(real_models)
                     return _original(parts)
 
                 member.model.decode = decode
-            ens.reset()
             texts[name] = ens.generate("Hello wörld, def f(x):", max_tokens=64, temperature=0.0, method="ensemble", ignore_eos=True).text
             for member in ens.members:
                 del member.model.decode

@@ -122,15 +122,43 @@ def test_greedy_equals_the_standard_ensemble(ensembles, key):
 
 
 def test_greedy_speculation_actually_speculates(ensembles):
-    ens, _ = ensembles("we-2")
+    """Greedy cos drafts, accepts and rejects, and its verdicts are the models' own: a token it
+    committed as a model's accepted draft is that model's choice there, and it rejects a draft
+    only where the models do not all choose r's token (judged from fresh rows, near-ties aside).
+    How many drafts that accepts is the untrained models' agreement on this CPU's kernels, not a
+    share fixed in advance."""
+    ens, paths = ensembles("we-2")
     out = ens.generate(PROMPTS[0], method="cos", gamma=3, temperature=0, max_tokens=64, ignore_eos=True)
     s = out.stats
-    assert s.proposed > 40 and s.accepted > 0.5 * s.proposed
-    assert s.bonus > 0 and s.rejected > 0
+    assert s.proposed > 40 and s.accepted > 0 and s.bonus > 0 and s.rejected > 0
     kinds = Counter(o.kind for o in out.origins)
-    assert kinds["draft"] > 0 and kinds["bonus"] > 0 and kinds["resample"] > 0
+    assert kinds["draft"] > 0 and kinds["bonus"] > 0 and kinds["resample"] == s.rejected
     # fewer calls than the ensemble's one call per model per token
     assert sum(m.calls for m in s.models) < 2 * 63
+    prompt = ens.tokenize(PROMPTS[0])
+    rows = []  # each model's rows at the generated positions, from one fresh batched call
+    for p in paths:
+        with Model(p, n_ctx=512) as m:
+            rows.append(m.evaluate(prompt + out.token_ids[:-1], len(out.token_ids)))
+    with np.errstate(divide="ignore"):
+        scores = np.log(ens.combiner.combine(rows, 1.0))
+
+    def clear(row: np.ndarray) -> bool:
+        top2 = np.sort(row)[-2:]
+        return bool(top2[1] - top2[0] >= NEAR_TIE)
+
+    judged = 0
+    for j, (token, origin) in enumerate(zip(out.token_ids, out.origins)):
+        choices = [int(np.argmax(r[j])) for r in rows]
+        if not (clear(scores[j]) and all(clear(r[j]) for r in rows)):
+            continue
+        judged += 1
+        assert int(np.argmax(scores[j])) == token  # greedy: r's choice
+        if origin.kind == "draft":
+            assert choices[origin.model] == token, f"token {j}: an accepted draft its proposer did not choose"
+        if origin.kind == "resample":
+            assert choices != [token] * len(rows), f"token {j}: a draft rejected where every model chose r's token"
+    assert judged > len(out.token_ids) // 2
 
 
 # --- sampling: the output distribution is exactly r -----------------------------------------------

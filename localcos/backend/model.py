@@ -9,6 +9,12 @@ n_vocab is ever allocated (the high-level `Llama(logits_all=True)` keeps such a 
 rejected drafts. `Model.decode` puts several slots' tokens into one llama_decode call (batched
 decoding of many sequences). Slot 0 is the model's own: `Model.evaluate`, `Model.tokens` and the
 rest act on it, as for a model with one sequence.
+
+llama.cpp is not batch-invariant: a token's cells and rows round differently with the shape of
+the call that computed them and with where the cache puts them. So a generation that must not
+depend on what the process did before starts with `Slot.start_prompt` (or, for a scheduler that
+interleaves the calls, `Model.restore_prompt` and `prompt_calls`): the cache emptied, the prompt
+in the calls a fresh process makes, and only cells computed exactly that way put back.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 # llama.cpp's libraries load before NumPy's: on a CUDA 13 build (H100, NumPy 2.5, Python 3.12)
 # loading them after NumPy made llama_model_load_from_file segfault in print_info (its C++
@@ -35,6 +41,10 @@ from .gguf_file import check_model_file
 from ..paths import env_switch
 
 MIN_CTX = 8
+# the most prompt tokens one call evaluates (within n_batch): a scheduler interleaves a long
+# prompt's calls with other sequences' rounds, and a prompt is evaluated in calls of this many
+# tokens from its start wherever it must be computed as a fresh process computes it
+PROMPT_CHUNK = 256
 SPLIT_MODES = {
     "none": llama_cpp.LLAMA_SPLIT_MODE_NONE,
     "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
@@ -155,6 +165,27 @@ class ModelStats:
         )
 
 
+@dataclass(frozen=True)
+class KeptPrompt:
+    """A prompt evaluated as a fresh process evaluates it (`Model.keep_prompt`): its tokens,
+    llama.cpp's state of the sequence that held exactly them, and the logits row after them."""
+
+    tokens: tuple[int, ...]
+    state: np.ndarray  # llama_state_seq_get_data's bytes
+    row: np.ndarray
+
+
+_SHARED = object()  # `Model._sole` once a second sequence had cells since the last reset
+
+
+def prompt_calls(prompt: Sequence[int], start: int, chunk: int) -> Iterator[tuple[Sequence[int], int]]:
+    """The calls that evaluate `prompt` from position `start` in calls of `chunk` tokens: (tokens,
+    logits rows asked), the last call asking for the row after the prompt. From a multiple of
+    `chunk` these are the calls a fresh evaluation makes there (`Model.restore_prompt`)."""
+    for first in range(start, len(prompt), chunk):
+        yield prompt[first : first + chunk], int(first + chunk >= len(prompt))
+
+
 class Model:
     """A GGUF model loaded into its own llama.cpp context (one sequence in the KV cache).
 
@@ -268,6 +299,9 @@ class Model:
         self._pieces: dict[int, bytes] = {}
         self.n_ctx = 0
         self.slots = [Slot(self, 0)]
+        self._kept: KeptPrompt | None = None  # the last prompt evaluated the fresh way
+        # the one slot that has had cells since the last reset (None: none yet; _SHARED: several)
+        self._sole: object = None
         if vocab_only:
             return
 
@@ -423,9 +457,59 @@ class Model:
         self.slots[0].truncate(n)
 
     def reset(self) -> None:
-        """Empty every slot."""
+        """Empty every slot, and llama.cpp's cache as a new context's (every cell free, free cells
+        searched from the first): what is evaluated next is computed, cell for cell, as in a
+        process that has just loaded the model."""
+        self._clear()
         for slot in self.slots:
-            slot.truncate(0)
+            slot.tokens.clear()
+            slot._prefill_row = None
+            slot._publish()
+        self._sole = None
+
+    @property
+    def prompt_chunk(self) -> int:
+        """The most prompt tokens one call evaluates: a prompt goes in calls of this many tokens
+        from its start (`prompt_calls`)."""
+        return min(PROMPT_CHUNK, self.n_batch)
+
+    def restore_prompt(self, slot: "Slot", prompt: Sequence[int]) -> np.ndarray | None:
+        """Begin `prompt` in `slot` as a fresh process does: the cache emptied (`reset`), then
+        what the last kept prompt (`keep_prompt`) holds of it exactly put back: the whole prompt
+        with the row after it where it is the same prompt, else its first calls of
+        `prompt_chunk` tokens where both prompts had the same tokens in them (the call that gives
+        the row after the prompt is always made again). Returns the row after the prompt, or
+        None: then the rest goes in `prompt_calls` from what `slot` holds."""
+        self.reset()
+        kept = self._kept
+        if kept is None or not prompt:
+            return None
+        prompt = tuple(prompt)
+        row: np.ndarray | None = None
+        if kept.tokens == prompt:
+            n, row = len(prompt), kept.row
+        else:
+            n = min(common_prefix(kept.tokens, prompt), len(prompt) - 1) // self.prompt_chunk * self.prompt_chunk
+        if n == 0:
+            return None
+        self._load_state(slot.seq_id, kept.state)
+        if n < len(kept.tokens):
+            self._remove(slot.seq_id, n)
+        slot.tokens.extend(prompt[:n])
+        slot._publish()
+        self._sole = slot
+        return row
+
+    def keep_prompt(self, slot: "Slot", prompt: Sequence[int], row: np.ndarray) -> None:
+        """Keep `prompt`'s cells and the row after it for `restore_prompt`, when they are what a
+        fresh process computes: `slot` holds exactly `prompt`, no other slot had cells since
+        `restore_prompt` emptied the cache, and the caller made the rest of it in `prompt_calls`
+        from where `restore_prompt` left it. Otherwise nothing is kept."""
+        if self._sole is not slot or slot.tokens != list(prompt) or not prompt:
+            return
+        state = self._save_state(slot.seq_id)
+        if state is not None:
+            self._kept = KeptPrompt(tuple(prompt), state, np.array(row, dtype=np.float32))
 
     def kv_length(self) -> int:
         """How many positions llama.cpp's KV cache holds for slot 0 (equals len(self.tokens)
@@ -457,6 +541,7 @@ class Model:
         out = []
         offset = 0
         for slot, tokens, out_from, out_to in parts:
+            self._note_cells(slot)
             out.append(rows[offset : offset + out_to - out_from, : self.logits_vocab])
             offset += out_to - out_from
             slot.tokens.extend(int(t) for t in tokens)
@@ -496,6 +581,32 @@ class Model:
         ptr = llama_cpp.llama_get_logits(self._ctx)  # the output rows, in batch order
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
 
+    def _note_cells(self, slot: "Slot") -> None:
+        """`slot` has cells now: whether one slot alone had cells since the last reset."""
+        if self._sole is None:
+            self._sole = slot
+        elif self._sole is not slot:
+            self._sole = _SHARED
+
+    def _clear(self) -> None:
+        """llama.cpp's cache as a new context's. The cells' old contents stay: a free cell is
+        masked out, and attention gives it exactly zero weight."""
+        if self._ctx is not None:
+            llama_cpp.llama_memory_clear(self._memory, False)
+
+    def _save_state(self, seq_id: int) -> np.ndarray | None:
+        """llama.cpp's state of one sequence (its cells), as bytes."""
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, seq_id)
+        state = np.empty(size, dtype=np.uint8)
+        if llama_cpp.llama_state_seq_get_data(self._ctx, state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, seq_id) != size:
+            return None
+        return state
+
+    def _load_state(self, seq_id: int, state: np.ndarray) -> None:
+        """Put a sequence's saved cells (`_save_state`) back into sequence `seq_id`."""
+        if not llama_cpp.llama_state_seq_set_data(self._ctx, state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), state.size, seq_id):
+            raise RuntimeError(f"{self.name}: llama.cpp could not restore a kept prompt's cells")
+
     def _remove(self, seq_id: int, n: int) -> None:
         """Remove slot `seq_id`'s positions from n on from llama.cpp's cache."""
         if not llama_cpp.llama_memory_seq_rm(self._memory, seq_id, n, -1):
@@ -504,6 +615,7 @@ class Model:
     def _share(self, source: int, target: int, n: int) -> None:
         """Let slot `target` hold slot `source`'s first n positions (the same cells: no copy)."""
         llama_cpp.llama_memory_seq_cp(self._memory, source, target, 0, n)
+        self._note_cells(self.slots[target])
 
     def _kv_positions(self, seq_id: int) -> int:
         if self._ctx is None:
@@ -640,6 +752,22 @@ class Slot:
         keep = min(len(self.tokens), len(prompt) - 1)
         row = self.evaluate(prompt[keep:], 1, cancelled=cancelled)[0]
         self.remember_row(prompt, row)
+        return row
+
+    def start_prompt(self, prompt: Sequence[int]) -> np.ndarray:
+        """Bring this sequence to exactly `prompt`, as a fresh process evaluates it, and return
+        the row after it: the model's cache emptied, what the last kept prompt holds of it
+        exactly put back (`Model.restore_prompt`), the rest in `prompt_calls`, and kept in turn
+        for the next start. A generation begun here gives the same text whatever ran before it."""
+        if not prompt:
+            raise ValueError("an empty prompt has no row after it")
+        model = self.model
+        row = model.restore_prompt(self, prompt)
+        if row is None:
+            for tokens, n_logits in prompt_calls(prompt, len(self.tokens), model.prompt_chunk):
+                rows = self.evaluate(tokens, n_logits)
+            row = rows[0]
+            model.keep_prompt(self, prompt, row)
         return row
 
     def known_row(self, prompt: Sequence[int]) -> np.ndarray | None:

@@ -289,6 +289,15 @@ class RemoteModel(Model):
     def _remove(self, seq_id: int, n: int) -> None:
         self._worker_kv = self._request("truncate", n)
 
+    def _clear(self) -> None:
+        if self.connected:  # a lost worker's cache is gone with it
+            self._worker_kv = self._request("reset")
+
+    def _save_state(self, seq_id: int) -> None:
+        """Not kept: a prompt on RPC servers is evaluated again at each start (its cells would
+        cross the pipe both ways)."""
+        return None
+
     def _kv_positions(self, seq_id: int) -> int:
         """The worker's llama.cpp KV cache length as of its last answer (0 when disconnected):
         read without a round trip, so /health never waits for a running call."""
@@ -341,6 +350,10 @@ def _serve(conn: Connection) -> None:
         models[key].truncate(n)
         return models[key].kv_length()
 
+    def reset(key: int) -> int:
+        models[key].reset()
+        return models[key].kv_length()
+
     def close(key: int) -> None:
         rows.pop(key, None)
         models.pop(key).close()
@@ -350,6 +363,7 @@ def _serve(conn: Connection) -> None:
         "map": map_rows,
         "decode": decode,
         "truncate": truncate,
+        "reset": reset,
         "close": close,
     }
     while True:

@@ -347,24 +347,6 @@ class AutoGamma:
         return choice
 
 
-class AutoGammaControllers:
-    """The ``--gamma auto`` controllers of one ensemble: one per sampling setting (acceptance
-    depends on it), all sharing the ensemble's call costs. Kept across generations, so the
-    controllers keep learning."""
-
-    def __init__(self, costs: Costs) -> None:
-        self.costs = costs
-        self._controllers: dict[tuple, AutoGamma] = {}
-
-    def __len__(self) -> int:
-        return len(self._controllers)
-
-    def get(self, key: tuple, used: tuple[bool, ...] | None = None) -> AutoGamma:
-        if key not in self._controllers:
-            self._controllers[key] = AutoGamma(self.costs, used=used)
-        return self._controllers[key]
-
-
 @dataclass
 class ByteAutoGamma:
     """Chooses, before each round of byte-level cos (``--byte-gamma auto``), whether to draft and

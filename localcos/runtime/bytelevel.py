@@ -163,12 +163,12 @@ class ByteMember:
         self._anchored: set[int] = set()  # sequences a snapshot or a draft's replay may come back to
 
     def start(self, prompt: Sequence[int]) -> None:
-        """Evaluate the prompt (its own tokens) in the first sequence; the view starts there."""
+        """Evaluate the prompt (its own tokens) in the first sequence, as a fresh process does
+        (`Slot.start_prompt`: the text then depends on nothing that ran before); the view starts
+        there."""
         home = self.model.slots[0]
         self.prompt = list(prompt)
-        row = home.prefill(self.prompt)  # keeps (or shares) what a sequence holds of it: a chat's earlier turns
-        for slot in self.model.slots[1:]:
-            slot.truncate(0)
+        row = home.start_prompt(self.prompt)
         self.free = list(self.model.slots[1:])
         self._anchored = set()
         self.view.start(row, handle=home)
@@ -1029,13 +1029,6 @@ class ByteModels:
                               stop=config.stop, n_ctx=self.n_ctx, ignore_end=config.ignore_eos, method=plan.method,
                               gamma=config.byte_gamma, costs=self.costs, cancelled=cancelled, names=self.names,
                               constraint=None if config.constraint is None else Matcher(byte_symbols(), config.constraint))  # fmt: skip
-
-    def reset(self) -> None:
-        """Empty every sequence: the next prompt is evaluated from scratch (a prompt found in
-        the cache has its last token evaluated again alone, whose rows round a little
-        differently from the batch that first computed it; a benchmark wants every run alike)."""
-        for m in self.models:
-            m.reset()
 
     @contextmanager
     def pruning(self, prune: float) -> Iterator[None]:

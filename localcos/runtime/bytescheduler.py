@@ -29,8 +29,19 @@ class ByteScheduler(Rounds):
         self.live: list[Sequence] = []
         self.queue: deque[Sequence] = deque()
 
-    def submit(self, plan: BytePlan, rng: np.random.Generator, *, on_chunk: Callable[[Chunk], None] | None = None, key: Any = None) -> Sequence:
-        """Queue a generation of `plan` drawing from `rng`; it starts after the ones before it."""
+    def submit(
+        self,
+        plan: BytePlan,
+        rng: np.random.Generator,
+        *,
+        on_chunk: Callable[[Chunk], None] | None = None,
+        key: Any = None,
+        shares_cells: bool = False,
+    ) -> Sequence:
+        """Queue a generation of `plan` drawing from `rng`; it starts after the ones before it,
+        from emptied caches (`ByteMember.start`). No prompt is scored for it at the byte level
+        (a request's echo is refused there), so it has no cells to share."""
+        assert not shares_cells, "the byte level scores no prompt before a generation"
         sequence = Sequence(plan, rng, on_chunk, key)  # type: ignore[arg-type]
         self.queue.append(sequence)
         return sequence

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Callable, Generator
 
 import numpy as np
 
+from ..backend.model import prompt_calls
 from ..core.decoding import Decoder, Evaluate, Origin, Phase, make_strategy
 from ..core.lookup import ContextIndex, LookupOutcomes, LookupState
+from ..core.speedmodel import AutoGamma
 from ..core.text import TextAssembler
 from ..grammar import Matcher
 from ..stats import GenerationStats, ModelRunStats
@@ -82,8 +84,11 @@ def cancelled_completion(loaded: LoadedModels, plan: Plan, prompt_seconds: float
 class Generation:
     """One completion of `plan` in slot `slot` of every model: its random stream, its decoder
     once decoding starts (the tests check its invariants between rounds), and its coroutine
-    (`run`). `prompt_chunk` bounds the prompt tokens one request holds; `others()` says how many
-    other sequences share its calls now (drafts are priced beside them)."""
+    (`run`). `fresh`: nothing else is in the models' caches, so it starts from an emptied cache
+    with its prompt evaluated as a fresh process evaluates it (`Model.restore_prompt`), and its
+    text depends on nothing that ran before; otherwise it shares what the cache holds of its
+    prompt. `others()` says how many other sequences share its calls now (drafts are priced
+    beside them)."""
 
     def __init__(
         self,
@@ -91,40 +96,43 @@ class Generation:
         plan: Plan,
         rng: np.random.Generator,
         slot: int,
-        prompt_chunk: int,
         cancelled: Callable[[], bool],
         others: Callable[[], int] = lambda: 0,
+        *,
+        fresh: bool = False,
     ) -> None:
         self.loaded = loaded
         self.plan = plan
         self.rng = rng
         self.slot = slot
-        self.prompt_chunk = prompt_chunk
+        self.fresh = fresh
         self.cancelled = cancelled
         self.others = others
         self.decoder: Decoder | None = None
 
     def run(self) -> Work:
-        """The prompt in requests of up to `prompt_chunk` tokens, then one decoding round after
-        another. `cancelled()` is checked between requests of the prompt and between rounds; a
-        cancelled generation leaves every cache holding exactly what it committed."""
+        """The prompt in requests of up to each model's `prompt_chunk` tokens, then one decoding
+        round after another. `cancelled()` is checked between requests of the prompt and between
+        rounds; a cancelled generation leaves every cache holding exactly what it committed."""
         loaded, plan, config = self.loaded, self.plan, self.plan.config
         combiner = plan.combiner
         slots = [m.slots[self.slot] for m in loaded.models]
         prompt = list(plan.prompt)
         t_prompt = time.perf_counter()
+        # every model's cache emptied before any call: a sequence admitted beside this one goes after
+        known = [s.model.restore_prompt(s, prompt) if self.fresh else s.known_row(prompt) for s in slots]
         prompt_rows = []
-        for i, s in enumerate(slots):
-            row = s.known_row(prompt)
+        for i, (s, row) in enumerate(zip(slots, known)):
             if row is None:
-                todo = prompt[len(s.tokens) :]
-                while todo:
+                for part, n_logits in prompt_calls(prompt, len(s.tokens), s.model.prompt_chunk):
                     if self.cancelled():  # a long prompt goes in several calls: a cancel stops between two
                         return cancelled_completion(loaded, plan, time.perf_counter() - t_prompt)
-                    part, todo = todo[: self.prompt_chunk], todo[self.prompt_chunk :]
-                    logits = yield Evaluate(i, part, 0 if todo else 1, Phase.PREFILL)
+                    logits = yield Evaluate(i, part, n_logits, Phase.PREFILL)
                 row = logits[0]
-                s.remember_row(prompt, row)
+                if self.fresh:
+                    s.model.keep_prompt(s, prompt, row)
+                else:
+                    s.remember_row(prompt, row)
             prompt_rows.append(row)
         t0 = time.perf_counter()
         before = [s.stats.snapshot() for s in slots]
@@ -138,14 +146,12 @@ class Generation:
             events.append(TokenEvent(token, token_text(token), origin))
 
         strategy = plan.strategy
+        # what the auto plans learn starts afresh with each generation: the calls a seeded
+        # generation makes, and so its text, depend on nothing that ran before
         lookup = None
         if plan.lookup is not None:
-            # learnt across generations only where acceptance already is (--gamma auto): otherwise
-            # each completion starts from the prior, so a seed pins it whatever ran before
-            key = (combiner.description, plan.sampler)
-            outcomes = loaded.lookups.setdefault(key, LookupOutcomes()) if strategy.auto else LookupOutcomes()
-            lookup = LookupState(plan.lookup, ContextIndex(prompt, loaded.n_ctx), outcomes)
-        observer = loaded.auto.get((config.method, combiner.description, plan.sampler), combiner.used) if strategy.auto else None
+            lookup = LookupState(plan.lookup, ContextIndex(prompt, loaded.n_ctx), LookupOutcomes())
+        observer = AutoGamma(loaded.costs, used=combiner.used) if strategy.auto else None
         dec = self.decoder = Decoder(
             slots,
             combiner,

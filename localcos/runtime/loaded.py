@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from ..backend import Model, RemoteModel, shared_vocab_size, tokenize_alike
 from ..core.combiners import BoundCombiner, Combiner, WeightedEnsemble
 from ..core.hostmem import keep_freed_memory
-from ..core.lookup import LookupOutcomes
-from ..core.speedmodel import AutoGammaControllers, CallProfile, Costs
+from ..core.speedmodel import CallProfile, Costs
 from ..config.specs import require_models
 from ..grammar import Vocabulary
 from .profile import profile as call_profile
@@ -68,7 +67,6 @@ class LoadedModels:
         # what a call of k rows costs each model here: --gamma auto, lookup's auto mode, the load
         # back-off and the speedup estimate plan with it
         self.profiles = list(profiles) if profiles is not None else [call_profile(m, calibrate) for m in self.models]
-        self.lookups: dict[tuple, LookupOutcomes] = {}  # how lookup drafts fare, per setting
         self._vocabulary: Vocabulary | None = None  # the constraints' view of the vocabulary
         self._vocabulary_lock = threading.Lock()
 
@@ -121,12 +119,10 @@ class LoadedModels:
 
     @profiles.setter
     def profiles(self, profiles: Sequence[CallProfile]) -> None:
-        """Plan with these costs instead (e.g. to see what another machine would do); the
-        --gamma auto controllers start afresh."""
+        """Plan with these costs instead (e.g. to see what another machine would do)."""
         if len(profiles) != len(self.models):
             raise ValueError(f"{len(profiles)} profiles for {len(self.models)} models")
         self.costs = Costs(profiles)
-        self.auto = AutoGammaControllers(self.costs)  # --gamma auto, per sampling setting
 
     @property
     def combiner(self) -> BoundCombiner:

@@ -32,10 +32,6 @@ if TYPE_CHECKING:
     from .loaded import LoadedModels
     from .plan import Plan
 
-# the most prompt tokens one sequence puts into one round's call: a long prompt goes in chunks,
-# so the sequences already decoding keep getting a call every round
-PROMPT_CHUNK = 256
-
 
 class State(Enum):
     """Where a sequence is: waiting for a slot, then in the phase its pending request names
@@ -62,6 +58,9 @@ class Sequence:
     slot: int | None = None
     completion: Completion | None = None
     cancel_requested: bool = False
+    # its prompt's cells were just evaluated for it (a server's echo scoring): it shares them
+    # rather than starting from an emptied cache (its text may then differ from a fresh one's)
+    shares_cells: bool = False
     request: Evaluate | None = None  # what it waits for
     generation: Generation | None = None
     work: Work | None = field(default=None, repr=False)
@@ -111,11 +110,19 @@ class Scheduler(Rounds):
         self.observe = observe
 
     def submit(
-        self, plan: Plan, rng: np.random.Generator, *, on_chunk: Callable[[Chunk], None] | None = None, key: Any = None
+        self,
+        plan: Plan,
+        rng: np.random.Generator,
+        *,
+        on_chunk: Callable[[Chunk], None] | None = None,
+        key: Any = None,
+        shares_cells: bool = False,
     ) -> Sequence:
         """Queue a generation of `plan` drawing from `rng`; it starts when a slot frees, after
-        the ones submitted before it."""
-        sequence = Sequence(plan, rng, on_chunk, key)
+        the ones submitted before it. One that starts while no other runs starts from an emptied
+        cache (its text then depends on nothing that ran before), unless `shares_cells`: its
+        prompt's cells were evaluated for it just before (see `Sequence.shares_cells`)."""
+        sequence = Sequence(plan, rng, on_chunk, key, shares_cells=shares_cells)
         self.queue.append(sequence)
         return sequence
 
@@ -156,9 +163,8 @@ class Scheduler(Rounds):
                 continue
             sequence.slot = self.free.pop(0)
             sequence.generation = Generation(
-                self.loaded, sequence.plan, sequence.rng, sequence.slot, min(PROMPT_CHUNK, *(m.n_batch for m in self.loaded.models)),
-                lambda s=sequence: s.cancel_requested,
-                self._others,
+                self.loaded, sequence.plan, sequence.rng, sequence.slot, lambda s=sequence: s.cancel_requested, self._others,
+                fresh=not self.live and not sequence.shares_cells,  # alone in the caches: it starts from an emptied one
             )
             sequence.work = sequence.generation.run()
             self.live.append(sequence)

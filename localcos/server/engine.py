@@ -224,7 +224,9 @@ class Engine:
                         job.on_text(index, chunk)
 
                 rng = completion_rng(g.plan.config.seed, g.stream)
-                job.sequences.append(self.scheduler.submit(g.plan, rng, on_chunk=on_chunk, key=(job, g.index)))
+                # an echo's generations share the cells its prompt was just scored in
+                sequence = self.scheduler.submit(g.plan, rng, on_chunk=on_chunk, key=(job, g.index), shares_cells=job.prepare is not None)
+                job.sequences.append(sequence)
 
     def _activate(self, job: Job, state: JobState) -> None:
         job.state = state

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..backend.model import PROMPT_CHUNK
 from ..core.speedmodel import CallProfile
 
 
@@ -16,6 +17,7 @@ class OwnSlot:
     tokens: list[int]
     seq_id = 0
     max_logit_rows = 1 << 30  # no limit on the rows of a call
+    prompt_chunk = PROMPT_CHUNK
 
     @property
     def call_profile(self) -> CallProfile:
@@ -42,6 +44,13 @@ class OwnSlot:
         self.truncate(0)
 
     def remember_row(self, prompt: Sequence[int], row: Any) -> None:
+        pass
+
+    def restore_prompt(self, slot: Any, prompt: Sequence[int]) -> None:
+        """Nothing kept: every start evaluates the prompt from an empty cache."""
+        self.truncate(0)
+
+    def keep_prompt(self, slot: Any, prompt: Sequence[int], row: Any) -> None:
         pass
 
     def decode(self, parts: Sequence[tuple[Any, Sequence[int], int, int]]) -> list[Any]:

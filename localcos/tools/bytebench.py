@@ -85,7 +85,6 @@ def run_byte_benchmark(
                     c = alone[config.alone].generate(prompt, max_tokens=max(1, max_chars // 3), temperature=t, seed=seed + i, method=ENSEMBLE)
                     runs.append(ByteRun(config, i, task, t, len(c.text), c.stats.seconds))
                     continue
-                models.reset()  # every run from an empty cache: the same rows for the same text
                 plan = models.plan(models.prompts(prompt), GenerationConfig(method=config.method, max_tokens=max_chars, temperature=t,
                                                                             byte_gamma=config.gamma))  # fmt: skip
                 c = run_to_end(models.start(plan, completion_rng(seed, i)))
