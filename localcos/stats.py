@@ -15,6 +15,9 @@ Words, the same in code, JSON and the README:
   lookup_proposed, lookup_accepted
                  of the draft tokens: those looked up in the context (no model call)
   calls          llama_decode calls, per model
+  gate_tokens, gate_opened
+                 with a gated combiner: tokens committed, and those where the gate opened (the
+                 models were combined; elsewhere r was the lead model's own distribution)
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class GenerationStats:
     bonus: int = 0
     lookup_proposed: int = 0
     lookup_accepted: int = 0
+    gate_tokens: int = 0
+    gate_opened: int = 0
     gamma: list[int] | None = None  # proposal length per model (None: ensemble, or chosen online)
     proposer: int | None = None
     seed: int | None = None
@@ -100,6 +105,11 @@ class GenerationStats:
         return self.lookup_accepted / self.lookup_proposed if self.lookup_proposed else None
 
     @property
+    def gate_open_rate(self) -> float | None:
+        """Of the tokens a gated combiner decided, the share where the gate opened."""
+        return self.gate_opened / self.gate_tokens if self.gate_tokens else None
+
+    @property
     def mean_accepted(self) -> float | None:
         """Accepted draft tokens per verification pass."""
         return self.accepted / self.verifications if self.verifications else None
@@ -143,7 +153,7 @@ class GenerationStats:
                 reasons[k] = reasons.get(k, 0) + v
         counters = (
             "completions", "tokens", "seconds", "prompt_tokens", "prompt_seconds", "proposed", "accepted", "rejected", "verifications",
-            "bonus", "lookup_proposed", "lookup_accepted",
+            "bonus", "lookup_proposed", "lookup_accepted", "gate_tokens", "gate_opened",
         )  # fmt: skip
         totals = {k: sum(getattr(s, k) for s in stats) for k in counters}
         ensemble = None if any(s.ensemble_llama_seconds is None for s in stats) else sum(s.ensemble_llama_seconds or 0.0 for s in stats)
@@ -162,6 +172,7 @@ class GenerationStats:
             "tokens_per_second",
             "acceptance_rate",
             "lookup_acceptance",
+            "gate_open_rate",
             "mean_accepted",
             "calls_per_token",
             "speedup_estimate",
@@ -181,6 +192,8 @@ class GenerationStats:
             parts.append(f"mean accepted {self.mean_accepted:.2f}")
         if self.lookup_proposed:
             parts.append(f"looked up {self.lookup_accepted}/{self.lookup_proposed}")
+        if self.gate_tokens:
+            parts.append(f"gate open {self.gate_opened}/{self.gate_tokens}")
         parts.append("calls " + "/".join(str(c) for c in self.calls))
         if self.host_fraction is not None:
             parts.append(f"host {self.host_fraction:.0%}")

@@ -232,19 +232,21 @@ def test_qwen2_with_llama3_decodes_at_the_byte_level_by_default(real_models):
     assert stats["bytes"] == len(completion["text"].encode("utf-8"))  # valid UTF-8 throughout
 
 
-def test_greedy_byte_level_cos_equals_the_byte_level_ensemble_across_tokenizers(real_models):
+@pytest.mark.parametrize("gate", [[], ["--gate", "0.6"]], ids=["combined", "gated"])
+def test_greedy_byte_level_cos_equals_the_byte_level_ensemble_across_tokenizers(real_models, gate):
     """F16 models: llama.cpp's batched rows equal its single rows closely enough for greedy
-    equality, so speculation across tokenizers must give the ensemble's text byte for byte."""
+    equality, so speculation across tokenizers must give the ensemble's text byte for byte; with
+    a gate too (r the lead's own byte distribution where it is sure, the combination elsewhere)."""
     import json
 
     texts = {}
     for method in ("ensemble", "cos"):
         proc = run("generate", "--models", f"{real_models['qwen2']},{real_models['llama3']}", "--prompt", "Hello", "--max-tokens", "48",
-                   "--temperature", "0", "--ignore-eos", "--json", "--ctx", "256", "--method", method, "--byte-gamma", "6")  # fmt: skip
+                   "--temperature", "0", "--ignore-eos", "--json", "--ctx", "256", "--method", method, "--byte-gamma", "6", *gate)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         result = json.loads(proc.stdout)
         (stats,) = result["stats"]
-        assert stats["method"] == method
+        assert stats["method"] == method and ("+gate(0.6" in stats["combiner"]) == bool(gate)
         texts[method] = result["completions"][0]["text"]
     assert len(texts["cos"]) == 48
     assert texts["cos"] == texts["ensemble"]

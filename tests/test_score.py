@@ -189,6 +189,29 @@ def test_score_command_perplexity_with_a_weights_sweep(models, tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_score_command_sweeps_two_parameters_at_once(models, tmp_path):
+    """gate x mu: every point of the grid, for the models' rows computed once. A gate that shuts
+    everywhere (the lead's top probability is always at least 1e-6) is the lead alone; one that
+    opens everywhere (1: the lead is never certain) is the ungated combination."""
+    pair = f"{models['base']},{models['larger']}"
+    out = tmp_path / "grid.json"
+    text = str(ROOT / "examples" / "river.txt")
+    proc = run("score", "--models", pair, "--file", text, "--ctx", "128", "--combine", "cd", "--sweep", "gate=0.000001,0.4,1",
+               "--sweep", "mu=0.1,0.5", "--json", str(out), "--plot", str(tmp_path / "g.png"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "r gate 0.4, mu 0.5" in proc.stdout
+    report = json.loads(out.read_text())
+    assert [s["name"] for s in report["sweep"]] == ["gate", "mu"]
+    r = {x["label"]: x["value"] for x in report["rows"] if x["kind"] == "r"}
+    alone = {x["label"]: x["value"] for x in report["rows"] if x["kind"] == "model"}
+    assert len(r) == 6 and r["gate 1e-06, mu 0.1"] == pytest.approx(alone["t-larger"], rel=1e-4) == r["gate 1e-06, mu 0.5"]
+    plain = run("score", "--models", pair, "--file", text, "--ctx", "128", "--combine", "cd", "--sweep", "mu=0.1,0.5", "--json", str(tmp_path / "p.json"))
+    assert plain.returncode == 0, plain.stderr
+    ungated = {x["label"]: x["value"] for x in json.loads((tmp_path / "p.json").read_text())["rows"] if x["kind"] == "r"}
+    assert r["gate 1, mu 0.5"] == pytest.approx(ungated["mu 0.5"], rel=1e-4) and r["gate 0.4, mu 0.5"] != r["gate 1, mu 0.5"]
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_score_command_multiple_choice(models, tmp_path):
     pair = f"{models['base']},{models['sibling']}"
     proc = run("score", "--models", pair, "--choices", str(ROOT / "examples" / "choices.jsonl"), "--combine", "cd", "--sweep", "mu=0,0.5", "--csv", str(tmp_path / "c.csv"))
@@ -215,6 +238,8 @@ def test_score_command_bad_input_is_one_line(models, tmp_path):
         (["--file", str(short), "--choices", str(bad)], "give --file TEXT"),
         (["--file", str(short), "--sweep", "mu=0,0.1"], "--sweep mu needs --combine cd"),
         (["--file", str(short), "--sweep", "weights=a:b"], "--sweep weights: values must be"),
+        (["--file", str(short), "--sweep", "gate=0.5", "--sweep", "gate=0.9"], "--sweep: each parameter once"),
+        (["--file", str(short), "--sweep", "gate=1.5"], "--gate must be <= 1"),
     ]
     for argv, message in cases:
         proc = run("score", "--models", pair, *argv)

@@ -187,6 +187,9 @@ def test_errors_have_openai_shape_and_status(server):
         (post("/v1/completions", content=(b"x" * (1 << 20) for _ in range(17)), headers={"content-type": "application/json"}), 413, None),
         (post("/v1/completions", content=b'{"prompt": "x"}', headers={"content-type": "text/plain"}), 415, None),
         (post("/v1/completions", json={"prompt": "x", "combine": "this:x"}), 400, "combine"),
+        (post("/v1/completions", json={"prompt": "x", "gate": 2}), 400, "gate"),
+        (post("/v1/completions", json={"prompt": "x", "lead": 0}), 400, "lead"),
+        (post("/v1/completions", json={"prompt": "x", "gate": 0.5, "lead": 2}), 400, "lead"),
         (post("/v1/completions", json={"prompt": "x", "response_format": {"type": "xml"}}), 400, "response_format"),
         (post("/v1/completions", json={"prompt": "x", "frobnicate": 1}), 400, "frobnicate"),
         # the byte level's own draft length, sent to models that decode at the token level
@@ -207,6 +210,19 @@ def test_errors_have_openai_shape_and_status(server):
         server.client().completions.create(model="duo", prompt=" word" * 1100)
     assert e.value.code == "context_length_exceeded"
     assert server.health()["status"] == "ok"
+
+
+def test_a_request_gates_its_combination(server):
+    """`gate` and `lead` per request: r is the lead's own distribution where it is sure; the
+    reply's statistics say where the gate opened."""
+    client = server.client()
+    out = client.completions.create(model="duo", prompt=PROMPTS[1], max_tokens=32, temperature=0, extra_body={"gate": 0.4, "lead": 0})
+    stats = out.model_extra["localcos"]
+    assert stats["combiner"] == "we(0.5,0.5)+gate(0.4,lead=0)" and stats["gate_tokens"] == 32 and 0 < stats["gate_opened"] < 32
+    # the ensemble's step: where the lead decides alone, the other model is not evaluated
+    out = client.completions.create(model="duo", prompt=PROMPTS[1], max_tokens=32, temperature=0, extra_body={"gate": 0.4, "lead": 0, "method": "ensemble"})
+    stats = out.model_extra["localcos"]
+    assert stats["models"][1]["calls"] <= stats["gate_opened"] < stats["models"][0]["calls"] == 31
 
 
 def test_a_request_for_another_combiner_leaves_the_servers_parameters_behind(pair):

@@ -18,6 +18,7 @@ import pytest
 from conftest import BASE, NEAR_TIE
 from localcos import Contrastive, Ensemble, LogitMix, WeightedEnsemble
 from localcos.backend import Model
+from localcos.core.combiners import Gated
 from localcos.core.decoding import Decoder, Draft
 from localcos.core.sampling import Sampler
 from localcos.models.writer import cached_model
@@ -71,6 +72,9 @@ ENSEMBLES = {
     "cd-2": (("base", "larger"), Contrastive(mu=0.1)),
     "cd-2-alpha": (("base", "larger"), Contrastive(mu=0.5, plausibility=0.1)),
     "mix-3": (("base", "sibling", "sibling2"), LogitMix([1, 2, 1])),
+    # combined only where the lead is unsure; the other model evaluated only there (lazy)
+    "we-2-gated": (("base", "sibling"), Gated(WeightedEnsemble([0.5, 0.5]), 0.4)),
+    "cd-2-gated": (("base", "larger"), Gated(Contrastive(mu=0.1), 0.4)),
 }
 
 

@@ -7,10 +7,10 @@ from typing import Sequence
 
 from .. import __version__
 from ..errors import LocalcosError
-from . import bench, chat, demo, generate, make_test_models, models, rpc_server, score, serve
+from . import bench, chat, demo, eval, generate, make_test_models, models, rpc_server, score, serve
 from .options import EXIT_BAD_INPUT, EXIT_INTERRUPTED, Parser, fail
 
-SUBCOMMANDS = (generate, chat, serve, score, bench, models, rpc_server, demo, make_test_models)
+SUBCOMMANDS = (generate, chat, serve, score, eval, bench, models, rpc_server, demo, make_test_models)
 
 
 def build_parser() -> Parser:

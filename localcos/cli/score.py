@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--file", help="a text file: its perplexity")
     what.add_argument("--choices", help="a JSON-lines multiple-choice set: accuracy")
     what.add_argument(
-        "--sweep", help="a grid: weights=0:1:0.1 (the first model's weight), mu=0,0.05,0.1,0.2 or plausibility=0.05,0.1"
+        "--sweep", action="append", help="a grid: weights=0:1:0.1 (the first model's weight), mu=0,0.05,0.1,0.2, "
+        "plausibility=0.05,0.1 or gate=0.3,0.5,0.9; give it twice for the grid of two parameters"
     )
     add_options(p, ["models", "hardware", "combination", "level"], defaults=BYTE_DEFAULTS, exclude={"synthetic", "synthetic_dtype", "byte_gamma"})
     refused = p.add_argument_group("not for score")
@@ -49,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..ensemble import Ensemble
     from ..eval import choices as choice_task, perplexity as perplexity_task
-    from ..eval.sweep import parse_sweep
+    from ..eval.sweep import NEEDS, grid as sweep_grid, label, parse_sweep
     from ..runtime.scoring import SCORING_LOGIT_ROWS
     from ..tools.bench import RssSampler, current_rss_mb
 
@@ -70,19 +71,19 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{args.file} is empty", param="file")
     else:
         items = choice_task.load_choices(args.choices)
-    sweep = parse_sweep(args.sweep) if args.sweep else None
+    sweep = [parse_sweep(text) for text in args.sweep or ()]
+    points = sweep_grid(sweep)
     if args.plot:
-        if sweep is None:
+        if not sweep:
             raise ConfigError("--plot draws the figure over a --sweep grid; give --sweep", param="plot")
         require_matplotlib()
     settings = resolve(args, {"ctx": 512 if args.file else 2048, **BYTE_DEFAULTS})
-    if sweep is not None:
-        wanted = ("cd",) if sweep.name in ("mu", "plausibility") else ("we", "logit-mix")
-        if settings.combine.combine not in wanted:
-            raise ConfigError(f"--sweep {sweep.name} needs --combine {' or '.join(wanted)} (it is {settings.combine.combine})", param="sweep")
-    points = sweep.settings() if sweep else [{}]
+    for s in sweep:
+        wanted = NEEDS[s.name]
+        if wanted is not None and settings.combine.combine not in wanted:
+            raise ConfigError(f"--sweep {s.name} needs --combine {' or '.join(wanted)} (it is {settings.combine.combine})", param="sweep")
     grid = [settings.with_values(point) for point in points]  # each point checked like an option
-    labels = [_label(point) for point in points]
+    labels = [label(point) for point in points]
     from ..runtime.bytelevel import decodes_bytes
 
     if decodes_bytes(settings):
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     report = {
         "models": [str(p) for p in settings.load.paths],
         "kind": "perplexity" if args.file else "choices",
-        "sweep": None if sweep is None else {"name": sweep.name, "values": list(sweep.values)},
+        "sweep": [{"name": x.name, "values": list(x.values)} for x in sweep],
         "rows": [{"kind": k, "label": label, "value": v, "extra": e} for k, label, v, e in rows],
         "seconds": seconds,
         "llama_seconds": llama,
@@ -168,7 +169,7 @@ def _score_bytes(args: argparse.Namespace, settings, text: str | None, items: li
         names = models.names
         bound = [c.bind(len(models.models), [m.n_params for m in models.models]).description for c in combiners]
     report: dict = {"models": [str(p) for p in settings.load.paths], "level": "byte", "seconds": seconds,
-                    "sweep": None if sweep is None else {"name": sweep.name, "values": list(sweep.values)}}  # fmt: skip
+                    "sweep": [{"name": x.name, "values": list(x.values)} for x in sweep]}  # fmt: skip
     if text is not None:
         scored = result.combined[0].count
         windows = f"{result.windows} window" + ("s" if result.windows != 1 else "")
@@ -210,17 +211,8 @@ def _write(args: argparse.Namespace, report: dict, header: list[str], rows: list
             w.writerow(header)
             w.writerows(r[: len(header)] for r in rows)
     if args.plot:
-        assert sweep is not None
+        assert sweep
         plot_sweep(args.plot, sweep, rows, metric)
-
-
-def _label(point: dict) -> str:
-    if not point:
-        return ""
-    (key, value), = point.items()
-    if key == "weights":
-        return "weights " + ",".join(f"{w:g}" for w in value)
-    return f"{key} {value:g}"
 
 
 class _Progress:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from ..backend import MIN_CTX
 from ..core.bytelevel import check_prune
-from ..core.combiners import check_mu, check_plausibility
+from ..core.combiners import check_gate, check_mu, check_plausibility
 from ..core.decoding import METHODS
 from ..core.lookup import LOOKUP_MODES
 from ..core.sampling import check_setting
@@ -174,6 +174,12 @@ _OPTIONS = [
     _option("plausibility", "--plausibility", "combination", "combine", lambda v, what: check_plausibility(parse_float(v, what), what),
             "cd: plausibility threshold alpha in (0, 1] (default off)", metavar="ALPHA"),
     _option("expert", "--expert", "combination", "combine", _at_least(0), "cd: index of the expert model (default: the larger)", metavar="I"),
+    _option("gate", "--gate", "combination", "combine", lambda v, what: check_gate(parse_float(v, what), what),
+            "combine only where the lead model is unsure: where its top probability is at least P, r is its own "
+            "distribution and the other models are not evaluated (0 < P <= 1; default: combine at every token)", metavar="P"),
+    _option("lead", "--lead", "combination", "combine", _at_least(0),
+            "--gate: index of the model that decides alone where it is sure (default: cd's expert, else the model with "
+            "the most parameters)", metavar="I"),
     _option("combine_level", "--combine-level", "combination", "combine", _choice(COMBINE_LEVELS),
             "custom combiner: what FUNCTION receives", default="logits", attr="level", choices=COMBINE_LEVELS),
     # the level models are combined at

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..backend.worker import layers_to_offload
-from ..core.combiners import Combiner, CustomCombiner, custom_name, load_function, make_combiner
+from ..core.combiners import Combiner, CustomCombiner, custom_name, gated, load_function, make_combiner
 from ..core.sampling import Sampler
 from ..errors import ConfigError
 from ..grammar import Constraint, json_object
@@ -142,6 +142,8 @@ class CombineSpec:
     plausibility: float | None = None
     expert: int | None = None
     level: str = "logits"
+    gate: float | None = None  # combine only where the lead model's top probability is below this
+    lead: int | None = None  # the model a gate leaves alone where it is sure
     # a custom combiner's function, imported once when the spec is made (`loaded`): never again
     # per generation or per server request
     function: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
@@ -157,9 +159,10 @@ class CombineSpec:
 
     def combiner(self) -> Combiner:
         if self.function is not None:
-            return CustomCombiner(self.function, level=self.level, name=custom_name(self.combine))
+            return gated(CustomCombiner(self.function, level=self.level, name=custom_name(self.combine)), self.gate, self.lead)
         return make_combiner(
-            self.combine, weights=self.weights, mu=self.mu, plausibility=self.plausibility, expert=self.expert, level=self.level
+            self.combine, weights=self.weights, mu=self.mu, plausibility=self.plausibility, expert=self.expert, level=self.level,
+            gate=self.gate, lead=self.lead,
         )
 
 
@@ -248,6 +251,7 @@ def check_for_models(
         raise ConfigError(f"got {len(gamma)} gamma values for {n} models; give one, or one per model", param="gamma")
     if combine is not None:
         index("expert", combine.expert)
+        index("lead", combine.lead)
         combine.combiner().fit(n, [1] * n)
 
 

@@ -56,6 +56,12 @@ def check_plausibility(alpha: float, what: str) -> float:
     return check_range(alpha, what, above=0, maximum=1)
 
 
+def check_gate(gate: float, what: str) -> float:
+    """The one rule of a gate (the lead model's top probability at which it decides alone):
+    0 < gate <= 1."""
+    return check_range(gate, what, above=0, maximum=1)
+
+
 class Combiner(ABC):
     """Turns per-model logits into the combined distribution r."""
 
@@ -114,6 +120,10 @@ class BoundCombiner:
         self.mixes_probs = combiner.mixes_probs
         self.name = combiner.name
         self.description = combiner.describe()
+        # gated (`Gated`): r is the lead's own distribution where the gate is shut, `inner`'s
+        # combination where it opens; the decoder asks the other models only there
+        self.gate: Gated | None = combiner if isinstance(combiner, Gated) and self.single is None else None
+        self.inner: BoundCombiner = BoundCombiner(self.gate.inner, n_models) if self.gate is not None else self
 
     def bind(self, n_models: int, n_params: Sequence[int]) -> "BoundCombiner":
         """Itself, when it is bound for this many models already."""
@@ -313,6 +323,67 @@ class CustomCombiner(Combiner):
             raise ConfigError(f"combiner {self.name} returned shape {out.shape}, expected {np.shape(like)}", param="combine")
 
 
+class Gated(Combiner):
+    """`inner`'s combination only where the lead model is unsure: r is the lead's own
+    distribution, softmax(l_lead / T), at every position where its top probability (at
+    temperature 1) is at least `gate`, and `inner`'s r elsewhere (SAFE, GaC: combining at every
+    token drags a strong model toward a weaker one). Still a function of the models' rows at each
+    position, so every method stays exact; the decoder evaluates the other models only where the
+    gate opens (`Decoder.consult`: lazy members).
+
+    Args:
+        inner: the combination where the gate opens.
+        gate: the lead's top probability at or above which it decides alone (0 < gate <= 1; 1
+            opens the gate wherever the lead is not certain).
+        lead: the lead model's index; default the expert of contrastive decoding, else the model
+            with the most parameters (ties: the last).
+    """
+
+    def __init__(self, inner: Combiner, gate: float, lead: int | None = None) -> None:
+        if isinstance(inner, Gated):
+            raise ConfigError("a gated combiner is gated once", param="gate")
+        self.inner = inner
+        self.gate = check_gate(gate, "gate")
+        self.lead = lead
+        self.name = inner.name
+
+    def fit(self, n_models: int, n_params: Sequence[int]) -> "Gated":
+        inner = self.inner.fit(n_models, n_params)
+        lead = self.lead
+        if lead is None:
+            lead = inner.expert if isinstance(inner, Contrastive) else max(range(n_models), key=lambda i: (n_params[i], i))
+        if not 0 <= lead < n_models:
+            raise ConfigError(f"lead must be a model index from 0 to {n_models - 1}, got {lead}", param="lead")
+        return Gated(inner, self.gate, lead)
+
+    def opens(self, lead_logits: np.ndarray) -> np.ndarray:
+        """Where the gate opens, for rows of the lead's logits ([positions, vocab]): its top
+        probability at temperature 1 below `gate`."""
+        z = np.asarray(lead_logits, dtype=np.float32)
+        top = z.max(axis=-1, keepdims=True)
+        mass = np.exp(z - top).sum(axis=-1, dtype=np.float64)  # 1 / (the top probability)
+        return mass * self.gate > 1.0
+
+    def combine(self, logits: Sequence[np.ndarray | None], temperature: float) -> np.ndarray:
+        assert self.lead is not None, "bind() the combiner first"
+        lead = np.asarray(logits[self.lead], dtype=np.float32)
+        opened = self.opens(lead)
+        r = softmax(lead, temperature)
+        if opened.any():
+            r[opened] = self.inner.combine([None if l is None else np.asarray(l)[opened] for l in logits], temperature)
+        return r
+
+    def uses(self, n_models: int) -> tuple[bool, ...]:
+        return tuple(u or i == self.lead for i, u in enumerate(self.inner.uses(n_models)))
+
+    def single_model(self) -> int | None:
+        # the inner combination is the lead's own distribution: so is r, wherever the gate stands
+        return self.lead if self.inner.single_model() == self.lead else None
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()}+gate({self.gate:g},lead={self.lead})"
+
+
 def load_function(spec: str) -> Callable[[list[np.ndarray]], np.ndarray]:
     """The function named by ``path/to/file.py:function`` or ``package.module:function``: the
     file is executed (the module imported) to find it. Only the user's own command line, Python
@@ -360,8 +431,27 @@ def make_combiner(
     plausibility: float | None = None,
     expert: int | None = None,
     level: str = "logits",
+    gate: float | None = None,
+    lead: int | None = None,
 ) -> Combiner:
-    """A combiner by CLI name: we, cd, logit-mix, or FILE.py:FUNCTION / MODULE:FUNCTION."""
+    """A combiner by CLI name: we, cd, logit-mix, or FILE.py:FUNCTION / MODULE:FUNCTION; with
+    `gate`, combined only where the lead model is unsure (`gated`)."""
+    return gated(_make_combiner(kind, weights=weights, mu=mu, plausibility=plausibility, expert=expert, level=level), gate, lead)
+
+
+def gated(inner: Combiner, gate: float | None, lead: int | None = None) -> Combiner:
+    """`inner` combined only where the lead model is unsure (`Gated`), or `inner` itself without
+    a gate (a lead without a gate is refused: it would have no effect)."""
+    if gate is None:
+        if lead is not None:
+            raise ConfigError("--lead names the model a --gate leaves alone where it is sure: give --gate too", param="lead")
+        return inner
+    return Gated(inner, gate, lead)
+
+
+def _make_combiner(
+    kind: str, *, weights: Sequence[float] | None, mu: float, plausibility: float | None, expert: int | None, level: str
+) -> Combiner:
     if kind == "we":
         return WeightedEnsemble(weights)
     if kind == "cd":

@@ -186,6 +186,11 @@ class Decoder:
         self.speculation = SpeculationStats()
         # models r depends on; the others are evaluated only to draft (see Combiner.uses)
         self.used = combiner.used
+        # gated combiners (`Gated`): whether the gate opens at a position, from the lead's row
+        # there; of the committed tokens, how many r was gated for and where it opened
+        self.gates: dict[int, bool] = {}
+        self.gate_tokens = 0
+        self.gate_opened = 0
         if len(self.committed) >= max_length:
             self.finish_reason = "length"
 
@@ -227,9 +232,42 @@ class Decoder:
         first = upto - n_logits + 1
         self._ban(logits)
         rows, probs = self.rows[i], self.probs[i]
+        lead = self.combiner.gate is not None and i == self.combiner.gate.lead
         for j in range(n_logits):
             rows[first + j] = logits[j]
             probs.pop(first + j, None)
+            if lead:
+                self.gates.pop(first + j, None)
+
+    def consult(self, upto: int | None = None, phase: Phase = Phase.DECODING) -> Step:
+        """Every model r needs at the positions up to `upto` catches up (`catch_up`; default:
+        the whole sequence). With a gate the lead goes first, and the other models only as far
+        as the last position where the gate opens: a model r does not need is not evaluated
+        (lazy members), and catches up on what it skipped in one call when it is needed or
+        drafts."""
+        gate = self.combiner.gate
+        if gate is None:
+            for i, used in enumerate(self.used):
+                if used:
+                    yield from self.catch_up(i, upto, phase)
+            return
+        yield from self.catch_up(gate.lead, upto, phase)
+        last = len(self.slots[gate.lead].tokens) if upto is None else upto
+        opened = [p for p in range(len(self.committed), last + 1) if self.gate_opens(p)]
+        if opened:
+            for i, used in enumerate(self.used):
+                if used and i != gate.lead:
+                    yield from self.catch_up(i, opened[-1], phase)
+
+    def gate_opens(self, position: int) -> bool:
+        """Whether r combines the models at `position` (the gate opens there), from the lead's
+        row there (once per row)."""
+        opened = self.gates.get(position)
+        if opened is None:
+            gate = self.combiner.gate
+            assert gate is not None and gate.lead is not None
+            opened = self.gates[position] = bool(gate.opens(self.rows[gate.lead][position][None, :])[0])
+        return opened
 
     def _ban(self, logits: np.ndarray) -> np.ndarray:
         if self.banned:
@@ -239,7 +277,8 @@ class Decoder:
     def rollback_model(self, i: int, length: int) -> None:
         """Drop model i's cache entries and rows beyond `length` tokens."""
         self.slots[i].truncate(length)
-        for cache in (self.rows[i], self.probs[i]):
+        lead = self.combiner.gate is not None and i == self.combiner.gate.lead
+        for cache in (self.rows[i], self.probs[i], *((self.gates,) if lead else ())):
             for p in [p for p in cache if p > length]:
                 del cache[p]
 
@@ -251,26 +290,48 @@ class Decoder:
             del self.masks[p]
 
     def scored_by_all(self) -> int:
-        """How many of the oldest pending tokens every model r uses has a row for."""
-        last = min(len(m.tokens) for m, used in zip(self.slots, self.used) if used)  # rows up to here
-        return max(0, min(last - len(self.committed) + 1, len(self.pending)))
+        """How many of the oldest pending tokens every model r needs there has a row for (with a
+        gate: the lead, and the others where the gate opens)."""
+        n0 = len(self.committed)
+        gate = self.combiner.gate
+        if gate is None:
+            last = min(len(m.tokens) for m, used in zip(self.slots, self.used) if used)  # rows up to here
+            return max(0, min(last - n0 + 1, len(self.pending)))
+        lead_last = len(self.slots[gate.lead].tokens)
+        others_last = min((len(m.tokens) for i, (m, used) in enumerate(zip(self.slots, self.used)) if used and i != gate.lead), default=lead_last)
+        k = 0
+        while k < len(self.pending) and n0 + k <= lead_last and (n0 + k <= others_last or not self.gate_opens(n0 + k)):
+            k += 1
+        return k
 
     # --- distributions -------------------------------------------------------------------------
     def combined(self, positions: Sequence[int]) -> np.ndarray:
         """r at the given positions, [len(positions), vocab], sampler transforms applied."""
         single = self.combiner.single
-        if single is not None:  # r is one model's own softmax(l / T): no combining, nothing new
-            if self.sampler.greedy:
-                rows = np.stack([self.rows[single][p] for p in positions])
-                return self.sampler.finalize(self._constrain(rows, positions, logits=True), copy=False)
-            r = np.stack([self.softmax(single, p) for p in positions])
-        elif self.combiner.mixes_probs:
-            probs = [np.stack([self.softmax(i, p) for p in positions]) if used else None for i, used in enumerate(self.used)]
-            r = self.combiner.mix(probs)
-        else:
-            logits = [np.stack([rows[p] for p in positions]) if used else None for rows, used in zip(self.rows, self.used)]
-            r = self.combiner.combine(logits, self.sampler.softmax_temperature)
-        return self.sampler.finalize(self._constrain(r, positions), copy=False)
+        if single is not None and self.sampler.greedy:  # r is one model's own distribution: its argmax
+            rows = np.stack([self.rows[single][p] for p in positions])
+            return self.sampler.finalize(self._constrain(rows, positions, logits=True), copy=False)
+        return self.sampler.finalize(self._constrain(self._mixed(self.combiner, positions), positions), copy=False)
+
+    def _mixed(self, combiner: BoundCombiner, positions: Sequence[int]) -> np.ndarray:
+        """r at `positions` as a new array, before the sampler's transforms. Gated: the lead's own
+        distribution where the gate is shut, the inner combination where it opens (only there do
+        the other models have rows)."""
+        gate = combiner.gate
+        if gate is not None:
+            assert gate.lead is not None
+            opened = np.array([self.gate_opens(p) for p in positions])
+            r = np.stack([self.softmax(gate.lead, p) for p in positions])
+            if opened.any():
+                r[opened] = self._mixed(combiner.inner, [p for p, o in zip(positions, opened) if o])
+            return r
+        if combiner.single is not None:  # r is one model's own softmax(l / T): no combining
+            return np.stack([self.softmax(combiner.single, p) for p in positions])
+        if combiner.mixes_probs:
+            probs = [np.stack([self.softmax(i, p) for p in positions]) if used else None for i, used in enumerate(combiner.used)]
+            return combiner.mix(probs)
+        logits = [np.stack([rows[p] for p in positions]) if used else None for rows, used in zip(self.rows, combiner.used)]
+        return combiner.combine(logits, self.sampler.softmax_temperature)
 
     def softmax(self, i: int, position: int) -> np.ndarray:
         """softmax(model i's row at `position` / T), computed once per row; do not change it."""
@@ -483,6 +544,9 @@ class Decoder:
             if self.lookup is not None:
                 self.lookup.committed(len(self.committed), token)
                 self.lookup.index.extend((token,))
+            if self.combiner.gate is not None:
+                self.gate_tokens += 1
+                self.gate_opened += self.gates.get(len(self.committed), False)
             self.committed.append(token)
             self.origins.append(origin)
             if origin.kind == "bonus":
@@ -500,7 +564,7 @@ class Decoder:
             self.pending.clear()
             self.rollback(n)
         # rows before the first uncommitted position are no longer needed
-        for cache in (*self.rows, *self.probs, self.masks):
+        for cache in (*self.rows, *self.probs, self.masks, self.gates):
             for p in [p for p in cache if p < n]:
                 del cache[p]
 
@@ -521,12 +585,10 @@ class Strategy:
 
 
 def verify_with_bonus(dec: Decoder) -> Step:
-    """The target pass of a draft: every model r uses scores the pending tokens (one batched call
+    """The target pass of a draft: every model r needs scores the pending tokens (one batched call
     each), they are verified against r, and a fully accepted draft earns a bonus token from r at
     the position after it."""
-    for i, used in enumerate(dec.used):
-        if used:
-            yield from dec.catch_up(i, phase=Phase.VERIFYING)
+    yield from dec.consult(phase=Phase.VERIFYING)
     if dec.verify_pending(len(dec.pending)) or dec.finished:
         return
     r = dec.combined([len(dec.committed)])[0]
@@ -534,21 +596,20 @@ def verify_with_bonus(dec: Decoder) -> Step:
 
 
 def ensemble_step(dec: Decoder) -> Step:
-    """One token the standard way: every model r uses evaluates it; the token is drawn from r.
+    """One token the standard way: every model r needs evaluates it (with a gate: the others only
+    where it opens); the token is drawn from r.
 
     Under --gamma auto (an observer is set) this also measures, for free, how often each model
     would have its draft token accepted here: alpha_i = sum_y min(r(y), q_i(y)) = 1 - TV(r, q_i),
     from rows the step has anyway, so the controller knows when speculation would pay again.
     """
     position = len(dec.committed)
-    for i, used in enumerate(dec.used):
-        if used:
-            yield from dec.catch_up(i)
+    yield from dec.consult()
     r = dec.combined([position])[0]
     token = dec.sampler.draw(r, dec.rng)
     if dec.observer is not None:
         for i, used in enumerate(dec.used):
-            if not used:
+            if not used or position not in dec.rows[i]:  # a member the gate left out
                 continue
             if dec.sampler.greedy:  # one-hot r and q: accepted iff the model's argmax is r's
                 alpha = float(int(np.argmax(dec.rows[i][position])) == token)
@@ -621,9 +682,7 @@ class NaiveCoS(_DrafterStrategy):
         dec, d = self.dec, self.drafter
         yield from dec.draft(d, min(self.gamma, dec.budget()))
         upto = len(dec.committed) + len(dec.pending) - 1  # rows at the draft positions, no further
-        for i, used in enumerate(dec.used):
-            if i != d and used:
-                yield from dec.catch_up(i, upto, Phase.VERIFYING)
+        yield from dec.consult(upto, Phase.VERIFYING)  # the drafter has its rows there
         dec.verify_pending(len(dec.pending))
 
 

@@ -3,7 +3,6 @@ choice's log-likelihood after its context (the context evaluated once per item).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -12,6 +11,7 @@ import numpy as np
 
 from ..core.combiners import Combiner
 from ..errors import ConfigError
+from .jsonlines import json_objects
 from ..runtime.scoring import continuation_scores
 
 if TYPE_CHECKING:
@@ -31,16 +31,7 @@ def load_choices(path: str | Path) -> list[ChoiceItem]:
     if not p.is_file():
         raise ConfigError(f"choices file not found: {path}", param="choices")
     items = []
-    for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{where}: not JSON ({e.msg})", param="choices") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{where}: expected an object with context, choices and answer", param="choices")
+    for where, data in json_objects(p.read_text(encoding="utf-8"), str(path), "choices", "context, choices and answer"):
         context, choices, answer = data.get("context"), data.get("choices"), data.get("answer")
         if not isinstance(context, str) or not context:
             raise ConfigError(f"{where}: context must be a non-empty string", param="choices")

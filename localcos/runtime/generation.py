@@ -210,6 +210,8 @@ class Generation:
             bonus=spec.bonus,
             lookup_proposed=spec.lookup_proposed,
             lookup_accepted=spec.lookup_accepted,
+            gate_tokens=dec.gate_tokens,
+            gate_opened=dec.gate_opened,
             gamma=None if strategy.gammas is None else list(strategy.gammas),
             proposer=strategy.proposer,
             seed=config.seed,

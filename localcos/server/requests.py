@@ -29,7 +29,7 @@ MAX_TOP_LOGPROBS = 20
 # request fields that are options of the settings layer (localcos's extras included)
 SETTINGS_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "seed", "stop", "method", "gamma", "byte_gamma", "combine", "weights", "mu",
-    "plausibility", "expert", "proposer", "ignore_eos", "lookup", "lookup_ngram", "lookup_tokens",
+    "plausibility", "expert", "gate", "lead", "proposer", "ignore_eos", "lookup", "lookup_ngram", "lookup_tokens",
 )  # fmt: skip
 
 
@@ -131,6 +131,8 @@ class GenerationRequest(_Body):
     mu: Annotated[float | None, _option("mu")] = None
     plausibility: Annotated[float | None, _option("plausibility")] = None
     expert: Annotated[int | None, _option("expert")] = None
+    gate: Annotated[float | None, _option("gate")] = None
+    lead: Annotated[int | None, _option("lead")] = None
     proposer: Annotated[int | Literal["lookup"] | None, _option("proposer")] = None
     lookup: Annotated[str | None, _option("lookup")] = None
     lookup_ngram: Annotated[tuple[int, int] | None, _option("lookup_ngram")] = None

@@ -60,17 +60,41 @@ def plot_speedups(path: str, rows: Sequence[Row], title: str) -> None:
     save(fig, path)
 
 
-def plot_sweep(path: str, sweep: Sweep, rows: Sequence[tuple], metric: str) -> None:
-    """The score of r over a sweep's grid, each model alone as a dotted line."""
+def plot_sweep(path: str, sweeps: Sequence[Sweep], rows: Sequence[tuple], metric: str) -> None:
+    """The score of r over a sweep's grid (two sweeps: one line per value of the second), each
+    model alone as a dotted line."""
     plt = require_matplotlib()
     fig, ax = plt.subplots(figsize=(6, 4))
     combined = [v for kind, _, v, _ in rows if kind == "r"]
-    ax.plot(list(sweep.values), combined, marker="o", label="combination r")
+    first = sweeps[0]
+    inner = sweeps[1].values if len(sweeps) > 1 else (None,)
+    for j, value in enumerate(inner):
+        line = combined[j :: len(inner)]
+        ax.plot(list(first.values), line, marker="o", label="combination r" if value is None else f"r, {sweeps[1].name} {value:g}")
     for kind, label, value, _ in rows:
         if kind == "model":
             ax.axhline(value, linestyle=":", linewidth=1, label=f"{label} alone")
-    ax.set_xlabel("weight of the first model" if sweep.name == "weights" else sweep.name)
+    ax.set_xlabel("weight of the first model" if first.name == "weights" else first.name)
     ax.set_ylabel(metric)
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     save(fig, path)
+
+
+def plot_eval(path: str, title: str, baseline: str, summaries: Sequence[Any]) -> None:
+    """pass@1 of each configuration with its 95% interval (`localcos eval`), the baseline's as a
+    dotted line."""
+    plt = require_matplotlib()
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(summaries) + 1.5))
+    names = [s.name for s in summaries]
+    rates = [100 * s.pass_at_1 for s in summaries]
+    low = [100 * (s.pass_at_1 - s.interval[0]) for s in summaries]
+    high = [100 * (s.interval[1] - s.pass_at_1) for s in summaries]
+    ax.barh(names, rates, xerr=[low, high], capsize=3, color=["grey" if n == baseline else "C0" for n in names])
+    ax.axvline(100 * next(s.pass_at_1 for s in summaries if s.name == baseline), linestyle=":", color="grey")
+    ax.invert_yaxis()
+    ax.set_xlabel("pass@1 (%), 95% interval")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    save(fig, path)
+

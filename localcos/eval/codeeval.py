@@ -1,0 +1,305 @@
+"""Executed code tasks over several configurations of one loaded ensemble (`localcos eval`).
+
+Every configuration (the members alone, combinations, methods) completes every problem with the
+same loaded models; each completion runs in the sandbox (`eval.sandbox`) with the problem's
+test. Results go to a JSON-lines file as they come, one line per (configuration, problem), so a
+run stopped by Ctrl-C resumes where it stopped; the summary reads that file: pass@1 with its
+Wilson interval, and each configuration against a baseline problem by problem (won, lost, the
+exact McNemar p), with its speed relative to the baseline's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from ..config import OPTIONS, Settings
+from ..errors import ConfigError
+from ..files import storage_error
+from .codetasks import STOPS, CodeTask
+from .paired import Paired, paired, wilson
+from .sandbox import Limits, run_program
+
+RESULTS_FORMAT = 1
+_BY_FLAG = {flag: opt for opt in OPTIONS.values() for flag in opt.flags}
+_CONFIG_TARGETS = ("combine", "generation")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """One configuration: its name and its settings."""
+
+    name: str
+    settings: Settings
+
+    @property
+    def alone(self) -> bool:
+        """Whether r is one model's own distribution (weights 1 and 0): a candidate for the
+        default baseline, the best member."""
+        n = len(self.settings.load.paths)
+        return self.settings.combiner().fit(n, [1] * n).single_model() is not None
+
+    @property
+    def identity(self) -> dict[str, str]:
+        """Every combination and generation option's value, as text: what the results file
+        records, so a resumed run never mixes two settings under one name."""
+        return {
+            opt.name: opt.format(self.settings.value(opt.name)) for opt in OPTIONS.values() if opt.target in _CONFIG_TARGETS
+        }
+
+
+def parse_config(text: str, base: Settings) -> EvalConfig:
+    """A configuration from `--variant NAME=FLAGS`: the combination and generation flags of
+    `localcos generate` (`--combine cd --mu 0.2 --gate 0.5`), over the run's own settings, each
+    checked by its option's parser."""
+    name, sep, flags = text.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise ConfigError(f"--variant takes NAME=FLAGS, e.g. 'CD=--combine cd --mu 0.1'; got {text!r}", param="variant")
+    try:
+        words = shlex.split(flags)
+    except ValueError as e:
+        raise ConfigError(f"--variant {name}: {e}", param="variant") from None
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        opt = _BY_FLAG.get(words[i])
+        if opt is None or opt.target not in _CONFIG_TARGETS:
+            raise ConfigError(f"--variant {name}: {words[i]} is not a combination or generation option of localcos generate", param="variant")
+        if opt.switch:
+            values[opt.name] = True
+            i += 1
+            continue
+        if i + 1 >= len(words):
+            raise ConfigError(f"--variant {name}: {opt.flag} needs a value", param="variant")
+        values[opt.name] = [*values.get(opt.name, []), words[i + 1]] if opt.repeat else words[i + 1]
+        i += 2
+    return EvalConfig(name, base.with_values(values))
+
+
+def default_configs(base: Settings, names: Sequence[str]) -> list[EvalConfig]:
+    """Each model alone, then the weighted ensemble and, for two models, contrastive decoding."""
+    n = len(names)
+    configs = [
+        EvalConfig(f"{name} alone", base.with_values({"combine": "we", "weights": ",".join("1" if j == i else "0" for j in range(n)),
+                                                       "method": "ensemble"}))  # fmt: skip
+        for i, name in enumerate(names)
+    ]
+    configs.append(EvalConfig("WE", base.with_values({"combine": "we", "weights": ""})))
+    if n == 2:
+        configs.append(EvalConfig("CD", base.with_values({"combine": "cd"})))
+    return configs
+
+
+@dataclass(frozen=True)
+class Generated:
+    """A completion: its text, its length in what max_tokens counts (tokens, or characters at
+    the byte level), and the seconds it took to decode (after the prompt)."""
+
+    text: str
+    length: int
+    seconds: float
+
+
+class ResultsFile:
+    """The JSON-lines record of a run: a header line (the task and the models), then one line
+    per (configuration, problem) as each finishes. Opening an existing file resumes it: the
+    problems it holds are not run again. A line cut short by an interruption is dropped."""
+
+    def __init__(self, path: str | os.PathLike[str], header: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.header = {"localcos_eval": RESULTS_FORMAT, **header}
+        self.records: dict[tuple[str, str], dict[str, Any]] = {}
+        self.identities: dict[str, dict[str, str]] = {}
+        if self.path.exists():
+            self._read()
+        else:
+            self._append(self.header)
+
+    def _read(self) -> None:
+        lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
+        try:
+            header = json.loads(lines[0]) if lines else None
+        except json.JSONDecodeError:
+            header = None
+        if not isinstance(header, dict) or header.get("localcos_eval") != RESULTS_FORMAT:
+            raise ConfigError(f"{self.path} is not a localcos eval results file; give another --results", param="results")
+        for key in ("task", "models"):
+            if header.get(key) != self.header[key]:
+                raise ConfigError(f"{self.path} holds results for {key} {header.get(key)!r}, not {self.header[key]!r}; "
+                                  "give another --results", param="results")  # fmt: skip
+        for line in lines[1:]:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # cut short by an interruption: that problem runs again
+            self.records[(record["config"], record["task_id"])] = record
+            self.identities.setdefault(record["config"], record["settings"])
+
+    def check(self, config: EvalConfig) -> None:
+        """A configuration whose name the file holds with other settings is refused."""
+        known = self.identities.get(config.name)
+        if known is not None and known != config.identity:
+            changed = sorted(k for k in set(known) | set(config.identity) if known.get(k) != config.identity.get(k))
+            raise ConfigError(f"{self.path} holds results for {config.name!r} with other settings ({', '.join(changed)}); "
+                              "give it another name or another --results", param="variant")  # fmt: skip
+
+    def get(self, config: str, task_id: str) -> dict[str, Any] | None:
+        return self.records.get((config, task_id))
+
+    def add(self, config: EvalConfig, record: dict[str, Any]) -> None:
+        record = {"config": config.name, "settings": config.identity, **record}
+        self._append(record)
+        self.records[(config.name, record["task_id"])] = record
+        self.identities.setdefault(config.name, config.identity)
+
+    def _append(self, record: dict[str, Any]) -> None:
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise storage_error(self.path, e) from None
+
+
+@dataclass
+class Progress:
+    """Runs done of all to do, and an estimate of the time left from this run's pace."""
+
+    total: int
+    done: int = 0
+    ran: int = 0
+    seconds: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+    def step(self, ran: bool) -> str:
+        self.done += 1
+        if ran:
+            self.ran += 1
+            self.seconds = time.monotonic() - self.started
+        left = self.total - self.done
+        eta = "" if not self.ran or not left else f", about {_duration(self.seconds / self.ran * left)} left"
+        return f"[{self.done}/{self.total}{eta}]"
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{int(seconds % 60):02d}s"
+
+
+def run_eval(
+    tasks: Sequence[CodeTask],
+    configs: Sequence[EvalConfig],
+    generate: Callable[[str, Settings], Generated],
+    results: ResultsFile,
+    limits: Limits,
+    report: Callable[[str], None] = lambda line: None,
+) -> None:
+    """Every configuration on every task not in `results` yet, problem by problem (each problem's
+    configurations one after another, so their speeds are measured side by side); each result
+    appended as it comes."""
+    for config in configs:
+        results.check(config)
+    progress = Progress(len(tasks) * len(configs))
+    for task in tasks:
+        for config in configs:
+            if results.get(config.name, task.task_id) is not None:
+                progress.step(ran=False)
+                continue
+            settings = with_stops(config.settings)
+            out = generate(task.prompt, settings)
+            outcome = run_program(task.program(out.text), limits)
+            results.add(config, {"task_id": task.task_id, "passed": outcome.passed, "result": outcome.result, "length": out.length,
+                                 "seconds": round(out.seconds, 4), "completion": out.text})  # fmt: skip
+            report(f"{progress.step(ran=True)} {task.task_id} {config.name}: {outcome.result}")
+
+
+def with_stops(settings: Settings) -> Settings:
+    """A configuration's settings with the stops that end a function body added."""
+    stops = tuple(dict.fromkeys((*settings.generation.stop, *STOPS)))
+    return replace(settings, generation=replace(settings.generation, stop=stops))
+
+
+@dataclass(frozen=True)
+class ConfigSummary:
+    """One configuration's results on the problems it completed, and how it compares with the
+    baseline on the problems both completed."""
+
+    name: str
+    n: int
+    passed: int
+    length: int
+    seconds: float
+    against: Paired | None  # None for the baseline itself
+    speed: float | None  # its length per second over the baseline's, on the problems both ran
+
+    @property
+    def pass_at_1(self) -> float:
+        return self.passed / self.n if self.n else 0.0
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson(self.passed, self.n)
+
+    @property
+    def per_second(self) -> float | None:
+        return self.length / self.seconds if self.seconds > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        lo, hi = self.interval
+        out: dict[str, Any] = {"config": self.name, "problems": self.n, "passed": self.passed, "pass_at_1": self.pass_at_1,
+                               "interval_95": [lo, hi], "per_second": self.per_second, "speed_vs_baseline": self.speed}  # fmt: skip
+        if self.against is not None:
+            a = self.against
+            out["vs_baseline"] = {"problems": a.n, "won": a.won, "lost": a.lost, "difference": a.difference, "p_mcnemar": a.p}
+        return out
+
+
+def summarize(results: ResultsFile, tasks: Sequence[CodeTask], configs: Sequence[EvalConfig], baseline: str | None) -> tuple[str, list[ConfigSummary]]:
+    """(the baseline's name, each configuration's summary) over `tasks`. The default baseline is
+    the best model alone (most problems passed), else the first configuration."""
+    ids = [t.task_id for t in tasks]
+    done = {c.name: [results.get(c.name, i) for i in ids] for c in configs}
+    if baseline is None:
+        alone = [c for c in configs if c.alone]
+        pool = alone or list(configs[:1])
+        baseline = max(pool, key=lambda c: sum(bool(r and r["passed"]) for r in done[c.name])).name
+    assert baseline in done, "the command line checks the baseline's name"
+    base = done[baseline]
+    out = []
+    for c in configs:
+        mine = done[c.name]
+        ran = [r for r in mine if r is not None]
+        both = [(r, b) for r, b in zip(mine, base) if r is not None and b is not None]
+        against = None if c.name == baseline else paired([r["passed"] for r, _ in both], [b["passed"] for _, b in both])
+        speed = _rate([r for r, _ in both]) / _rate([b for _, b in both]) if both and _rate([b for _, b in both]) else None
+        out.append(ConfigSummary(c.name, len(ran), sum(r["passed"] for r in ran), sum(r["length"] for r in ran),
+                                 sum(r["seconds"] for r in ran), against, speed))  # fmt: skip
+    return baseline, out
+
+
+def _rate(records: Iterable[dict[str, Any]]) -> float:
+    records = list(records)
+    seconds = sum(r["seconds"] for r in records)
+    return sum(r["length"] for r in records) / seconds if seconds > 0 else 0.0
+
+
+def table(baseline: str, summaries: Sequence[ConfigSummary], unit: str) -> list[list[str]]:
+    """The rows people read: a header, then one row per configuration."""
+    rows = [["configuration", "problems", "pass@1", "95% interval", "vs baseline", "won", "lost", "p (McNemar)", f"{unit}/s", "speed"]]
+    for s in summaries:
+        lo, hi = s.interval
+        a = s.against
+        rows.append([
+            s.name + (" (baseline)" if s.name == baseline else ""), str(s.n), f"{100 * s.pass_at_1:.1f}%", f"{100 * lo:.1f}-{100 * hi:.1f}",
+            "" if a is None else f"{100 * a.difference:+.1f}", "" if a is None else str(a.won), "" if a is None else str(a.lost),
+            "" if a is None else f"{a.p:.3g}", "-" if s.per_second is None else f"{s.per_second:.1f}",
+            "" if s.speed is None or a is None else f"{s.speed:.2f}x",
+        ])  # fmt: skip
+    return rows

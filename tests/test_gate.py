@@ -1,0 +1,128 @@
+"""Gated combination: r is the lead model's own distribution where it is sure of the next token,
+the combination elsewhere (`Gated`), and the members the gate does not ask are not evaluated
+(lazy members). Exact under every method: the joint law of continuations on NumPy fakes, greedy
+cos equal to the greedy ensemble on synthetic F16 models (token and byte level), and the lazy
+decoder's text equal to an eager one's, which evaluates every model at every token."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from conftest import assert_same_or_near_tie
+from fakes import FakeModel
+from localcos import Contrastive, CustomCombiner, Ensemble, LogitMix, WeightedEnsemble
+from localcos.core.combiners import Gated
+from localcos.core.sampling import softmax
+from localcos.errors import ConfigError
+from test_fake_decoding import METHODS, joint_test
+
+
+def eager(gated: Gated) -> CustomCombiner:
+    """The same r computed from every model's row at every position (no laziness): log r as
+    logits, so at temperature 1 (and greedy, which computes r at 1) r is the gated r."""
+
+    def log_r(logits: list[np.ndarray]) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            return np.log(gated.combine(logits, 1.0))
+
+    return CustomCombiner(log_r, name="eager")
+
+
+# --- the definition, brute force ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("inner", [WeightedEnsemble([0.3, 0.7]), Contrastive(mu=0.5), LogitMix([1, 2])])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_r_is_the_leads_own_where_it_is_sure_and_the_combination_elsewhere(inner, temperature):
+    rng = np.random.default_rng(4)
+    logits = [rng.standard_normal((64, 50)).astype(np.float32) * s for s in (2.0, 3.0)]
+    gated = Gated(inner, 0.3).bind(2, [100, 900]).combiner
+    assert gated.lead == 1  # the heavier model (cd: its expert, the same here)
+    r = gated.combine(logits, temperature)
+    bound = inner.bind(2, [100, 900])
+    for k in range(64):
+        top = float(softmax(logits[1][k]).max())
+        want = softmax(logits[1][k], temperature) if top >= 0.3 else bound.combine([l[k : k + 1] for l in logits], temperature)[0]
+        np.testing.assert_allclose(r[k], want, rtol=1e-5, atol=1e-7)
+    opened = gated.opens(logits[1])
+    assert 0 < opened.sum() < 64  # both sides are tested
+
+
+def test_a_gate_and_its_lead_are_checked_where_they_enter():
+    with pytest.raises(ConfigError, match="gate"):
+        Gated(WeightedEnsemble(), 0.0)
+    with pytest.raises(ConfigError, match="gate"):
+        Gated(WeightedEnsemble(), 1.5)
+    with pytest.raises(ConfigError, match="lead") as e:
+        Gated(WeightedEnsemble(), 0.5, lead=2).bind(2, [1, 2])
+    assert e.value.param == "lead"
+    with pytest.raises(ConfigError, match="gated once"):
+        Gated(Gated(WeightedEnsemble(), 0.5), 0.5)
+
+
+# --- exact under every method: the joint law on fakes ---------------------------------------------
+
+GATED = {
+    "we-gated": (Gated(WeightedEnsemble([0.4, 0.6]), 0.35), dict(temperature=1.0), METHODS + [("cos", "auto")]),
+    "cd-gated": (Gated(Contrastive(mu=0.5), 0.3), dict(temperature=0.8), [("ensemble", None), ("cos", 4)]),
+    "we-gated-lead-0": (Gated(WeightedEnsemble(), 0.5, lead=0), dict(temperature=1.0, top_k=6), [("ensemble", None), ("cos", 1)]),
+}
+
+
+@pytest.mark.parametrize("case, method, gamma", [(c, m, g) for c in GATED for m, g in GATED[c][2]])
+def test_gated_joint_law_of_continuations(case, method, gamma):
+    combiner, settings, _ = GATED[case]
+    models = [FakeModel(seed=80 + i, n_params=1000 * (i + 1)) for i in range(2)]
+    outs = joint_test(models, combiner, method, gamma, settings, seed=zlib.crc32(f"{case}/{method}/{gamma}".encode()))
+    tokens = sum(o.stats.gate_tokens for o in outs)
+    opened = sum(o.stats.gate_opened for o in outs)
+    assert tokens == sum(len(o.token_ids) + (o.finish_reason == "stop") for o in outs) and 0.05 * tokens < opened < 0.95 * tokens
+
+
+def test_a_member_the_gate_never_asks_is_never_evaluated():
+    """Lazy members: where the lead is always sure the other model is not run at all; where it
+    never is, both run at every token, as without a gate."""
+    models = [FakeModel(seed=90, n_params=100), FakeModel(seed=91, n_params=1000)]
+    for gate, other_runs in ((1e-6, False), (1.0, True)):
+        ens = Ensemble(models, Gated(WeightedEnsemble(), gate))
+        out = ens.generate([1, 2], method="ensemble", max_tokens=30, seed=0, ignore_eos=True)
+        assert (out.stats.models[0].calls > 0) == other_runs and out.stats.models[1].calls == 29
+        assert out.stats.gate_opened == (30 if other_runs else 0) and out.stats.gate_tokens == 30
+
+
+@pytest.mark.parametrize("method, gamma", [("ensemble", None), ("sd", 3), ("naive-cos", 2), ("cos", 2)])
+def test_lazy_members_give_the_eager_text_on_fakes(method, gamma):
+    models = [FakeModel(seed=92, n_params=100), FakeModel(seed=93, n_params=1000)]
+    gated = Gated(WeightedEnsemble([0.5, 0.5]), 0.4)
+    lazy = Ensemble(models, gated).generate([1, 2], method=method, gamma=gamma, max_tokens=60, temperature=0, ignore_eos=True)
+    full = Ensemble(models, eager(gated.bind(2, [100, 1000]).combiner)).generate(
+        [1, 2], method=method, gamma=gamma, max_tokens=60, temperature=0, ignore_eos=True)  # fmt: skip
+    assert lazy.token_ids == full.token_ids
+    assert 0 < lazy.stats.gate_opened < lazy.stats.gate_tokens
+    if method == "ensemble":  # the other model catches up only where the gate opens
+        assert lazy.stats.models[0].calls <= lazy.stats.gate_opened < full.stats.models[0].calls
+
+
+# --- lazy members on llama.cpp models: the eager text, up to the batch noise's near-ties ----------
+
+
+@pytest.mark.parametrize("names, inner", [(("base", "sibling"), WeightedEnsemble([0.5, 0.5])), (("f16", "larger"), Contrastive(mu=0.1))])
+def test_lazy_members_give_the_eager_text_on_synthetic_models(models, names, inner):
+    """A lazy member catches up on the tokens it skipped in one batched call, where an eager one
+    evaluates each in a call of its own: the same greedy text (F32 / F16 models), parting only
+    at a near-tie of r, and the lazy one evaluates the other model only where the gate opens."""
+    paths = [models[n] for n in names]
+    gated = Gated(inner, 0.4)
+    prompt = "The river runs past the old mill"
+    with Ensemble.load(paths, gated, n_ctx=256) as ens:
+        bound = ens.combiner
+        lazy = ens.generate(prompt, method="ensemble", temperature=0, max_tokens=64, ignore_eos=True)
+        full = ens.generate(prompt, combiner=eager(bound.combiner), method="ensemble", temperature=0, max_tokens=64, ignore_eos=True)
+        tokens = ens.tokenize(prompt)
+    assert_same_or_near_tie(lazy.token_ids, full.token_ids, paths, bound, tokens, "lazy members")
+    other = 1 - bound.gate.lead
+    assert 0 < lazy.stats.gate_opened < lazy.stats.gate_tokens == 64
+    assert lazy.stats.models[other].calls <= lazy.stats.gate_opened < full.stats.models[other].calls == 63
