@@ -262,6 +262,6 @@ class ByteEnsemble(ByteModels):
             return bits_per_byte(self, text, list(combiners or [self.combiner.combiner]), window=window or self.n_ctx - 2)
 
     def _plan(self, prompt: str | Sequence[Sequence[int]], config: GenerationConfig | None, combiner: Combiner | None, settings: dict) -> BytePlan:
-        config = _config(config, {"method": "cos", **settings})
+        config = _config(config, settings)
         prompts = self.prompts(prompt) if isinstance(prompt, str) else [list(p) for p in prompt]
         return self.plan(prompts, config, combiner=combiner)

@@ -200,9 +200,11 @@ _OPTIONS = [
     _option("method", "--method", "method", "generation", _choice(METHODS),
             "ensemble (every model, every token), sd, naive-cos, or cos (default: cos; ensemble for one model)", choices=METHODS),
     _option("gamma", "--gamma", "method", "generation", parse_gamma,
-            "proposal length: one value (the proposer's; others 1), one per model, or auto (chosen online from measured "
-            "acceptance and call times; the output then depends on timing, not only on --seed). Default: from the models' size ratio",
-            metavar="G"),
+            "proposal length: auto (the default): before each draft, the proposer and length that the models' call costs "
+            "(measured once when they load, and cached) and the acceptance seen so far in this generation say are fastest, "
+            "or no draft where drafts would not pay; it depends on nothing timed during the run, so a seed gives one text. "
+            "Or a fixed length: one value (the proposer's; others 1), or one per model",
+            default="auto", metavar="G"),
     _option("proposer", "--proposer", "method", "generation", parse_proposer,
             "index of the default proposer (default: the cheapest model), or lookup: drafts looked up in the context only",
             metavar="I|lookup"),

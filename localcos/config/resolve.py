@@ -100,10 +100,7 @@ def resolve(
         **_spec_values("load", value, exclude={"n_gpu_layers", "rpc"}),
     )
     combine = CombineSpec(**_spec_values("combine", value)).loaded()
-    generation_values = _spec_values("generation", value)
-    if generation_values["method"] is None:
-        generation_values["method"] = "cos" if n > 1 else "ensemble"
-    generation = GenerationConfig(**generation_values)
+    generation = GenerationConfig(**_spec_values("generation", value)).for_models(n)
     if value("chat_template_model") is not None:
         chat_model = value("chat_template_model")
     check_for_models(generation, n, combine=combine, chat_template_model=chat_model, json=json)

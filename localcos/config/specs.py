@@ -177,7 +177,7 @@ class GenerationConfig:
     (`ConfigError` naming the field), so a bad value never reaches llama.cpp or NumPy.
     """
 
-    method: str = "ensemble"
+    method: str | None = None  # None: the default for the models' number (`default_method`)
     max_tokens: int = 128
     temperature: float = 1.0
     top_k: int = 0
@@ -186,7 +186,7 @@ class GenerationConfig:
     seed: int | None = None  # None: a fresh random seed (-1 means the same)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    gamma: Gamma = None  # None: from the models' size ratio; "auto": planned from the measured call costs
+    gamma: Gamma = "auto"  # planned from the measured call costs; a fixed length only where one is asked for
     proposer: int | str | None = None  # None: the model with the fewest parameters; "lookup": the context
     lookup: str = "auto"  # drafts looked up in the context: auto, on or off (cos, and proposer "lookup")
     lookup_ngram: tuple[int, int] = (3, 12)  # the shortest and longest suffix looked up
@@ -210,6 +210,10 @@ class GenerationConfig:
     def sampler(self) -> Sampler:
         return Sampler(self.temperature, self.top_k, self.top_p, self.min_p)
 
+    def for_models(self, n: int) -> "GenerationConfig":
+        """This config for an ensemble of n models: its method, or the default (`default_method`)."""
+        return self if self.method is not None else replace(self, method=default_method(n))
+
     @property
     def constraint(self) -> Constraint | None:
         """What the text must be (structured output), if anything."""
@@ -230,6 +234,14 @@ class GenerationConfig:
         return replace(self, **changes)
 
 
+def default_method(n_models: int) -> str:
+    """The method every front end takes when none is given (the command line, the chat, the
+    server, `Ensemble`, `ByteEnsemble`, presets): cos for two or more models (it samples from r
+    exactly, and with --gamma auto, the default, it takes the ensemble's own step wherever drafts
+    would not pay), the standard step for one."""
+    return "cos" if n_models > 1 else "ensemble"
+
+
 def check_for_models(
     generation: GenerationConfig, n: int, *, combine: CombineSpec | None = None, chat_template_model: int = 0, json: bool = False
 ) -> None:
@@ -244,7 +256,7 @@ def check_for_models(
 
     index("proposer", generation.proposer if isinstance(generation.proposer, int) else None)
     index("chat_template_model", chat_template_model)
-    if generation.method != "ensemble" and n < 2:
+    if generation.method not in (None, "ensemble") and n < 2:
         raise ConfigError(f"method {generation.method} needs at least 2 models; use --method ensemble for one", param="method")
     gamma = generation.gamma
     if isinstance(gamma, tuple) and len(gamma) not in (1, n):

@@ -756,25 +756,13 @@ def cheapest(n_params: Sequence[int]) -> int:
     return min(range(len(n_params)), key=lambda i: (n_params[i], i))
 
 
-def default_gamma(proposer: int, n_params: Sequence[int]) -> int:
-    """Default proposal length: long drafts when the proposer is much cheaper than the rest
-    (cost ratio from parameter counts), short when the models cost about the same."""
-    others = [p for i, p in enumerate(n_params) if i != proposer]
-    c = n_params[proposer] / max(max(others), 1)
-    return 5 if c < 0.3 else 3 if c < 0.6 else 1
-
-
-def proposal_lengths(gamma: int | Sequence[int] | None, proposer: int, n_params: Sequence[int]) -> list[int]:
+def proposal_lengths(gamma: int | Sequence[int], proposer: int, n_models: int) -> list[int]:
     """Proposal length per model: one value sets the proposer's (the others propose 1, their bonus
-    token); one per model sets all (their count is the settings layer's to check); None takes
-    `default_gamma`."""
-    n = len(n_params)
-    if gamma is None:
-        gamma = default_gamma(proposer, n_params)
+    token); one per model sets all (their count is the settings layer's to check)."""
     if isinstance(gamma, (int, np.integer)):
-        return [int(gamma) if i == proposer else 1 for i in range(n)]
+        return [int(gamma) if i == proposer else 1 for i in range(n_models)]
     if len(gamma) == 1:
-        return [int(gamma[0]) if i == proposer else 1 for i in range(n)]
+        return [int(gamma[0]) if i == proposer else 1 for i in range(n_models)]
     return [int(g) for g in gamma]
 
 
@@ -798,14 +786,16 @@ class StrategyChoice:
 
 def choose_strategy(method: str, gamma: int | Sequence[int] | str | None, proposer: int | str | None, n_params: Sequence[int]) -> StrategyChoice:
     """The strategy of `method` for models of these sizes (the settings are checked already):
-    the default proposer is the cheapest model, gamma "auto" is planned online."""
+    the default proposer is the cheapest model; gamma "auto" (the default, also for None) is
+    planned before each draft, a fixed gamma is taken as it is."""
     if method == "ensemble":
         return StrategyChoice(method)
-    auto = gamma == "auto"
+    auto = gamma is None or gamma == "auto"
     if proposer == "lookup":
         return StrategyChoice(method, auto=auto, lookup_only=True)
     proposer = cheapest(n_params) if proposer is None else int(proposer)
-    gammas = proposal_lengths(None if auto else gamma, proposer, n_params)  # type: ignore[arg-type]
+    # auto's first plan replaces these before any draft
+    gammas = [1] * len(n_params) if auto else proposal_lengths(gamma, proposer, len(n_params))  # type: ignore[arg-type]
     if method in ("sd", "naive-cos"):
         return StrategyChoice(method, proposer, (gammas[proposer],), auto)
     return StrategyChoice(method, proposer, tuple(gammas), auto)

@@ -999,8 +999,9 @@ class ByteModels:
         once here for every front end: its method ensemble or cos; `combiner` bound to the
         models (default the loaded one); token-counted drafts (gamma), a proposer, lookup on
         and a prompt longer than a model's context are refused (`ConfigError`, naming `param`)."""
+        config = config.for_models(len(self.models))
         method = config.method
-        if config.gamma is not None:
+        if config.gamma != "auto":
             raise ConfigError("gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
         if method not in ("ensemble", "cos"):
             raise ConfigError(f"method {method}: not available at the byte level yet (models with different tokenizers, or level byte); "

@@ -73,6 +73,7 @@ def plan(
     (default: the ensemble's) on `loaded`. Bad input raises a `ConfigError` or a
     `PromptTooLongError` whose `param` names the setting at fault (`param` names the prompt)."""
     n_params = loaded.n_params
+    config = config.for_models(len(n_params))
     check_for_models(config, len(n_params), json=True)
     bound = loaded.combiner if combiner is None else loaded.bind(combiner)
     tokens = prompt_tokens(loaded, prompt, param)
