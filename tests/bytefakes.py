@@ -175,6 +175,13 @@ class FakeMember:
         self.view = ByteView(ByteVocab(model.pieces, model.end_tokens), max_paths=max_paths, prune=prune)
         self.prompt: tuple[int, ...] = ()
         self.calls = 0
+        self.price = None  # its calls are not priced
+        self.spent = 0.0
+
+    @property
+    def longest(self) -> int:
+        """The most tokens one of its paths holds after the prompt's."""
+        return len(self.prompt) + max((len(p.tokens) for p in self.view.paths), default=0)
 
     def start(self, prompt) -> None:
         self.prompt = tuple(prompt)

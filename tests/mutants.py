@@ -51,8 +51,14 @@ def mutants(path: Path, n_flips: int, seed: int) -> list[Mutant]:
     out.append(Mutant("a tensor too many", ((8, struct.pack("<Q", n_tensors + 1)),)))
     out.append(Mutant("a tensor too few", ((8, struct.pack("<Q", n_tensors - 1)),)))
     tokens = data.find(b"tokenizer.ggml.tokens")
-    for cut in (4, 8, 16, 24, tokens, tokens + 40, header_end - 8, header_end, (header_end + info.data_end) // 2, info.data_end - 1):
-        out.append(Mutant(f"cut at byte {cut}", cut=cut))
+    cuts = {
+        "after the magic": 4, "after the version": 8, "after the tensor count": 16, "after the metadata count": 24,
+        "at the vocabulary": tokens, "inside the vocabulary": tokens + 40, "inside the tensor infos": header_end - 8,
+        "where the tensor data begins": header_end, "halfway through the tensor data": (header_end + info.data_end) // 2,
+        "a byte short": info.data_end - 1,
+    }  # fmt: skip
+    for where, cut in cuts.items():
+        out.append(Mutant(f"cut {where} (byte {cut})", cut=cut))
     return out
 
 

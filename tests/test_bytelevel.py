@@ -216,6 +216,34 @@ def test_greedy_byte_ensemble_takes_the_argmax_of_r_every_byte():
         assert int(np.argmax(r(s))) == END
 
 
+# --- text: one assembly for both levels ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["ensemble", "cos"])
+def test_the_byte_level_assembles_its_text_as_the_token_level_does(method):
+    """The same bytes with a stop string give the text and finish reason the token level's
+    `TextAssembler` gives them, streamed in pieces that are never taken back."""
+    from localcos.core.text import TextAssembler
+
+    bound = WeightedEnsemble().bind(2, [1, 2])
+
+    def generate(stop=()):
+        members = [FakeMember(m, max_paths=4, prune=0.01) for m in (VOCAB_A, VOCAB_B)]
+        gen = ByteGeneration(members, [PROMPT] * 2, bound, Sampler(temperature=1.0), np.random.default_rng(9), max_chars=60,
+                             method=method, gamma=4, ignore_end=True, stop=stop)  # fmt: skip
+        pieces = list(gen.run())
+        return gen.completion, pieces
+
+    free, _ = generate()
+    stop = free.text[len(free.text) // 2 : len(free.text) // 2 + 2]
+    stopped, pieces = generate(stop=(stop, "no such text"))
+    assembler = TextAssembler(lambda b: bytes((b,)), (stop, "no such text"))
+    ended = any(assembler.push(b) for b in stopped.data)
+    assembler.finish()
+    assert ended and stopped.finish_reason == "stop" and stopped.text == assembler.text == free.text[: free.text.index(stop)]
+    assert "".join(pieces) == stopped.text and stopped.stats.chars == len(stopped.text)
+
+
 # --- speculation across tokenizers (cos at the byte level) --------------------------------------
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from localcos import ByteEnsemble, Ensemble, WeightedEnsemble
 from localcos.backend import Model
-from localcos.backend.model import prompt_calls
+from localcos.backend.slot import prompt_calls
 from test_server import serving
 
 PROMPT = "The river runs past the old mill and"

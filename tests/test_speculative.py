@@ -213,11 +213,10 @@ def check_sampling(case, paths, comb, sampling, methods, n_completions=N_COMPLET
                 rejected = sum(o.stats.rejected for o in outs)
                 assert proposed > 0 and rejected > 0.03 * proposed, "the test must exercise rejections"
             assert_matches(Counter(s[0] for s in seqs), exact(()), f"{what} token 1")
-            for depth in (1, 2):
-                prefixes = Counter(s[:depth] for s in seqs).most_common(2)
-                for prefix, count in prefixes:
-                    if count < 150:
-                        continue
+            for depth in (1, 2):  # tokens 2 and 3, where bonus tokens and rejections land
+                prefixes = [(p, c) for p, c in Counter(s[:depth] for s in seqs).most_common(2) if c >= 150]
+                assert prefixes, f"{what}: no prefix of {depth} token(s) has the 150 samples a check of token {depth + 1} needs"
+                for prefix, _ in prefixes:
                     following = Counter(s[depth] for s in seqs if s[:depth] == prefix)
                     assert_matches(following, exact(prefix), f"{what} token {depth + 1} after {prefix}")
         return outs

@@ -11,7 +11,7 @@ import pytest
 from conftest import RpcServer
 from localcos import cli
 from localcos.backend import RemoteModel
-from localcos.backend import model as backend_model
+from localcos.backend import llamacpp as backend_model
 from localcos.ensemble import Ensemble
 from localcos.errors import ModelFileError
 from localcos.config import resolve

@@ -5,14 +5,9 @@ llama.cpp only through `Model` (or `RemoteModel`, the same interface for a model
 """
 
 from .gguf_file import GGUFInfo, check_gguf_file, check_model_file, read_info
-from .model import (
-    MIN_CTX,
-    Model,
-    ModelStats,
-    common_prefix,
-    default_threads,
-    set_verbose,
-)
+from .llamacpp import default_threads, set_verbose
+from .model import MIN_CTX, Model
+from .slot import ModelStats, Slot, common_prefix
 from .rpc import Endpoint, parse_endpoint, rpc_available
 from .vocab import shared_vocab_size, tokenize_alike
 from .worker import RemoteModel
@@ -23,6 +18,7 @@ __all__ = [
     "Model",
     "ModelStats",
     "RemoteModel",
+    "Slot",
     "GGUFInfo",
     "check_gguf_file",
     "check_model_file",

@@ -22,29 +22,20 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
-# llama.cpp's libraries load before NumPy's: on a CUDA 13 build (H100, NumPy 2.5, Python 3.12)
-# loading them after NumPy made llama_model_load_from_file segfault in print_info (its C++
-# stream calls bound to copies of libstdc++ symbols exported by libggml-cuda); plain llama-cpp-python
-# crashed the same way when NumPy came first.
+# llama.cpp's libraries load before NumPy's (see `llamacpp`)
+from .llamacpp import _offloaded_layers, default_extra_buffers, default_threads, last_llama_error  # isort: skip
 import llama_cpp  # isort: skip
 import numpy as np
 
-from ..errors import Cancelled, ModelFileError
+from ..errors import ModelFileError
 from .gguf_file import check_model_file
-from ..paths import env_switch
+from .slot import PROMPT_CHUNK, ModelStats, Slot, common_prefix
 
 MIN_CTX = 8
-# the most prompt tokens one call evaluates (within n_batch): a scheduler interleaves a long
-# prompt's calls with other sequences' rounds, and a prompt is evaluated in calls of this many
-# tokens from its start wherever it must be computed as a fresh process computes it
-PROMPT_CHUNK = 256
 SPLIT_MODES = {
     "none": llama_cpp.LLAMA_SPLIT_MODE_NONE,
     "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
@@ -55,115 +46,6 @@ FLASH_ATTN = {
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
-
-# --- llama.cpp logging -------------------------------------------------------------------------
-# llama.cpp logs every load step to stderr. We keep the recent lines (an error message from a
-# failed load is shown to the user) and print them only when LOCALCOS_VERBOSE is set.
-_LOG_LINES: deque[str] = deque(maxlen=200)
-_LOG_ERRORS: deque[str] = deque(maxlen=20)
-_LOG_LOCK = threading.Lock()
-_VERBOSE = bool(os.environ.get("LOCALCOS_VERBOSE"))
-
-
-_GGML_LOG_ERROR, _GGML_LOG_CONT = 4, 5  # ggml_log_level
-_last_level = 0
-
-
-@llama_cpp.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    global _last_level
-    line = text.decode("utf-8", errors="replace")
-    if level == _GGML_LOG_CONT:
-        level = _last_level
-    _last_level = level
-    with _LOG_LOCK:
-        _LOG_LINES.append(line)
-        if level == _GGML_LOG_ERROR:
-            _LOG_ERRORS.append(line.strip())
-    if _VERBOSE:
-        import sys
-
-        print(line, end="", file=sys.stderr, flush=True)
-
-
-def _install_logging() -> None:
-    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-
-
-_install_logging()
-llama_cpp.llama_backend_init()
-
-
-def set_verbose(verbose: bool) -> None:
-    """Echo llama.cpp's own log lines to stderr (off by default)."""
-    global _VERBOSE
-    _VERBOSE = verbose
-    _install_logging()
-
-
-def _offloaded_layers() -> str | None:
-    """"N/M" from llama.cpp's last "offloaded N/M layers" load line, if it logged one."""
-    with _LOG_LOCK:
-        for line in reversed(_LOG_LINES):
-            if "offloaded " in line and " layers to GPU" in line:
-                return line.split("offloaded ", 1)[1].split(" layers", 1)[0]
-    return None
-
-
-def last_llama_error() -> str:
-    """The most telling llama.cpp error logged since the last call (the first one: later lines
-    only say that loading failed)."""
-    with _LOG_LOCK:
-        errors = [e for e in _LOG_ERRORS if e]
-        _LOG_ERRORS.clear()
-    return errors[0] if errors else ""
-
-
-def default_threads() -> int:
-    """Threads for llama.cpp: every core the process may use, halved on larger machines where
-    the count includes SMT siblings (llama.cpp runs best on physical cores)."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        n = os.cpu_count() or 1
-    return n if n <= 4 else max(4, n // 2)
-
-
-def amx_in_use() -> bool:
-    """True when this llama.cpp build runs AMX kernels on this CPU."""
-    return b"AMX_INT8 = 1" in (llama_cpp.llama_print_system_info() or b"")
-
-
-def default_extra_buffers() -> bool:
-    """Whether llama.cpp may repack weights into its extra CPU buffer types.
-
-    Off where llama.cpp would use its AMX kernels: they segfault in ggml_backend_amx_mul_mat on
-    some Sapphire Rapids machines (llama.cpp issue #20824; seen on the machines localcos is
-    tested on). LOCALCOS_EXTRA_BUFFERS=1 or =0 overrides.
-    """
-    switch = env_switch("LOCALCOS_EXTRA_BUFFERS")
-    return not amx_in_use() if switch is None else switch
-
-
-@dataclass
-class ModelStats:
-    """Work done by one model: llama_decode calls, tokens evaluated, seconds inside llama.cpp."""
-
-    calls: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-
-    def reset(self) -> None:
-        self.calls, self.tokens, self.seconds = 0, 0, 0.0
-
-    def snapshot(self) -> "ModelStats":
-        return ModelStats(self.calls, self.tokens, self.seconds)
-
-    def minus(self, earlier: "ModelStats") -> "ModelStats":
-        return ModelStats(
-            self.calls - earlier.calls, self.tokens - earlier.tokens, self.seconds - earlier.seconds
-        )
-
 
 @dataclass(frozen=True)
 class KeptPrompt:
@@ -176,14 +58,6 @@ class KeptPrompt:
 
 
 _SHARED = object()  # `Model._sole` once a second sequence had cells since the last reset
-
-
-def prompt_calls(prompt: Sequence[int], start: int, chunk: int) -> Iterator[tuple[Sequence[int], int]]:
-    """The calls that evaluate `prompt` from position `start` in calls of `chunk` tokens: (tokens,
-    logits rows asked), the last call asking for the row after the prompt. From a multiple of
-    `chunk` these are the calls a fresh evaluation makes there (`Model.restore_prompt`)."""
-    for first in range(start, len(prompt), chunk):
-        yield prompt[first : first + chunk], int(first + chunk >= len(prompt))
 
 
 class Model:
@@ -665,177 +539,6 @@ class Model:
 
     def __repr__(self) -> str:
         return f"Model({self.name!r}, n_vocab={self.n_vocab}, n_params={self.n_params}, n_ctx={self.n_ctx})"
-
-
-class Slot:
-    """One sequence of a model's KV cache (llama.cpp's seq_id `seq_id`) and exactly the tokens it
-    holds. Evaluated, rolled back and prefilled on its own, or in one call with other slots
-    (`Model.decode`); `stats` counts the calls it took part in."""
-
-    def __init__(self, model: Model, seq_id: int) -> None:
-        self.model = model
-        self.seq_id = seq_id
-        self.tokens: list[int] = []
-        self.stats = ModelStats()
-        # (tokens, llama.cpp's KV positions) after the last call that changed the sequence,
-        # published by the thread that drives the model for other threads to read
-        self.cache_state: tuple[int, int] = (0, 0)
-        self._prefill_row: tuple[tuple[int, ...], np.ndarray] | None = None  # see prefill()
-
-    @property
-    def name(self) -> str:
-        return self.model.name
-
-    def evaluate(
-        self, tokens: Sequence[int], n_logits: int | None = None, *, cancelled: Callable[[], bool] | None = None
-    ) -> np.ndarray:
-        """Append `tokens` to this sequence and return logits for the last `n_logits` of them.
-
-        Row i of the result is the model's next-token logits after the i-th of those tokens, as a
-        float32 array of shape [n_logits, logits_vocab]. `n_logits` defaults to all tokens; 0
-        evaluates without returning logits. Tokens go in calls of up to `n_batch`; when
-        `cancelled()` turns true between two calls, `Cancelled` is raised and the sequence holds
-        the tokens evaluated so far (`tokens` stays exact).
-        """
-        model = self.model
-        n = len(tokens)
-        n_logits = n if n_logits is None else n_logits
-        if not 0 <= n_logits <= n:
-            raise ValueError("n_logits must be between 0 and len(tokens)")
-        self._check_room(n)
-        out = np.empty((n_logits, model.logits_vocab), dtype=np.float32)
-        first_logit = n - n_logits
-        done = 0
-        while done < n:
-            if cancelled is not None and cancelled():
-                raise Cancelled(f"{self.name}: cancelled after {done} of {n} tokens")
-            chunk = min(model.n_batch, n - done)
-            lo = min(max(first_logit - done, 0), chunk)
-            if chunk - lo > model.max_logit_rows:  # llama.cpp returns at most that many rows a call
-                chunk = lo + model.max_logit_rows
-            (rows,) = model.decode([(self, tokens[done : done + chunk], lo, chunk)])
-            out[done + lo - first_logit : done + chunk - first_logit] = rows
-            done += chunk
-        return out
-
-    def evaluate_view(self, tokens: Sequence[int], first: int, end: int) -> np.ndarray:
-        """Append `tokens` (at most `n_batch`) in one llama_decode call and return llama.cpp's own
-        logits rows after tokens[first:end], without copying them: a read-only view of shape
-        [end - first, logits_vocab], valid until the model's next call. For scoring long texts
-        with host memory bounded by what the caller takes of it at a time."""
-        n = len(tokens)
-        if not 0 <= first <= end <= n:
-            raise ValueError("need 0 <= first <= end <= len(tokens)")
-        (rows,) = self.model.decode([(self, tokens, first, end)])
-        rows.flags.writeable = False
-        return rows
-
-    def _check_room(self, n: int) -> None:
-        if self.model.n_ctx == 0:
-            raise RuntimeError(f"{self.name} was loaded with vocab_only")
-        if len(self.tokens) + n > self.model.n_ctx:
-            raise ValueError(
-                f"{self.name}: evaluating {n} tokens at position {len(self.tokens)} exceeds the context of {self.model.n_ctx}"
-            )
-
-    def prefill(self, prompt: Sequence[int], *, cancelled: Callable[[], bool] | None = None) -> np.ndarray:
-        """Bring this sequence to exactly `prompt` and return the logits row after it.
-
-        What it already holds of the prompt is kept (a chat's earlier turns, the same prompt
-        again), and a longer prefix another slot of the model holds is shared (`share_prefix`); at
-        least the last token is evaluated again for its row, unless the row of this very prompt
-        is still known from the last call. `cancelled` as in `evaluate`.
-        """
-        row = self.known_row(prompt)
-        if row is not None:
-            return row
-        keep = min(len(self.tokens), len(prompt) - 1)
-        row = self.evaluate(prompt[keep:], 1, cancelled=cancelled)[0]
-        self.remember_row(prompt, row)
-        return row
-
-    def start_prompt(self, prompt: Sequence[int]) -> np.ndarray:
-        """Bring this sequence to exactly `prompt`, as a fresh process evaluates it, and return
-        the row after it: the model's cache emptied, what the last kept prompt holds of it
-        exactly put back (`Model.restore_prompt`), the rest in `prompt_calls`, and kept in turn
-        for the next start. A generation begun here gives the same text whatever ran before it."""
-        if not prompt:
-            raise ValueError("an empty prompt has no row after it")
-        model = self.model
-        row = model.restore_prompt(self, prompt)
-        if row is None:
-            for tokens, n_logits in prompt_calls(prompt, len(self.tokens), model.prompt_chunk):
-                rows = self.evaluate(tokens, n_logits)
-            row = rows[0]
-            model.keep_prompt(self, prompt, row)
-        return row
-
-    def known_row(self, prompt: Sequence[int]) -> np.ndarray | None:
-        """Prepare a prefill of `prompt`: the sequence keeps (or shares) the longest prefix of it
-        it can, but never the whole prompt (its last token is evaluated for the row after it);
-        returns that row instead when it is still known from the last prefill of this prompt."""
-        key = tuple(prompt)
-        keep = common_prefix(self.tokens, prompt)
-        if keep == len(prompt) and self._prefill_row is not None and self._prefill_row[0] == key:
-            self.truncate(keep)
-            return self._prefill_row[1]
-        self.share_prefix(prompt)
-        self.truncate(min(common_prefix(self.tokens, prompt), len(prompt) - 1))
-        return None
-
-    def remember_row(self, prompt: Sequence[int], row: np.ndarray) -> None:
-        self._prefill_row = (tuple(prompt), row)
-
-    def share_prefix(self, tokens: Sequence[int]) -> None:
-        """Take over the longest prefix of `tokens` that another slot of the model holds, when it
-        is longer than what this one holds: the cache cells are shared, not evaluated again (the
-        `n` completions of one prompt, a conversation's earlier turns served in another slot)."""
-        own = common_prefix(self.tokens, tokens)
-        donor, best = None, own
-        for other in self.model.slots:
-            if other is not self:
-                k = common_prefix(other.tokens, tokens)
-                if k > best:
-                    donor, best = other, k
-        if donor is None:
-            return
-        self.truncate(0)
-        self.model._share(donor.seq_id, self.seq_id, best)
-        self.tokens.extend(donor.tokens[:best])
-        self._publish()
-
-    def kv_length(self) -> int:
-        """How many positions llama.cpp's KV cache holds for this sequence (equals
-        len(self.tokens) unless something went wrong: a consistency check)."""
-        return self.model._kv_positions(self.seq_id)
-
-    def truncate(self, n: int) -> None:
-        """Remove every token at position >= n from this sequence."""
-        if n >= len(self.tokens):
-            return
-        if n < 0:
-            raise ValueError("n must be >= 0")
-        self.model._remove(self.seq_id, n)
-        del self.tokens[n:]
-        self._publish()
-
-    def reset(self) -> None:
-        self.truncate(0)
-
-    def _publish(self) -> None:
-        self.cache_state = (len(self.tokens), self.kv_length())
-
-    def __repr__(self) -> str:
-        return f"Slot({self.name!r}, seq {self.seq_id}, {len(self.tokens)} tokens)"
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _clean_llama_error(text: str) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import TokenizerMismatchError
-from .model import Model, common_prefix
+from .model import Model
+from .slot import common_prefix
 
 
 def shared_vocab_size(models: Sequence[Model]) -> int:

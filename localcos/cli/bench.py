@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..config import GenerationConfig, check_for_models
     from ..config.parse import parse_choice, parse_gamma, parse_int, parse_ints
-    from ..core.decoding import METHODS, cheapest
+    from ..core.decoding import METHODS
+    from ..core.strategies import cheapest
     from ..ensemble import Ensemble
     from ..models.weights import type_name
     from ..runtime.bytelevel import decodes_bytes
@@ -248,7 +249,7 @@ def _bench_bytes(args: argparse.Namespace, settings) -> int:
         if noise:
             print(f"\ntiming noise: the ensemble ran each prompt twice (before and after the others); the two runs differ by "
                   f"{noise[len(noise) // 2]:.1%} in the median, {noise[-1]:.1%} at most. Ratios use both.")  # fmt: skip
-        print(f"\nbatched calls on this machine, from the models' profiles (what --byte-gamma auto plans with):")
+        print("\nbatched calls on this machine, from the models' profiles (what --byte-gamma auto plans with):")
         for name, profile in zip(names, models.costs.profiles):
             print(f"  {name}: {describe(profile)}")
     if args.json:

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from ..eval.codeeval import ResultsFile, default_configs, parse_config, run_eval, summarize, table
     from ..eval.codetasks import load_tasks, select
     from ..eval.sandbox import Limits
-    from ..runtime.bytelevel import byte_level_settings, decodes_bytes
+    from ..runtime.bytelevel import decodes_bytes
     from ..tools.plotting import require_matplotlib
 
     if not args.run_code:
@@ -70,8 +70,6 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     settings = resolve(args, DEFAULTS)
     byte_level = decodes_bytes(settings)
-    if byte_level:
-        settings = byte_level_settings(settings, args.method)
     configs = [parse_config(text, settings) for text in args.variant] if args.variant else None
     if configs is not None and len({c.name for c in configs}) < len(configs):
         raise ConfigError("--variant: two configurations have the same name", param="variant")

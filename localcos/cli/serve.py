@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from ..chat import ChatFormatter, OwnTemplates
     from ..config import default_parallel, resolve_server
     from ..ensemble import Ensemble
-    from ..runtime.bytelevel import ByteModels, byte_level_settings, decodes_bytes
+    from ..runtime.bytelevel import ByteModels, decodes_bytes
 
     try:
         import uvicorn
@@ -64,7 +64,6 @@ def run(args: argparse.Namespace) -> int:
         settings = resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
         byte_level = decodes_bytes(settings)
         if byte_level:  # models of different tokenizers: one generation at a time (its paths take the sequences)
-            settings = byte_level_settings(settings, args.method)
             ens: Ensemble | ByteModels = ByteModels.load(settings.load, settings.combiner(), progress=loading_progress)
             parallel = 1
         else:

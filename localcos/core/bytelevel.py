@@ -168,7 +168,7 @@ class Row:
 
 
 @dataclass(eq=False)
-class Path:
+class TokenPath:
     """One token sequence whose bytes are the text so far up to `start` (see the module's doc).
 
     `lo`..`hi` are the sorted positions of the tokens that may still follow it (their bytes begin
@@ -182,7 +182,7 @@ class Path:
     log_mass: float
     lo: int
     hi: int
-    parent: "Path | None" = None
+    parent: "TokenPath | None" = None
     row: Row | None = None
     bounds: np.ndarray | None = field(default=None, repr=False)
     split: np.ndarray | None = field(default=None, repr=False)
@@ -205,8 +205,8 @@ class Advance:
     handle holds all but the last) and the paths let go (their handles may be reused, after the
     new paths took what they need of them)."""
 
-    new: list[Path]
-    gone: list[Path]
+    new: list[TokenPath]
+    gone: list[TokenPath]
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,7 @@ class ViewState:
     """A `ByteView` at one point of its text (see `ByteView.snapshot`)."""
 
     length: int
-    paths: tuple[Path, ...]
+    paths: tuple[TokenPath, ...]
     kept: float
 
 
@@ -231,7 +231,7 @@ class ByteView:
         self.max_paths = max_paths
         self.prune = prune
         self.text = bytearray()
-        self.paths: list[Path] = []
+        self.paths: list[TokenPath] = []
         self.dropped = 0.0  # the model's probability mass given up by pruning, of all strings
         self._kept = 1.0  # fraction of the mass kept, over every step
         self.most_paths = 0  # the most paths held at once
@@ -239,9 +239,9 @@ class ByteView:
         self.restarts = 0  # times the paths were rebuilt from a tokenisation of the text
         self.folded = 0  # paths folded into a heavier one at the same position (`settle`)
 
-    def start(self, row: np.ndarray, handle: object = None) -> Path:
+    def start(self, row: np.ndarray, handle: object = None) -> TokenPath:
         """Begin at the end of the prompt, whose next-token logits are `row`."""
-        root = Path((), 0, 0.0, 0, self.vocab.size, handle=handle)
+        root = TokenPath((), 0, 0.0, 0, self.vocab.size, handle=handle)
         self.set_row(root, row)
         self.text.clear()
         self.paths = [root]
@@ -250,18 +250,18 @@ class ByteView:
         self.dropped, self._kept = 0.0, 1.0
         return root
 
-    def restart(self, tokens: Sequence[int], start: int, row: np.ndarray, handle: object = None) -> Path:
+    def restart(self, tokens: Sequence[int], start: int, row: np.ndarray, handle: object = None) -> TokenPath:
         """Hold one path again: `tokens`, whose bytes are the text's first `start` bytes, with
         the row after them; the text after `start` is dropped (the caller advances through it
         again). What the other paths held is counted as dropped."""
-        root = Path(tuple(tokens), start, 0.0, 0, self.vocab.size, handle=handle)
+        root = TokenPath(tuple(tokens), start, 0.0, 0, self.vocab.size, handle=handle)
         self.set_row(root, row)
         del self.text[start:]
         self.paths = [root]
         self.restarts += 1
         return root
 
-    def set_row(self, path: Path, row: np.ndarray) -> None:
+    def set_row(self, path: TokenPath, row: np.ndarray) -> None:
         """The next-token logits after `path`'s tokens."""
         path.row = self.normalise(row)
 
@@ -291,7 +291,7 @@ class ByteView:
         self._kept = state.kept
         self.dropped = 1.0 - state.kept
 
-    def _split(self, path: Path) -> np.ndarray:
+    def _split(self, path: TokenPath) -> np.ndarray:
         """The probability under `path`'s row of each next byte (256 values), over the tokens
         that may follow it."""
         if path.split is None:
@@ -299,7 +299,7 @@ class ByteView:
             path.split = path.row.split(self._bounds(path)[: END + 1])
         return path.split
 
-    def _bounds(self, path: Path) -> np.ndarray:
+    def _bounds(self, path: TokenPath) -> np.ndarray:
         """Where the tokens that may follow `path` split by their next byte: SYMBOLS entries, the
         first sorted position of each byte value's tokens, then `hi`."""
         if path.bounds is None:
@@ -334,9 +334,9 @@ class ByteView:
         if not 0 <= byte < END:
             raise ValueError(f"not a byte: {byte}")
         vocab = self.vocab
-        survivors: list[tuple[Path, float]] = []  # (path, log of the mass it carries now)
-        new: list[Path] = []
-        gone: list[Path] = []
+        survivors: list[tuple[TokenPath, float]] = []  # (path, log of the mass it carries now)
+        new: list[TokenPath] = []
+        gone: list[TokenPath] = []
         n = len(self.text) + 1
         for path in self.paths:
             bounds = self._bounds(path)
@@ -353,7 +353,7 @@ class ByteView:
             for k in range(lo, exact):
                 p = row.prob(k)
                 if p > 0 or force:
-                    child = Path(path.tokens + (int(vocab.order[k]),), n, path.log_mass + math.log(max(p, FORCED)), 0, vocab.size, parent=path)
+                    child = TokenPath(path.tokens + (int(vocab.order[k]),), n, path.log_mass + math.log(max(p, FORCED)), 0, vocab.size, parent=path)
                     new.append(child)
             rest = row.mass(exact, hi) if exact < hi else 0.0
             if exact < hi and (rest > 0 or force):
@@ -376,7 +376,7 @@ class ByteView:
         self.rows += len(new)
         return Advance(new, gone)
 
-    def settle(self) -> list[Path]:
+    def settle(self) -> list[TokenPath]:
         """Fold the paths that end at the end of the text (the last byte's new paths, their rows
         given) into the heaviest of them where one predicts like it: its mass times the total
         variation between their rows below `prune` times the heaviest's mass (the bound on what
@@ -402,7 +402,7 @@ class ByteView:
         self.folded += len(folded)
         return folded
 
-    def _prune(self, paths: list[tuple[Path, float]]) -> tuple[list[Path], list[Path]]:
+    def _prune(self, paths: list[tuple[TokenPath, float]]) -> tuple[list[TokenPath], list[TokenPath]]:
         """Keep the paths above `prune` x the largest mass, at most `max_paths` (the heaviest)."""
         if self.prune == 0 and len(paths) <= self.max_paths:
             return [p for p, _ in paths], []
@@ -419,7 +419,7 @@ class ByteView:
         return [p for p, _ in keep], drop
 
 
-    def lattice(self, draft: bytes, limit: int) -> list[tuple[Path, list[int]]]:
+    def lattice(self, draft: bytes, limit: int) -> list[tuple[TokenPath, list[int]]]:
         """The token sequences whose rows advancing through `draft` will likely ask for, as
         chains from held paths, `limit` tokens at most in all (to evaluate them in one call):
         each token that completes a held path's pending bytes inside the draft (its probability
@@ -427,7 +427,7 @@ class ByteView:
         that cover the rest of the draft (how a tokenizer would most likely go on). A row that
         is not here is asked for when `replay` reaches it."""
         vocab = self.vocab
-        firsts: list[tuple[float, Path, int, int]] = []
+        firsts: list[tuple[float, TokenPath, int, int]] = []
         for path in self.paths:
             pending = bytes(self.text[path.start :])
             row = path.row
@@ -441,7 +441,7 @@ class ByteView:
         firsts.sort(key=lambda x: -x[0])
         floor = firsts[0][0] + math.log(self.prune) if firsts and self.prune > 0 else -math.inf
         firsts = [f for f in firsts[: min(self.max_paths, limit)] if f[0] >= floor]
-        chains: list[tuple[Path, list[int]]] = [(path, [token]) for _, path, token, _ in firsts]
+        chains: list[tuple[TokenPath, list[int]]] = [(path, [token]) for _, path, token, _ in firsts]
         ends = [end for _, _, _, end in firsts]
         rows = len(chains)
         # the heaviest first, each as far as the draft goes, while the call has room
@@ -460,7 +460,7 @@ def replay(
     view: ByteView,
     draft: bytes,
     known: Mapping[tuple[int, ...], Row],
-    evaluate: Callable[[list[Path]], None],
+    evaluate: Callable[[list[TokenPath]], None],
 ) -> tuple[list[np.ndarray], list[ViewState]]:
     """Advance `view` through `draft`, each new path's row taken from `known` (token sequence ->
     `ByteView.normalise`d row) or, where it is not there, from `evaluate(paths)` (which must
@@ -531,10 +531,6 @@ class Utf8State:
     @property
     def allowed(self) -> np.ndarray:
         return _UTF8[(self.need, self.lo, self.hi)]
-
-    @property
-    def at_boundary(self) -> bool:
-        return self.need == 0
 
     def copy(self) -> "Utf8State":
         other = Utf8State()

@@ -223,15 +223,14 @@ class AutoGamma:
     gamma_max: int = 8
     prior_alpha: float = 0.7
     prior_weight: float = 8.0
-    # acceptance varies from prompt to prompt (44% to 95% on the trained pair with CD): an estimate
-    # that remembers ~50 verdicts follows a new prompt within a few drafts
+    # acceptance varies widely from prompt to prompt: an estimate that remembers ~50 verdicts
+    # follows a new prompt within a few drafts
     decay: float = 0.98
     rechoose_every: float = 8  # draft tokens judged between re-evaluations of a choice
     # speculation is chosen only when expected this much faster than the ensemble's step: the
     # model leaves out the host work that drafting adds (verification, rollbacks, more rows to
-    # copy and normalise) and prices rows at an empty cache's positions; on a 2-core CPU measured
-    # speedups ran about 5% below it at the same acceptance. In doubt, the ensemble's step is
-    # never slower than itself.
+    # copy and normalise) and prices rows at an empty cache's positions, so measured speedups run
+    # below it at the same acceptance. In doubt, the ensemble's step is never slower than itself.
     margin: float = 0.08
     accepted: list[float] = field(default_factory=list)
     tested: list[float] = field(default_factory=list)
@@ -427,12 +426,6 @@ class ByteAutoGamma:
 
     def alpha(self, proposer: int) -> float:
         return self.accepted[proposer] / self.tested[proposer]
-
-    @property
-    def wants_acceptance(self) -> bool:
-        """Whether measuring acceptance at ensemble steps can change a choice: not where even
-        drafts always accepted would not pay (what they cost depends on the calls, not on it)."""
-        return self.could_pay
 
     def _cost(self, model: int, rows: float) -> float:
         """A call of `rows` rows (fractional: between the two counts around it)."""

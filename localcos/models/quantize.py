@@ -24,7 +24,7 @@ def quantize(
     picks each tensor's type for it) to `target`, whole or not at all (a temporary file renamed
     when complete; `hint`: what to do when the disk refuses). `allow_requantize` lets the source
     be quantised already (a Q4_K_M file requantised to Q4_0 loses some quality)."""
-    from ..backend.model import default_threads, last_llama_error  # loads llama.cpp's libraries
+    from ..backend.llamacpp import default_threads, last_llama_error  # loads llama.cpp's libraries
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()

@@ -5,7 +5,7 @@ generation as a coroutine (`generation`), the one scheduler that runs every gene
 from .generation import Chunk, Completion, TokenEvent, completion_rng
 from .loaded import LoadedModels
 from .plan import Plan, plan
-from .scheduler import Scheduler, Sequence, State, Stream, run_completions
+from .scheduler import Scheduler, State, Stream, Submission, run_completions
 
 __all__ = [
     "Chunk",
@@ -13,7 +13,7 @@ __all__ = [
     "LoadedModels",
     "Plan",
     "Scheduler",
-    "Sequence",
+    "Submission",
     "State",
     "Stream",
     "TokenEvent",

@@ -15,7 +15,7 @@ import numpy as np
 
 from .bytelevel import ByteCompletion, BytePlan
 from .generation import Chunk
-from .scheduler import Rounds, Sequence, State
+from .scheduler import Rounds, Submission, State
 
 if TYPE_CHECKING:
     from .bytelevel import ByteModels
@@ -26,8 +26,8 @@ class ByteScheduler(Rounds):
 
     def __init__(self, models: ByteModels) -> None:
         self.models = models
-        self.live: list[Sequence] = []
-        self.queue: deque[Sequence] = deque()
+        self.live: list[Submission] = []
+        self.queue: deque[Submission] = deque()
 
     def submit(
         self,
@@ -37,19 +37,19 @@ class ByteScheduler(Rounds):
         on_chunk: Callable[[Chunk], None] | None = None,
         key: Any = None,
         shares_cells: bool = False,
-    ) -> Sequence:
+    ) -> Submission:
         """Queue a generation of `plan` drawing from `rng`; it starts after the ones before it,
         from emptied caches (`ByteMember.start`). No prompt is scored for it at the byte level
         (a request's echo is refused there), so it has no cells to share."""
         assert not shares_cells, "the byte level scores no prompt before a generation"
-        sequence = Sequence(plan, rng, on_chunk, key)  # type: ignore[arg-type]
+        sequence = Submission(plan, rng, on_chunk, key)  # type: ignore[arg-type]
         self.queue.append(sequence)
         return sequence
 
-    def step(self) -> list[Sequence]:
+    def step(self) -> list[Submission]:
         """Start the next generation when none runs, and advance the running one to its next
         text. Returns the sequences that finished."""
-        finished: list[Sequence] = []
+        finished: list[Submission] = []
         while not self.live and self.queue:
             sequence = self.queue.popleft()
             if sequence.cancel_requested:  # cancelled before it started
@@ -70,13 +70,13 @@ class ByteScheduler(Rounds):
                 sequence.on_chunk(Chunk(item, ()))
         return finished
 
-    def drop(self, sequence: Sequence) -> None:
+    def drop(self, sequence: Submission) -> None:
         """Abandon the running sequence (after a failed call); the next generation starts afresh."""
         self.live.remove(sequence)
         sequence.state = State.FINISHED
 
     @staticmethod
-    def _finish(sequence: Sequence, completion: ByteCompletion, finished: list[Sequence]) -> None:
+    def _finish(sequence: Submission, completion: ByteCompletion, finished: list[Submission]) -> None:
         sequence.completion = completion  # type: ignore[assignment]
         sequence.state = State.FINISHED
         finished.append(sequence)

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Callable, Generator
 
 import numpy as np
 
-from ..backend.model import prompt_calls
-from ..core.decoding import Decoder, Evaluate, Origin, Phase, make_strategy
+from ..backend.slot import prompt_calls
+from ..core.decoding import Decoder, Evaluate, Origin, Phase
 from ..core.lookup import ContextIndex, LookupOutcomes, LookupState
 from ..core.speedmodel import AutoGamma
+from ..core.strategies import make_strategy
 from ..core.text import TextAssembler
 from ..grammar import Matcher
 from ..stats import GenerationStats, ModelRunStats

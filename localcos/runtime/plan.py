@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..config.specs import GenerationConfig, check_for_models
 from ..core.combiners import BoundCombiner, Combiner
-from ..core.decoding import StrategyChoice, choose_strategy
+from ..core.strategies import StrategyChoice, choose_strategy
 from ..core.lookup import LookupSettings
 from ..core.sampling import Sampler
 from ..errors import ConfigError, PromptTooLongError

@@ -90,8 +90,8 @@ def measure(model: Any, rows: tuple[int, ...] = PROFILE_ROWS, seconds: float = P
     best: dict[int, float] = {}
     start = time.perf_counter()
     # the first call pays for paging the weights in, and the first of the most rows for growing
-    # llama.cpp's buffers to them (160 ms of a 1.5B model's 380 ms 8-row call): neither is a cost
-    # that decoding pays again
+    # llama.cpp's buffers to them (a large share of that call): neither is a cost that decoding
+    # pays again
     model.evaluate([token] * max(rows), max(rows))
     model.reset()
     # one row twice a round: every b(k) is relative to it, and it is the cheapest to repeat

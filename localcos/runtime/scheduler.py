@@ -1,7 +1,7 @@
 """The scheduler: every generation runs here, one or many at once, their rows sharing
 llama_decode calls.
 
-Work is submitted as `Sequence`s and waits in arrival order. Each `step` admits waiting sequences
+Work is submitted as `Submission`s and waits in arrival order. Each `step` admits waiting sequences
 into free slots (the same sequence id in each model's KV cache), runs one round, and retires the
 sequences that finished. In a round each model gets one call (or a few, within its n_batch and
 logits-row limits) holding the requests of every sequence waiting for that model: the standard
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence as Seq
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -46,7 +46,7 @@ class State(Enum):
 
 
 @dataclass(eq=False)
-class Sequence:
+class Submission:
     """One generation in the scheduler: its plan and random stream, where its output goes, and
     where it is (`state`); `completion` once finished."""
 
@@ -79,19 +79,19 @@ class Rounds:
     """What every scheduler has: the live sequences, the queue, and running rounds (`step`) until
     nothing is left."""
 
-    live: list[Sequence]
-    queue: deque[Sequence]
+    live: list[Submission]
+    queue: deque[Submission]
 
     @property
     def idle(self) -> bool:
         return not self.live and not self.queue
 
-    def step(self) -> list[Sequence]:
+    def step(self) -> list[Submission]:
         raise NotImplementedError
 
-    def run(self) -> list[Sequence]:
+    def run(self) -> list[Submission]:
         """Step until nothing is left; the sequences in the order they finished."""
-        done: list[Sequence] = []
+        done: list[Submission] = []
         while not self.idle:
             done.extend(self.step())
         return done
@@ -102,11 +102,11 @@ class Scheduler(Rounds):
     use (default all). `observe(sequence)`, when given, is called for every live sequence after
     each round (the tests check the decoder's invariants there)."""
 
-    def __init__(self, loaded: LoadedModels, slots: Seq[int] | None = None, observe: Callable[[Sequence], None] | None = None) -> None:
+    def __init__(self, loaded: LoadedModels, slots: Sequence[int] | None = None, observe: Callable[[Submission], None] | None = None) -> None:
         self.loaded = loaded
         self.free: list[int] = list(range(loaded.parallel) if slots is None else slots)
-        self.live: list[Sequence] = []
-        self.queue: deque[Sequence] = deque()
+        self.live: list[Submission] = []
+        self.queue: deque[Submission] = deque()
         self.observe = observe
 
     def submit(
@@ -117,20 +117,20 @@ class Scheduler(Rounds):
         on_chunk: Callable[[Chunk], None] | None = None,
         key: Any = None,
         shares_cells: bool = False,
-    ) -> Sequence:
+    ) -> Submission:
         """Queue a generation of `plan` drawing from `rng`; it starts when a slot frees, after
         the ones submitted before it. One that starts while no other runs starts from an emptied
         cache (its text then depends on nothing that ran before), unless `shares_cells`: its
-        prompt's cells were evaluated for it just before (see `Sequence.shares_cells`)."""
-        sequence = Sequence(plan, rng, on_chunk, key, shares_cells=shares_cells)
+        prompt's cells were evaluated for it just before (see `Submission.shares_cells`)."""
+        sequence = Submission(plan, rng, on_chunk, key, shares_cells=shares_cells)
         self.queue.append(sequence)
         return sequence
 
-    def step(self) -> list[Sequence]:
+    def step(self) -> list[Submission]:
         """Admit what waits into free slots, then run one round: every model evaluates, in as few
         calls as its limits allow, what the live sequences wait for. Returns the sequences that
         finished (their slots are free again)."""
-        finished: list[Sequence] = []
+        finished: list[Submission] = []
         self._admit(finished)
         for sequence in list(self.live):
             if sequence.request is None and sequence.state is State.QUEUED and not self._waits_for_a_donor(sequence):
@@ -144,7 +144,7 @@ class Scheduler(Rounds):
                 self.observe(sequence)
         return finished
 
-    def drop(self, sequence: Sequence) -> None:
+    def drop(self, sequence: Submission) -> None:
         """Abandon a live sequence (after a failed call): its slot is free, whatever its cache
         holds is exact (the next prefill keeps what fits)."""
         self.live.remove(sequence)
@@ -153,7 +153,7 @@ class Scheduler(Rounds):
         sequence.state = State.FINISHED
 
     # --- inside ------------------------------------------------------------------------------------
-    def _admit(self, finished: list[Sequence]) -> None:
+    def _admit(self, finished: list[Submission]) -> None:
         while self.queue and (self.free or self.queue[0].cancel_requested):
             sequence = self.queue.popleft()
             if sequence.cancel_requested:  # cancelled before it started: nothing to generate
@@ -174,7 +174,7 @@ class Scheduler(Rounds):
         the load a sequence prices its drafts beside (speculation backs off under load)."""
         return max(len(self.live) - 1, 0)
 
-    def _waits_for_a_donor(self, sequence: Sequence) -> bool:
+    def _waits_for_a_donor(self, sequence: Submission) -> bool:
         """A sequence whose prompt another one is evaluating right now starts once that one is
         done, and then shares its cells (`n` completions of one prompt evaluate it once)."""
         return any(
@@ -182,7 +182,7 @@ class Scheduler(Rounds):
             for other in self.live
         )
 
-    def _resume(self, sequence: Sequence, value: np.ndarray | None, finished: list[Sequence]) -> None:
+    def _resume(self, sequence: Submission, value: np.ndarray | None, finished: list[Submission]) -> None:
         """Run a sequence on until it needs logits again (or ends)."""
         sequence.request = None
         assert sequence.work is not None
@@ -205,7 +205,7 @@ class Scheduler(Rounds):
             if sequence.on_chunk is not None:
                 sequence.on_chunk(item)
 
-    def _evaluate(self, i: int, model: Any, waiting: list[Sequence]) -> list[np.ndarray]:
+    def _evaluate(self, i: int, model: Any, waiting: list[Submission]) -> list[np.ndarray]:
         """Every waiting request to model i, in calls of at most n_batch tokens and
         max_logit_rows rows, grouped as the model's call profile says they cost least
         (`runtime.profile.call_groups`: one call for all where rows batch well); the logits
@@ -234,7 +234,7 @@ def run_completions(
     n: int,
     *,
     on_chunk: Callable[[int, Chunk], None] | None = None,
-    observe: Callable[[Sequence], None] | None = None,
+    observe: Callable[[Submission], None] | None = None,
 ) -> list[Completion]:
     """`n` completions of one plan, completion k drawing from `completion_rng(seed, k)`; up to
     `loaded.parallel` decode at once, and their prompt is evaluated once."""

@@ -33,7 +33,7 @@ from ..errors import Cancelled
 from ..runtime.bytelevel import ByteModels
 from ..runtime.bytescheduler import ByteScheduler
 from ..runtime.generation import Completion, completion_rng
-from ..runtime.scheduler import Scheduler, Sequence, State
+from ..runtime.scheduler import Scheduler, Submission, State
 
 if TYPE_CHECKING:
     from ..runtime.loaded import LoadedModels
@@ -75,7 +75,7 @@ class Job:
     state: JobState = JobState.QUEUED
     cancelled: bool = False
     completions: dict[int, Completion] = field(default_factory=dict)
-    sequences: list[Sequence] = field(default_factory=list)
+    sequences: list[Submission] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..backend.model import PROMPT_CHUNK
+from ..backend.slot import PROMPT_CHUNK
 from ..core.speedmodel import CallProfile
 
 

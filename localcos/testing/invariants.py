@@ -18,7 +18,7 @@ from ..core.sampling import softmax
 from ..runtime.generation import Completion
 from ..runtime.loaded import LoadedModels
 from ..runtime.plan import plan
-from ..runtime.scheduler import Sequence as Running, run_completions
+from ..runtime.scheduler import Submission, run_completions
 
 
 def assert_invariants(dec: Decoder) -> None:
@@ -38,7 +38,7 @@ def assert_invariants(dec: Decoder) -> None:
             assert np.array_equal(kept, fresh), f"the softmax kept for position {p} is stale"
 
 
-def observe(sequence: Running) -> None:
+def observe(sequence: Submission) -> None:
     """A scheduler's per-round observer asserting the invariant of a decoding sequence."""
     if sequence.decoder is not None:
         assert_invariants(sequence.decoder)

@@ -1,0 +1,260 @@
+"""The decoding methods over one `Decoder` (`core.decoding`): the standard ensemble, SD,
+Naive-CoS, CoS and the context as the only proposer; each a small class whose `step()` is one
+round of its loop, yielding the model calls it needs. And how a request's method, proposer and
+proposal lengths become one of them (`choose_strategy`, `make_strategy`).
+
+The algorithms are stated in docs/algorithm.md (sections 2-5, 9, 11; CoS paper, Fu et al. 2025).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .decoding import Decoder, Origin, Phase, Step
+
+class Strategy:
+    """One decoding method; `step()` is one round of its loop (a generator of its requests)."""
+
+    name = "strategy"
+
+    def __init__(self, dec: Decoder) -> None:
+        self.dec = dec
+
+    def step(self) -> Step:
+        raise NotImplementedError
+
+
+def verify_with_bonus(dec: Decoder) -> Step:
+    """The target pass of a draft: every model r needs scores the pending tokens (one batched call
+    each), they are verified against r, and a fully accepted draft earns a bonus token from r at
+    the position after it."""
+    yield from dec.consult(phase=Phase.VERIFYING)
+    if dec.verify_pending(len(dec.pending)) or dec.finished:
+        return
+    r = dec.combined([len(dec.committed)])[0]
+    dec.commit([dec.sampler.draw(r, dec.rng)], [Origin("bonus")])
+
+
+def ensemble_step(dec: Decoder) -> Step:
+    """One token the standard way: every model r needs evaluates it (with a gate: the others only
+    where it opens); the token is drawn from r.
+
+    Under --gamma auto (an observer is set) this also measures, for free, how often each model
+    would have its draft token accepted here: alpha_i = sum_y min(r(y), q_i(y)) = 1 - TV(r, q_i),
+    from rows the step has anyway, so the controller knows when speculation would pay again.
+    """
+    position = len(dec.committed)
+    yield from dec.consult()
+    r = dec.combined([position])[0]
+    token = dec.sampler.draw(r, dec.rng)
+    if dec.observer is not None:
+        for i, used in enumerate(dec.used):
+            if not used or position not in dec.rows[i]:  # a member the gate left out
+                continue
+            if dec.sampler.greedy:  # one-hot r and q: accepted iff the model's argmax is r's
+                alpha = float(int(np.argmax(dec.rows[i][position])) == token)
+            else:
+                alpha = min(1.0, float(np.minimum(r, dec.own(i, position)).sum(dtype=np.float64)))
+            dec.observer.observe_verdicts(i, alpha, 1.0 - alpha)
+    dec.commit([token], [Origin("sample")])
+
+
+class EnsembleDecoding(Strategy):
+    """Standard collaborative decoding: every model evaluates every token; sample from r."""
+
+    name = "ensemble"
+
+    def step(self) -> Step:
+        yield from ensemble_step(self.dec)
+
+
+class _DrafterStrategy(Strategy):
+    """A method with one drafter and proposal length gamma (with --gamma auto: both chosen
+    before every draft by the decoder's observer)."""
+
+    def __init__(self, dec: Decoder, drafter: int, gamma: int, auto: bool = False) -> None:
+        super().__init__(dec)
+        self.drafter = drafter
+        self.gamma = gamma
+        self.auto = auto
+
+    def choose(self) -> bool:
+        """Pick drafter and gamma (--gamma auto); False when this round is an ensemble step."""
+        if self.auto and self.dec.observer is not None:
+            self.drafter, self.gamma = self.dec.observer.choose(self.name, others=self.dec.others())
+            if self.gamma == 0:
+                return False
+        return True
+
+
+class SpeculativeDecoding(_DrafterStrategy):
+    """`sd`: the drafter proposes gamma tokens; the whole ensemble, drafter included, scores the
+    draft in one batched pass each and verifies it against r; a bonus token from r follows a
+    fully accepted draft. The target is treated as a black box, so the drafter re-runs its draft
+    in its target role; when r does not use the drafter (weight 0: plain speculative decoding of
+    the other models), it does not."""
+
+    name = "sd"
+
+    def step(self) -> Step:
+        if not self.choose():
+            yield from ensemble_step(self.dec)
+            return
+        dec, d = self.dec, self.drafter
+        n0 = len(dec.committed)
+        yield from dec.draft(d, min(self.gamma, dec.budget() - 1))
+        if dec.used[d]:
+            # target pass: the drafter forgets its draft and scores it again, batched, like the others
+            dec.rollback_model(d, n0)
+        yield from verify_with_bonus(dec)
+
+
+class NaiveCoS(_DrafterStrategy):
+    """`naive-cos`: like sd, but the drafter's draft-time distributions are its share of r (no
+    re-run) and there is no bonus token; the others score the draft positions only."""
+
+    name = "naive-cos"
+
+    def step(self) -> Step:
+        if not self.choose():
+            yield from ensemble_step(self.dec)
+            return
+        dec, d = self.dec, self.drafter
+        yield from dec.draft(d, min(self.gamma, dec.budget()))
+        upto = len(dec.committed) + len(dec.pending) - 1  # rows at the draft positions, no further
+        yield from dec.consult(upto, Phase.VERIFYING)  # the drafter has its rows there
+        dec.verify_pending(len(dec.pending))
+
+
+class CoS(Strategy):
+    """`cos`: the alternate proposal framework (2 models) and its n-model generalisation.
+
+    Models take turns in `order` (the default proposer first). On its turn a model scores, in one
+    batched pass, every token it has not evaluated; the oldest pending tokens that every model has
+    now scored are verified against r; then, unless that rejected something, the model proposes:
+    its first token comes from the distribution after the last pending token (a *bonus* when it
+    just scored others' drafts), then gamma_i - 1 more. A rejection commits the residual sample,
+    discards all pending tokens, rolls back every cache and hands the turn to the default proposer.
+    With two models this is exactly Algorithm 1 of the paper; with n models, Algorithm 2.
+    With --gamma auto, the default proposer and its gamma are chosen at the start of each cycle.
+    """
+
+    name = "cos"
+
+    def __init__(self, dec: Decoder, order: Sequence[int], gammas: Sequence[int], auto: bool = False) -> None:
+        super().__init__(dec)
+        self.order = list(order)
+        self.gammas = list(gammas)
+        self.turn = 0
+        self.auto = auto
+
+    def step(self) -> Step:
+        dec = self.dec
+        n = len(dec.slots)
+        if self.auto and self.turn == 0 and not dec.pending and dec.observer is not None:
+            proposer, gamma = dec.observer.choose("cos", others=dec.others())
+            if gamma == 0:
+                yield from ensemble_step(dec)
+                return
+            self.order = [proposer] + [m for m in range(n) if m != proposer]
+            self.gammas = [gamma if m == proposer else 1 for m in range(n)]
+        i = self.order[self.turn]
+        dec.lookup_draft(i)  # looked-up tokens ride along in the call this model makes anyway
+        scored_others = bool(dec.pending)
+        yield from dec.catch_up(i, phase=Phase.VERIFYING if scored_others else Phase.DRAFTING)
+        k = dec.scored_by_all()
+        if k and dec.verify_pending(k):
+            self.turn = 0
+            return
+        if dec.finished:
+            return
+        yield from dec.draft(i, min(self.gammas[i], dec.draft_room()), bonus=scored_others)
+        self.turn = (self.turn + 1) % len(self.order)
+
+
+class LookupDecoding(Strategy):
+    """`--proposer lookup`: the context is the only proposer. When it holds a continuation of the
+    text (`core.lookup`), every model r uses scores those tokens in one batched call and they are
+    verified against r, a fully accepted draft earning a bonus token from r at the position after
+    it; without one (or when it would not pay), the ensemble's own step."""
+
+    name = "lookup"
+
+    def step(self) -> Step:
+        dec = self.dec
+        if dec.lookup_draft(None) == 0:
+            yield from ensemble_step(dec)
+            return
+        yield from verify_with_bonus(dec)
+
+
+# --- choosing a strategy ---------------------------------------------------------------------------
+
+
+def cheapest(n_params: Sequence[int]) -> int:
+    """Index of the model with the fewest parameters (the first of equals)."""
+    return min(range(len(n_params)), key=lambda i: (n_params[i], i))
+
+
+def proposal_lengths(gamma: int | Sequence[int], proposer: int, n_models: int) -> list[int]:
+    """Proposal length per model: one value sets the proposer's (the others propose 1, their bonus
+    token); one per model sets all (their count is the settings layer's to check)."""
+    if isinstance(gamma, (int, np.integer)):
+        return [int(gamma) if i == proposer else 1 for i in range(n_models)]
+    if len(gamma) == 1:
+        return [int(gamma[0]) if i == proposer else 1 for i in range(n_models)]
+    return [int(g) for g in gamma]
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """The decoding method a generation runs and its shape: the default proposer and the proposal
+    lengths (None for the standard ensemble and for the context as the only proposer), and
+    whether the proposer and its gamma are planned as it goes (--gamma auto)."""
+
+    method: str
+    proposer: int | None = None
+    gammas: tuple[int, ...] | None = None
+    auto: bool = False
+    lookup_only: bool = False  # --proposer lookup: drafts come from the context only
+
+    @property
+    def lookup_in_cos(self) -> bool:
+        """Whether looked-up drafts may ride along (cos, or the context as the proposer)."""
+        return self.method == "cos" or self.lookup_only
+
+
+def choose_strategy(method: str, gamma: int | Sequence[int] | str | None, proposer: int | str | None, n_params: Sequence[int]) -> StrategyChoice:
+    """The strategy of `method` for models of these sizes (the settings are checked already):
+    the default proposer is the cheapest model; gamma "auto" (the default, also for None) is
+    planned before each draft, a fixed gamma is taken as it is."""
+    if method == "ensemble":
+        return StrategyChoice(method)
+    auto = gamma is None or gamma == "auto"
+    if proposer == "lookup":
+        return StrategyChoice(method, auto=auto, lookup_only=True)
+    proposer = cheapest(n_params) if proposer is None else int(proposer)
+    # auto's first plan replaces these before any draft
+    gammas = [1] * len(n_params) if auto else proposal_lengths(gamma, proposer, len(n_params))  # type: ignore[arg-type]
+    if method in ("sd", "naive-cos"):
+        return StrategyChoice(method, proposer, (gammas[proposer],), auto)
+    return StrategyChoice(method, proposer, tuple(gammas), auto)
+
+
+def make_strategy(dec: Decoder, choice: StrategyChoice) -> Strategy:
+    """The strategy object that runs `choice` over `dec`."""
+    if choice.method == "ensemble":
+        return EnsembleDecoding(dec)
+    if choice.lookup_only:
+        return LookupDecoding(dec)
+    assert choice.proposer is not None and choice.gammas is not None
+    if choice.method == "sd":
+        return SpeculativeDecoding(dec, choice.proposer, choice.gammas[0], choice.auto)
+    if choice.method == "naive-cos":
+        return NaiveCoS(dec, choice.proposer, choice.gammas[0], choice.auto)
+    n = len(choice.gammas)
+    order = [choice.proposer] + [i for i in range(n) if i != choice.proposer]
+    return CoS(dec, order, choice.gammas, choice.auto)

@@ -1,0 +1,388 @@
+"""One byte-level completion (`ByteGeneration`): the ensemble's step or a round of CoS across
+tokenizers, byte by byte, text emitted as characters complete; `ByteStream` for the chat."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
+
+import numpy as np
+
+from ...core.bytelevel import END, SYMBOLS, ByteView, Utf8State, ViewState
+from ...core.combiners import BoundCombiner
+from ...core.decoding import Origin
+from ...core.sampling import Sampler
+from ...core.speedmodel import ByteAutoGamma, CallProfile, Costs
+from ...core.text import TextAssembler
+from ...core.verify import verify
+from ...grammar import Matcher, unpack
+from ..generation import Chunk, TokenEvent
+from .results import ByteCompletion, ByteStats
+from .symbols import combine_symbols
+
+if TYPE_CHECKING:
+    from .models import ByteModels
+    from .results import BytePlan
+
+
+class Member(Protocol):
+    """What a byte-level generation drives for each model: `ByteMember` (its paths in llama.cpp
+    sequences), or a test's NumPy stand-in."""
+
+    view: ByteView
+    calls: int  # llama.cpp calls made
+    tree_rows: int  # rows evaluated ahead for drafts (`score`)
+    missed: int  # rows a draft's replay asked for that were not evaluated ahead
+    price: CallProfile | None  # its calls' cost by rows; None: its calls are not priced
+    spent: float  # its calls priced at `price`
+
+    @property
+    def longest(self) -> int: ...
+    def start(self, prompt: Sequence[int]) -> None: ...
+    def advance(self, byte: int) -> None: ...
+    def snapshot(self) -> ViewState: ...
+    def rollback(self, state: ViewState) -> None: ...
+    def score(self, draft: bytes) -> tuple[list[np.ndarray], list[ViewState]]: ...
+
+
+@dataclass
+class _Round:
+    """What one step decided: the symbols committed (END last when the text ended) and, after a
+    draft every symbol of which was accepted, the model whose turn it is to propose."""
+
+    symbols: list[int]
+    next_proposer: int | None = None
+
+
+class ByteGeneration:
+    """One completion at the byte level: `run()` yields text as characters complete and returns
+    the `ByteCompletion`.
+
+    Args:
+        members: the models' byte views over their sequences (`Member`).
+        prompts: each model's prompt, in its own tokens.
+        combiner: bound to the members; it receives [1, 257] log probabilities per model.
+        sampler: temperature and truncations, applied to r over the 257 symbols.
+        max_chars: characters (UTF-8) to generate at most.
+        stop: strings that end the text (not included).
+        method: "ensemble" (every model advances every byte, r sampled) or "cos" (the models take
+            turns drafting `gamma` bytes from their own byte distribution; the others score the
+            draft in one call each and it is verified against r, byte by byte: `core.verify`).
+        gamma: bytes per draft (cos), or "auto": before each round `costs` (the models' call
+            costs) and what the generation has seen choose who drafts how many bytes, or no draft
+            (the ensemble's step; `core.speedmodel.ByteAutoGamma`).
+        cancelled: asked between rounds; when it turns true the text so far is the completion
+            (finish reason "cancelled").
+        names: the models' names (for the stats).
+        constraint: structured output over the 257 symbols (`grammar.byte_symbols`): its mask
+            applies to r and to every draft distribution at the same position, so cos stays exact
+            for the constrained r (as at the token level).
+    """
+
+    def __init__(
+        self,
+        members: Sequence[Member],
+        prompts: Sequence[Sequence[int]],
+        combiner: BoundCombiner,
+        sampler: Sampler,
+        rng: np.random.Generator,
+        *,
+        max_chars: int,
+        stop: Sequence[str] = (),
+        n_ctx: int | None = None,
+        ignore_end: bool = False,
+        method: str = "ensemble",
+        gamma: int | str = 8,
+        costs: Costs | None = None,
+        cancelled: Callable[[], bool] | None = None,
+        names: Sequence[str] = (),
+        constraint: Matcher | None = None,
+    ) -> None:
+        self.members = list(members)
+        self.constraint = constraint
+        self.names = list(names)
+        self.cancelled = cancelled
+        self.ignore_end = ignore_end
+        self.prompts = [list(p) for p in prompts]
+        self.combiner = combiner
+        self.sampler = sampler
+        self.rng = rng
+        self.max_chars = max_chars
+        self.stop = tuple(s for s in stop if s)
+        self.n_ctx = n_ctx
+        self.method = method
+        self.gamma = gamma
+        if gamma == "auto" and costs is None:
+            raise ValueError("gamma auto needs the models' call costs")
+        self.costs = costs
+        self.auto: ByteAutoGamma | None = None
+        self.ensemble_steps = 0
+        self.drafted = 0
+        self.accepted = 0
+
+    def symbol_distribution(self, dists: Sequence[np.ndarray] | None = None) -> np.ndarray:
+        """r over the 257 symbols from the models' distributions (default: now), before UTF-8
+        and sampling settings."""
+        if dists is None:
+            dists = [m.view.distribution() for m in self.members]
+        return combine_symbols(self.combiner, dists, self.sampler.softmax_temperature)
+
+    def _allowed(self, utf8: Utf8State) -> np.ndarray:
+        """The symbols that may come next: valid UTF-8, and what the constraint allows after the
+        symbols it consumed."""
+        if self.constraint is None:
+            return utf8.allowed
+        return utf8.allowed & unpack(self.constraint.mask(), SYMBOLS)
+
+    def _finish(self, p: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+        """A distribution over symbols as it is sampled: the `allowed` symbols only, END unless
+        ignored, then the sampler's settings. A distribution without mass on the allowed symbols
+        (pruned paths, or the models' own zeros, where r is not defined) is uniform over them;
+        each model then follows the symbol drawn by a restart (`ByteMember.advance`)."""
+        p = p * allowed
+        if self.ignore_end:
+            p[END] = 0.0
+        total = p.sum()
+        if total <= 0:  # the models' views give the allowed symbols nothing: r is not defined here
+            if not allowed.any():
+                raise ValueError("no symbol keeps the text valid UTF-8" + (" and inside the constraint" if self.constraint else ""))
+            p, total = allowed.astype(np.float64), float(allowed.sum())
+        return self.sampler.finalize((p / total).astype(np.float32))
+
+    def _target(self, dists: Sequence[np.ndarray], allowed: np.ndarray) -> np.ndarray:
+        return self._finish(self.symbol_distribution(dists), allowed)
+
+    def _proposal(self, dist: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+        """A proposer's own distribution as it drafts: at the temperature r is computed at."""
+        t = self.sampler.softmax_temperature
+        if t != 1.0:
+            with np.errstate(divide="ignore"):
+                z = np.log(dist) / t
+            dist = np.exp(z - z.max())
+        return self._finish(dist, allowed)
+
+    def _consume(self, symbol: int) -> None:
+        """The constraint follows the text (END is not text)."""
+        if self.constraint is not None and symbol != END and not self.constraint.consume(symbol):
+            raise RuntimeError(f"the constraint refused byte {symbol}, which its own mask allowed")
+
+    def _ensemble_step(self, utf8: Utf8State) -> _Round:
+        dists = [m.view.distribution() for m in self.members]
+        allowed = self._allowed(utf8)
+        r = self._target(dists, allowed)
+        # what each model's draft byte would have been accepted with, where drafts could pay at all
+        if self.auto is not None and self.auto.could_pay:
+            for i, dist in enumerate(dists):
+                accept = float(np.minimum(self._proposal(dist, allowed), r).sum())
+                self.auto.observe_verdicts(i, accept, 1.0 - accept)
+        symbol = self.sampler.draw(r, self.rng)
+        self._consume(symbol)
+        if symbol != END:
+            for i, member in enumerate(self.members):
+                self._advance(i, member, symbol)
+        return _Round([symbol])
+
+    def _spent(self) -> float | None:
+        """The members' calls so far, priced at their profiles (None: a member that does not
+        price its calls, a test's stand-in)."""
+        if any(m.price is None for m in self.members):
+            return None
+        return float(sum(m.spent for m in self.members))
+
+    def _advance(self, i: int, member: Member, symbol: int) -> None:
+        """`member` takes a byte the usual way (the auto plan counts what that cost)."""
+        if self.auto is None:
+            member.advance(symbol)
+            return
+        calls, rows = member.calls, member.view.rows
+        member.advance(symbol)
+        self.auto.observe_advance(i, 1, member.calls - calls, member.view.rows - rows)
+
+    def _cos_round(self, utf8: Utf8State, proposer: int, gamma: int) -> _Round:
+        """One round of CoS at the byte level (docs/algorithm.md, sections 3-4, with bytes for
+        tokens): `proposer` drafts up to `gamma` symbols from its own distribution, every other
+        model scores the draft's bytes in one call, the draft is verified against r."""
+        drafter = self.members[proposer]
+        others = [m for i, m in enumerate(self.members) if i != proposer]
+        drafter_states = [drafter.snapshot()]
+        drafter_dists: list[np.ndarray] = []
+        utf8 = utf8.copy()
+        allowed_at: list[np.ndarray] = []  # the symbols allowed at each draft position
+        draft: list[int] = []
+        proposals: list[np.ndarray] = []
+        while len(draft) < gamma:
+            dist = drafter.view.distribution()
+            drafter_dists.append(dist)
+            allowed_at.append(self._allowed(utf8))
+            q = self._proposal(dist, allowed_at[-1])
+            symbol = self.sampler.draw(q, self.rng)
+            draft.append(symbol)
+            proposals.append(q)
+            if symbol == END:
+                break
+            self._consume(symbol)
+            self._advance(proposer, drafter, symbol)
+            drafter_states.append(drafter.snapshot())
+            utf8.push(symbol)
+        data = bytes(s for s in draft if s != END)
+        before = [(m.tree_rows, m.missed) for m in others]
+        scored = [m.score(data) for m in others]
+        if self.auto is not None:
+            for m, (ahead, missed) in zip(others, before):
+                self.auto.observe_scoring(self.members.index(m), len(data), m.tree_rows - ahead, m.missed - missed)
+        reached = min(len(dists) for dists, _ in scored)  # positions every model has a distribution at
+        judged = min(len(draft), reached)
+        targets = []
+        for j in range(judged):
+            dists = [d[j] for d, _ in scored]
+            dists.insert(proposer, drafter_dists[j])
+            targets.append(self._target(dists, allowed_at[j]))
+        verdict = verify(draft[:judged], np.stack(proposals[:judged]), np.stack(targets), self.rng)
+        self.drafted += judged
+        self.accepted += verdict.accepted
+        if self.auto is not None:
+            self.auto.observe_verdicts(proposer, verdict.accepted, float(verdict.resample is not None))
+        kept = draft[: verdict.accepted]
+        position = len([s for s in kept if s != END])  # bytes of the draft kept
+        if self.constraint is not None:
+            self.constraint.rollback(len(data) - position)
+        drafter.rollback(drafter_states[position])
+        for member, (_, states) in zip(others, scored):
+            if position < len(states):
+                member.rollback(states[position])
+            else:  # its held paths could not take the last kept byte: it takes it the usual way
+                member.rollback(states[-1])
+                member.advance(data[position - 1])
+        symbols = list(kept)
+        if verdict.resample is not None:
+            symbols.append(verdict.resample)
+            self._consume(verdict.resample)
+            if verdict.resample != END:
+                for i, member in enumerate(self.members):
+                    self._advance(i, member, verdict.resample)
+            return _Round(symbols)
+        if judged == len(draft) and (not draft or draft[-1] != END):
+            return _Round(symbols, (proposer + 1) % len(self.members))  # CoS: the next model goes on
+        return _Round(symbols)
+
+    def run(self) -> Iterator[str]:
+        t_prompt = time.perf_counter()
+        for member, prompt in zip(self.members, self.prompts):
+            member.start(prompt)
+        self.drafted = self.accepted = 0
+        t0 = time.perf_counter()
+        utf8 = Utf8State()
+        data = bytearray()
+        text = TextAssembler(_one_byte, self.stop)  # the token level's UTF-8 assembly, stop search and hold-back
+        finish = ""
+        proposer = 0
+        passed = False  # the last draft was accepted whole: the next model in turn proposes (CoS)
+        cos = self.method == "cos" and len(self.members) > 1
+        self.auto = ByteAutoGamma(self.costs) if cos and self.gamma == "auto" and self.costs is not None else None
+        self.ensemble_steps = 0
+        longest_draft = 0 if not cos else self.auto.gamma_max if self.auto is not None else int(self.gamma)
+        while not finish:
+            if self.cancelled is not None and self.cancelled():
+                finish = "cancelled"
+                break
+            room = self.n_ctx is None or all(m.longest + longest_draft < self.n_ctx for m in self.members)
+            gamma = 0
+            if cos and room:
+                if self.auto is not None:
+                    proposer, gamma = self.auto.choose([proposer] if passed else None)
+                else:
+                    gamma = int(self.gamma)
+            if gamma:
+                # the plan's estimate of this round, and the members' priced calls before it
+                check = (self.auto.round_seconds(proposer, gamma), self._spent()) if self.auto is not None else None
+                step = self._cos_round(utf8, proposer, gamma)
+                if check is not None and check[1] is not None:
+                    self.auto.observe_round(proposer, check[0], self._spent() - check[1])  # type: ignore[union-attr, operator]
+            else:
+                step = self._ensemble_step(utf8)
+                self.ensemble_steps += cos
+            passed = step.next_proposer is not None
+            proposer = step.next_proposer if passed else 0
+            for symbol in step.symbols:
+                if symbol == END:
+                    finish = "stop"
+                    break
+                data.append(symbol)
+                utf8.push(symbol)
+                if text.push(symbol):
+                    finish = "stop"
+                    break
+                if len(text.text) >= self.max_chars:
+                    finish = "length"
+                    break
+                if self.n_ctx is not None and any(m.longest >= self.n_ctx for m in self.members):
+                    finish = "length"
+                    break
+            piece = "" if finish else text.take_final()  # the rest goes once the text is finished
+            if piece:
+                yield piece
+        text.finish()
+        tail = text.take_final()
+        if tail:
+            yield tail
+        stats = ByteStats(
+            bytes=len(data),
+            chars=len(text.text),
+            seconds=time.perf_counter() - t0,
+            prompt_seconds=t0 - t_prompt,
+            calls=[m.calls for m in self.members],
+            rows=[m.view.rows for m in self.members],
+            most_paths=[m.view.most_paths for m in self.members],
+            restarts=[m.view.restarts for m in self.members],
+            dropped=[m.view.dropped for m in self.members],
+            folded=[m.view.folded for m in self.members],
+            finish_reason=finish,
+            method="cos" if cos else "ensemble",
+            combiner=self.combiner.description,
+            names=self.names,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            missed=[m.missed for m in self.members],
+            ensemble_steps=self.ensemble_steps,
+        )
+        self.completion = ByteCompletion(text.text, bytes(data), finish, stats)
+        return self.completion
+
+
+SAMPLED = Origin("sample")  # a piece of byte-level text, as the chat colours it
+
+
+class ByteStream:
+    """A byte-level completion streamed as the chat reads a token-level `Stream`: `chunks()`
+    yields each new piece of text (one event per piece: the byte level has no tokens), `cancel()`
+    stops it at the next byte, `completion` is set once it ends."""
+
+    def __init__(self, models: "ByteModels", plan: BytePlan, rng: np.random.Generator) -> None:
+        self._cancelled = False
+        self.generation = models.start(plan, rng, cancelled=lambda: self._cancelled)
+        self.completion: ByteCompletion | None = None
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+    def chunks(self) -> Iterator[Chunk]:
+        for piece in self.generation.run():
+            yield Chunk(piece, (TokenEvent(-1, piece, SAMPLED),))
+        self.completion = self.generation.completion
+
+    def __iter__(self) -> Iterator[str]:
+        for chunk in self.chunks():
+            yield chunk.text
+
+
+def _one_byte(symbol: int) -> bytes:
+    """A byte symbol's text, as `TextAssembler` reads a token's."""
+    return bytes((symbol,))
+
+
+def run_to_end(generation: ByteGeneration) -> ByteCompletion:
+    """Drive a generation to its end; its completion."""
+    for _ in generation.run():
+        pass
+    return generation.completion

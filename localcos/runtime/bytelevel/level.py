@@ -1,0 +1,80 @@
+"""Which level decodes: the token level for models that share a tokenizer, the byte level
+otherwise (or when asked); the options only one level reads, refused at the other."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+from ...backend import Model, shared_vocab_size
+from ...core.bytelevel import ByteVocab
+from ...errors import ConfigError, TokenizerMismatchError
+
+if TYPE_CHECKING:
+    from ...config.specs import LoadSpec, Settings
+
+
+def byte_vocab(model: Model) -> ByteVocab:
+    """The model's vocabulary as byte strings (built once per model)."""
+    vocab = getattr(model, "_byte_vocab", None)
+    if vocab is None:
+        pieces = [model.piece(t) for t in range(model.n_vocab)]
+        ends = [t for t in range(model.n_vocab) if model.is_eog(t)]
+        vocab = ByteVocab(pieces, ends, model.name)
+        model._byte_vocab = vocab  # type: ignore[attr-defined]
+    return vocab
+
+
+def shares_tokenizer(models: Sequence[Model]) -> bool:
+    """Whether the models can decode at the token level together (one tokenizer)."""
+    try:
+        shared_vocab_size(models)
+    except TokenizerMismatchError:
+        return False
+    return True
+
+
+def uses_byte_level(spec: "LoadSpec") -> bool:
+    """Whether the models of `spec` decode at the byte level: asked for, or (auto) their
+    tokenizers differ (read from their vocabularies only, before anything loads)."""
+    if spec.level != "auto":
+        return spec.level == "byte"
+    models = [Model(p, vocab_only=True) for p in spec.paths]
+    try:
+        return not shares_tokenizer(models)
+    finally:
+        for m in models:
+            m.close()
+
+
+BYTE_OPTIONS = ("byte_paths", "byte_prune", "byte_gamma")  # read by the byte level only
+
+
+def decodes_bytes(settings: "Settings", also_given: Sequence[str] = ()) -> bool:
+    """Whether the models of `settings` decode at the byte level (`uses_byte_level`). An option
+    given (in `settings`, or `also_given`: options a front end took itself) that the level chosen
+    would not read is refused in one line: the byte level's own for models that decode at the
+    token level; at the byte level --chat-template-model (each model reads a conversation in its
+    own template there) and --parallel above 1 (a byte-level generation takes every model's
+    sequences: one at a time)."""
+    if uses_byte_level(settings.load):
+        if (settings.load.parallel or 1) > 1:
+            raise ConfigError("--parallel: the byte level decodes one generation at a time (models with different tokenizers)", param="parallel")
+        if "chat_template_model" in settings.given:
+            raise ConfigError("--chat-template-model: at the byte level each model reads the conversation in its own chat template",
+                              param="chat_template_model")  # fmt: skip
+        return True
+    refuse_byte_options([*settings.given, *also_given])
+    return False
+
+
+def refuse_byte_options(given: Iterable[str], *, json: bool = False, remedy: str = "add --level byte") -> None:
+    """The one rule for models that decode at the token level: an option only the byte level
+    reads (`BYTE_OPTIONS`), among the options `given`, is a `ConfigError` (named as a flag, or
+    with `json` as a request's field or a keyword), saying how to decode at the byte level
+    (`remedy`)."""
+    from ..config.options import OPTIONS
+
+    unread = [name for name in BYTE_OPTIONS if name in given]
+    if unread:
+        raise ConfigError(f"{OPTIONS[unread[0]].what(json)}: these models share a tokenizer and decode at the token level, where "
+                          f"it does nothing; {remedy} to decode them at the byte level", param=unread[0])  # fmt: skip

@@ -1,0 +1,181 @@
+"""Models loaded for byte-level decoding (`ByteModels`): each with its sequences, byte vocabulary
+and call profile; requests planned once (`plan`) and started (`start`)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+import numpy as np
+
+from ...backend import Model
+from ...config.specs import GenerationConfig
+from ...core.bytelevel import check_prune
+from ...core.combiners import BoundCombiner
+from ...core.hostmem import keep_freed_memory
+from ...core.speedmodel import CallProfile, Costs
+from ...errors import ConfigError
+from ...grammar import Matcher, byte_symbols
+from ..generation import completion_rng
+from ..profile import profile as call_profile
+from .generation import ByteGeneration, ByteStream
+from .level import byte_vocab
+from .member import ByteMember
+from .results import ByteCompletion, BytePlan, ByteStats
+
+if TYPE_CHECKING:
+    from ...config.specs import LoadSpec
+    from ...core.combiners import Combiner
+
+
+class ByteModels:
+    """Models loaded for byte-level decoding: each with `max_paths` sequences in one unified KV
+    cache, and its byte vocabulary."""
+
+    def __init__(
+        self, models: Sequence[Model], combiner: BoundCombiner, *, max_paths: int, prune: float, profiles: Sequence[CallProfile] | None = None
+    ) -> None:
+        keep_freed_memory()  # every row's vocabulary-sized arrays come and go (see core.hostmem)
+        self.models = list(models)
+        self.combiner = combiner
+        # each model's call cost by rows (`runtime.profile`): what --byte-gamma auto plans with
+        self.costs = Costs(list(profiles) if profiles is not None else [call_profile(m) for m in self.models])
+        self.members = [ByteMember(m, max_paths=max_paths, prune=prune, price=p) for m, p in zip(self.models, self.costs.profiles)]
+        self.n_ctx = min(m.n_ctx for m in self.models)
+
+    @classmethod
+    def load(
+        cls,
+        spec: "LoadSpec",
+        combiner,
+        *,
+        progress: Callable[[int, int, str], None] | None = None,
+    ) -> "ByteModels":
+        """Load every model of `spec` with `spec.byte_paths` sequences; paths pruned at
+        `spec.byte_prune`."""
+        import os
+
+        from .loaded import model_options
+
+        if any(spec.rpc):  # a model on RPC servers decodes one sequence; its paths need byte_paths of them
+            raise ConfigError("--rpc: not available at the byte level (each model holds --byte-paths sequences here; "
+                              "a model on RPC servers decodes one)", param="rpc")  # fmt: skip
+        models: list[Model] = []
+        profiles: list[CallProfile] = []
+        try:
+            for i, path in enumerate(spec.paths):
+                if progress:
+                    progress(i, len(spec.paths), os.fspath(path))
+                models.append(Model(path, n_seq=spec.byte_paths, **model_options(spec, i, max(32, spec.byte_paths))))
+                profiles.append(call_profile(models[-1], spec.calibrate))
+                models[-1].warm_up(timed_calls=0)
+            bound = combiner.bind(len(models), [m.n_params for m in models])
+            for m in models:
+                byte_vocab(m)
+            return cls(models, bound, max_paths=spec.byte_paths, prune=spec.byte_prune, profiles=profiles)
+        except BaseException:
+            for m in models:
+                m.close()
+            raise
+
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.models]
+
+    def document_starts(self) -> list[list[int]]:
+        """Each model's context for a text of its own: its BOS, or where it has none its
+        end-of-text token (what its training put between documents)."""
+        return [[m.bos if m.bos >= 0 else m.eos] for m in self.models]
+
+    def prompts(self, text: str) -> list[list[int]]:
+        """The prompt text in each model's own tokens (each adds BOS as its metadata says)."""
+        return [m.tokenize(text) for m in self.models]
+
+    @property
+    def combiner(self) -> BoundCombiner:
+        """The default combination, bound to the models (a `Combiner` set here is bound)."""
+        return self._combiner
+
+    @combiner.setter
+    def combiner(self, combiner: "BoundCombiner | Combiner") -> None:
+        if not isinstance(combiner, BoundCombiner):
+            combiner = combiner.bind(len(self.models), [m.n_params for m in self.models])
+        self._combiner = combiner
+
+    def stream(self, prompts: Sequence[Sequence[int]], *, config: GenerationConfig) -> "ByteStream":
+        """A completion of `prompts` (each model's own tokens) as a stream of text pieces, drawing
+        from random stream 0 of `config.seed` (as `generate` does)."""
+        return ByteStream(self, self.plan(prompts, config), completion_rng(config.seed, 0))
+
+    @property
+    def parallel(self) -> int:
+        """Generations decoded at once: one (its paths take the models' sequences)."""
+        return 1
+
+    def plan(
+        self,
+        prompts: Sequence[Sequence[int]],
+        config: GenerationConfig,
+        *,
+        combiner: "Combiner | None" = None,
+        param: str = "prompt",
+    ) -> BytePlan:
+        """A byte-level completion of `prompts` (each model's own tokens) under `config`, checked
+        once here for every front end: its method ensemble or cos; `combiner` bound to the
+        models (default the loaded one); token-counted drafts (gamma), a proposer, lookup on
+        and a prompt longer than a model's context are refused (`ConfigError`, naming `param`)."""
+        config = config.for_models(len(self.models))
+        method = config.method
+        if config.gamma != "auto":
+            raise ConfigError("gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
+        if method not in ("ensemble", "cos"):
+            raise ConfigError(f"method {method}: not available at the byte level yet (models with different tokenizers, or level byte); "
+                              "ensemble or cos", param="method")  # fmt: skip
+        if config.proposer is not None or config.lookup == "on":  # drafts looked up in token ids; proposers take turns
+            param = "proposer" if config.proposer is not None else "lookup"
+            raise ConfigError(f"{param}: not available at the byte level (models take turns drafting bytes; lookup drafts are "
+                              "token ids)", param=param)  # fmt: skip
+        for m, p in zip(self.models, prompts):
+            if len(p) >= m.n_ctx:
+                raise ConfigError(f"the prompt is {len(p)} tokens for {m.name}, which holds {m.n_ctx}", param=param)
+        bound = self.combiner if combiner is None else combiner.bind(len(self.models), [m.n_params for m in self.models])
+        return BytePlan(tuple(tuple(p) for p in prompts), config, bound, method)
+
+    def cancelled_completion(self, plan: BytePlan) -> ByteCompletion:
+        """The completion of a generation cancelled before it started."""
+        n = len(self.models)
+        stats = ByteStats(calls=[0] * n, rows=[0] * n, most_paths=[0] * n, restarts=[0] * n, dropped=[0.0] * n, folded=[0] * n, missed=[0] * n,
+                          finish_reason="cancelled", method=plan.method, combiner=plan.combiner.description, names=self.names)  # fmt: skip
+        return ByteCompletion("", b"", "cancelled", stats)
+
+    def start(self, plan: BytePlan, rng: np.random.Generator, cancelled: Callable[[], bool] | None = None) -> ByteGeneration:
+        """The generation of `plan` drawing from `rng` (`run()` drives it); one at a time."""
+        config = plan.config
+        return ByteGeneration(self.members, plan.prompts, plan.combiner, config.sampler(), rng, max_chars=config.max_tokens,
+                              stop=config.stop, n_ctx=self.n_ctx, ignore_end=config.ignore_eos, method=plan.method,
+                              gamma=config.byte_gamma, costs=self.costs, cancelled=cancelled, names=self.names,
+                              constraint=None if config.constraint is None else Matcher(byte_symbols(), config.constraint))  # fmt: skip
+
+    @contextmanager
+    def pruning(self, prune: float) -> Iterator[None]:
+        """Every model's paths pruned (and folded) at `prune` inside the block, as loaded after
+        it: scoring a given text keeps every tokenisation (prune 0), whatever generation uses."""
+        prune = check_prune(prune)
+        loaded = [m.view.prune for m in self.members]
+        for m in self.members:
+            m.view.prune = prune
+        try:
+            yield
+        finally:
+            for m, p in zip(self.members, loaded):
+                m.view.prune = p
+
+    def close(self) -> None:
+        for m in self.models:
+            m.close()
+
+    def __enter__(self) -> "ByteModels":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

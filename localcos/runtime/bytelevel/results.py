@@ -1,0 +1,129 @@
+"""What a byte-level generation is asked to do (`BytePlan`) and what it did (`ByteStats`,
+`ByteCompletion`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ...config.specs import GenerationConfig
+from ...core.combiners import BoundCombiner
+
+
+@dataclass
+class ByteStats:
+    """What a byte-level generation did."""
+
+    bytes: int = 0
+    chars: int = 0
+    seconds: float = 0.0
+    prompt_seconds: float = 0.0
+    calls: list[int] = field(default_factory=list)  # llama_decode calls per model
+    rows: list[int] = field(default_factory=list)  # path rows evaluated per model
+    most_paths: list[int] = field(default_factory=list)
+    restarts: list[int] = field(default_factory=list)  # paths rebuilt from the model's tokenisation
+    dropped: list[float] = field(default_factory=list)  # each model's probability mass pruned
+    folded: list[int] = field(default_factory=list)  # paths folded into a heavier one at their position
+    finish_reason: str = ""
+    method: str = "ensemble"
+    combiner: str = ""  # its description
+    names: list[str] = field(default_factory=list)  # the models'
+    drafted: int = 0  # draft symbols judged (cos)
+    accepted: int = 0
+    missed: list[int] = field(default_factory=list)  # rows a draft's scoring had not evaluated ahead
+    ensemble_steps: int = 0  # cos: rounds where no model drafted (--byte-gamma auto's choice, or no room)
+    completions: int = 1
+    finish_reasons: dict[str, int] = field(default_factory=dict)  # of several completions (`aggregate`)
+
+    @classmethod
+    def aggregate(cls, stats: Sequence["ByteStats"]) -> "ByteStats":
+        """Totals over completions of one request (the most paths held: the largest)."""
+        if not stats:
+            raise ValueError("no stats")
+
+        def total(name: str) -> list:
+            return [sum(values) for values in zip(*(getattr(s, name) for s in stats))]
+
+        reasons: dict[str, int] = {}
+        for s in stats:
+            for reason, count in (s.finish_reasons or {s.finish_reason: 1}).items():
+                reasons[reason] = reasons.get(reason, 0) + count
+        return cls(
+            bytes=sum(s.bytes for s in stats), chars=sum(s.chars for s in stats), seconds=sum(s.seconds for s in stats),
+            prompt_seconds=sum(s.prompt_seconds for s in stats), calls=total("calls"), rows=total("rows"),
+            most_paths=[max(values) for values in zip(*(s.most_paths for s in stats))], restarts=total("restarts"),
+            dropped=total("dropped"), folded=total("folded"), finish_reason=stats[0].finish_reason if len(reasons) == 1 else "", method=stats[0].method, combiner=stats[0].combiner, names=stats[0].names,
+            drafted=sum(s.drafted for s in stats), accepted=sum(s.accepted for s in stats), missed=total("missed"),
+            ensemble_steps=sum(s.ensemble_steps for s in stats),
+            completions=sum(s.completions for s in stats), finish_reasons=reasons,
+        )  # fmt: skip
+
+    @property
+    def chars_per_second(self) -> float:
+        return self.chars / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "level": "byte",
+            "bytes": self.bytes,
+            "chars": self.chars,
+            "seconds": round(self.seconds, 4),
+            "prompt_seconds": round(self.prompt_seconds, 4),
+            "chars_per_second": round(self.chars_per_second, 2),
+            "calls_per_char": [round(c / max(self.chars, 1), 3) for c in self.calls],
+            "calls": self.calls,
+            "rows": self.rows,
+            "most_paths": self.most_paths,
+            "restarts": self.restarts,
+            "dropped_mass": [float(f"{d:.3g}") for d in self.dropped],
+            "folded": self.folded,
+            "finish_reason": self.finish_reason,
+            **({"completions": self.completions, "finish_reasons": self.finish_reasons} if self.completions > 1 else {}),
+            "method": self.method,
+            "combiner": self.combiner,
+            **({"drafted": self.drafted, "accepted": self.accepted, "missed_rows": self.missed, "ensemble_steps": self.ensemble_steps}
+               if self.method == "cos" else {}),
+        }
+
+    def summary(self, names: Sequence[str]) -> str:
+        per_model = ", ".join(
+            f"{n}: {c / max(self.chars, 1):.2f} calls/char, {p} paths at most, {d:.2g} mass dropped, {f} folded, {r} restarts"
+            for n, c, p, d, f, r in zip(names, self.calls, self.most_paths, self.dropped, self.folded, self.restarts)
+        )
+        drafts = f"; {self.accepted}/{self.drafted} draft symbols accepted, {self.ensemble_steps} ensemble steps" if self.method == "cos" else ""
+        return f"byte level: {self.chars} chars in {self.seconds:.2f} s ({self.chars_per_second:.1f} chars/s); {per_model}{drafts}"
+
+
+@dataclass
+class ByteCompletion:
+    """One completion generated at the byte level."""
+
+    text: str
+    data: bytes
+    finish_reason: str  # "stop" (the end symbol or a stop string), "length" (max_chars or the context), "cancelled"
+    stats: ByteStats
+    end_token = None  # the byte level ends on its end symbol, not on one model's token
+
+    @property
+    def length(self) -> int:
+        """Its length in what max_tokens counts at the byte level: characters."""
+        return len(self.text)
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "finish_reason": self.finish_reason}
+
+
+@dataclass(frozen=True)
+class BytePlan:
+    """One byte-level completion to run (`ByteModels.plan` checks it): each model's prompt in its
+    own tokens, the generation settings, the combination bound to the models, the method."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    config: GenerationConfig
+    combiner: BoundCombiner
+    method: str  # "ensemble" or "cos"
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        """The first model's prompt tokens (what a server's usage counts)."""
+        return self.prompts[0]

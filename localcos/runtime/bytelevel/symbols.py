@@ -1,0 +1,33 @@
+"""r over the 257 symbols (256 bytes and the end) from the models' symbol distributions."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ...core.combiners import BoundCombiner
+
+
+# Models of different tokenizers rule out different symbols (one may end where the other cannot).
+# A logit-level combiner (cd, logit-mix, a user's function) would turn log 0 into an infinite
+# preference (cd's -mu * log p_amateur), so a symbol one model rules out and another allows gets
+# this probability in the first one's row; a probability-level combiner (we) sees the exact rows.
+RULED_OUT = 1e-9
+
+
+def floor_ruled_out(dists: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The models' symbol distributions with `RULED_OUT` where a model rules out a symbol another
+    allows (symbols every model rules out stay at 0)."""
+    allowed = np.logical_or.reduce([d > 0 for d in dists])
+    return [np.where(allowed & (d == 0), RULED_OUT, d) for d in dists]
+
+
+def combine_symbols(combiner: BoundCombiner, dists: Sequence[np.ndarray], temperature: float) -> np.ndarray:
+    """r over the 257 symbols from the models' symbol distributions (`RULED_OUT` where a
+    logit-level combiner needs it), float64."""
+    if not combiner.mixes_probs:
+        dists = floor_ruled_out(dists)
+    with np.errstate(divide="ignore"):
+        logits = [np.log(d)[None, :] for d in dists]
+    return np.asarray(combiner.combine(logits, temperature)[0], dtype=np.float64)
