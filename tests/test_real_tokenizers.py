@@ -384,3 +384,36 @@ def test_the_byte_level_makes_the_calls_its_profiles_say_cost_least(real_models)
     assert any(len(c) > 1 for c in shapes["together"])  # tokenisations met at one byte: one call held them
     assert all(c == (1,) for c in shapes["apart"]), shapes["apart"]
     assert len(texts["apart"]) == 64 and texts["apart"] == texts["together"]
+
+
+@pytest.mark.parametrize("method, paths", [("ensemble", 8), ("cos", 3)])
+def test_byte_members_keep_their_sequences_exact_through_bytes_drafts_and_rollbacks(real_models, monkeypatch, method, paths):
+    """The real `ByteMember` over llama.cpp (no stand-in): after every byte, and after every
+    rollback of a draft, each held tokenisation has a sequence of its own holding exactly the
+    prompt and its tokens, llama.cpp's cache holds as many positions as the slot says, and no
+    sequence is lost or held twice."""
+    from localcos import ByteEnsemble, WeightedEnsemble
+    from localcos.runtime.bytelevel import ByteMember
+
+    checked = {"step": 0, "rollback": 0}
+
+    def check(member: ByteMember, what: str) -> None:
+        seqs = [p.handle for p in member.view.paths]
+        assert len({id(s) for s in seqs}) == len(seqs), what
+        for path in member.view.paths:
+            want = member.prompt + list(path.tokens)
+            assert path.handle.tokens[: len(want)] == want, what
+        held, free = {id(s) for s in seqs}, {id(s) for s in member.free}
+        assert not held & free and held | free == {id(s) for s in member.model.slots}, what
+        assert all(slot.kv_length() == len(slot.tokens) for slot in member.model.slots), what
+        checked[what] += 1
+
+    step, rollback = ByteMember._step, ByteMember.rollback
+    monkeypatch.setattr(ByteMember, "_step", lambda self, change: (step(self, change), check(self, "step")))
+    monkeypatch.setattr(ByteMember, "rollback", lambda self, state: (rollback(self, state), check(self, "rollback")))
+    with ByteEnsemble.load([real_models["qwen2"], real_models["llama3"]], WeightedEnsemble([0.5, 0.5]), n_ctx=256, byte_paths=paths,
+                           byte_prune=0.0) as ens:  # fmt: skip
+        for seed in (1, 2):
+            out = ens.generate("Hello wörld, def f(x):", max_tokens=40, temperature=1.0, seed=seed, method=method, byte_gamma=6, ignore_eos=True)
+            assert out.stats.chars == 40
+    assert checked["step"] > 40 and (checked["rollback"] > 0) == (method == "cos")

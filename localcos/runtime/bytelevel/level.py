@@ -72,7 +72,7 @@ def refuse_byte_options(given: Iterable[str], *, json: bool = False, remedy: str
     reads (`BYTE_OPTIONS`), among the options `given`, is a `ConfigError` (named as a flag, or
     with `json` as a request's field or a keyword), saying how to decode at the byte level
     (`remedy`)."""
-    from ..config.options import OPTIONS
+    from ...config.options import OPTIONS
 
     unread = [name for name in BYTE_OPTIONS if name in given]
     if unread:

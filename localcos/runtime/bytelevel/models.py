@@ -55,7 +55,7 @@ class ByteModels:
         `spec.byte_prune`."""
         import os
 
-        from .loaded import model_options
+        from ..loaded import model_options
 
         if any(spec.rpc):  # a model on RPC servers decodes one sequence; its paths need byte_paths of them
             raise ConfigError("--rpc: not available at the byte level (each model holds --byte-paths sequences here; "
