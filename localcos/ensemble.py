@@ -113,9 +113,10 @@ class Ensemble(LoadedModels):
         """Generate one completion of `prompt` (raw text, or token ids).
 
         Settings are a `GenerationConfig` (`config`), or its fields as keywords (over `config`):
-        method ("ensemble", "sd", "naive-cos", "cos"), max_tokens, temperature (0 = greedy),
-        top_k, top_p, min_p, seed, stop (strings), ignore_eos, gamma (one value, one per model,
-        or "auto"), proposer (model index). `combiner` replaces the ensemble's for this call.
+        method ("ensemble", "sd", "naive-cos", "cos"; default cos, as on the command line:
+        `config.default_method`), max_tokens, temperature (0 = greedy), top_k, top_p, min_p,
+        seed, stop (strings), ignore_eos, gamma ("auto", the default, or one value, or one per
+        model), proposer (model index). `combiner` replaces the ensemble's for this call.
         """
         return self.generate_many(prompt, 1, config=config, combiner=combiner, **settings)[0]
 

@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("what to compare")
     g.add_argument("--methods", default=None, help="default: all four (at the byte level: ensemble,cos)")
     g.add_argument("--alone", default="largest", help="models that also decode alone: largest (default), all, none, or indices (0,1)")
-    g.add_argument("--gamma", dest="gammas", default=None, help="proposal lengths to sweep, and/or auto (default 1,3,5)")
+    g.add_argument("--gamma", dest="gammas", default=None, help="proposal lengths to sweep, and/or auto (default auto,1,3,5)")
     g.add_argument("--byte-gamma", dest="byte_gammas", default=None,
                    help="at the byte level (models of different tokenizers): cos draft lengths in bytes to sweep, and/or auto (default auto,8)")  # fmt: skip
     g.add_argument("--proposer", default=None, help="index of the proposer (default: the cheapest model)")
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         return _bench_bytes(args, settings)
     methods = [parse_choice(m, "--methods", METHODS) for m in (args.methods or "ensemble,sd,naive-cos,cos").split(",")]
     gammas: list[int | str] = []
-    for g in (args.gammas or "1,3,5").split(","):
+    for g in (args.gammas or "auto,1,3,5").split(","):
         gamma = parse_gamma(g)
         if isinstance(gamma, tuple):  # cannot happen for one item; keeps the types honest
             raise ConfigError(f"--gamma sweeps single values, got {g!r}", param="gamma")

@@ -213,7 +213,7 @@ class Generation:
             lookup_accepted=spec.lookup_accepted,
             gate_tokens=dec.gate_tokens,
             gate_opened=dec.gate_opened,
-            gamma=None if strategy.gammas is None else list(strategy.gammas),
+            gamma=None if strategy.gammas is None or strategy.auto else list(strategy.gammas),  # None: chosen as it went
             proposer=strategy.proposer,
             seed=config.seed,
             ensemble_llama_seconds=loaded.costs.ensemble_seconds(len(dec.generated)),

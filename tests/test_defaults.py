@@ -1,0 +1,57 @@
+"""One set of defaults for every front end, from one place (`config.default_method`, the
+options' defaults): the method is cos for two or more models, and --gamma auto plans its drafts,
+on the command line, in `Ensemble`, `ByteEnsemble`, the server and presets that name no gamma;
+a fixed gamma only where one is asked for. Read from the plans, not from timings."""
+
+from __future__ import annotations
+
+import pytest
+
+from localcos import ByteEnsemble, Ensemble
+from localcos.config import GenerationConfig, default_method, resolve
+from localcos.runtime.plan import plan
+from test_server import serving
+
+
+def test_the_defaults_come_from_one_place():
+    assert default_method(2) == default_method(3) == "cos" and default_method(1) == "ensemble"
+    config = GenerationConfig()
+    assert config.method is None and config.gamma == "auto" and config.byte_gamma == "auto"
+    assert config.for_models(2).method == "cos" and config.for_models(1).method == "ensemble"
+
+
+def test_the_command_line_and_presets_resolve_cos_with_auto(models):
+    pair = [str(models["base"]), str(models["sibling"])]
+    settings = resolve({"models": pair})
+    assert (settings.generation.method, settings.generation.gamma) == ("cos", "auto")
+    assert resolve({"models": pair[:1]}).generation.method == "ensemble"
+    fixed = resolve({"models": pair, "gamma": "3"})
+    assert fixed.generation.gamma == 3
+    preset = resolve({"preset": "coder-cd"}, json=True)  # names method cos and gamma auto
+    assert (preset.generation.method, preset.generation.gamma) == ("cos", "auto")
+
+
+def test_ensemble_plans_cos_with_auto_and_a_fixed_gamma_only_when_asked(models):
+    with Ensemble.load([models["base"], models["sibling"]], n_ctx=256) as ens:
+        default = plan(ens, "The river", GenerationConfig())
+        assert default.config.method == "cos" and default.strategy.method == "cos" and default.strategy.auto
+        fixed = plan(ens, "The river", GenerationConfig(gamma=3))
+        assert not fixed.strategy.auto and fixed.strategy.gammas[fixed.strategy.proposer] == 3
+        out = ens.generate("The river", max_tokens=8, seed=1)
+        assert out.stats.method == "cos" and out.stats.gamma is None  # planned as it went
+
+
+def test_byte_ensemble_plans_cos_with_byte_gamma_auto(real_models):
+    with ByteEnsemble.load([real_models["qwen2"], real_models["llama3"]], n_ctx=256) as ens:
+        planned = ens._plan("Hello", None, None, {})
+        assert planned.method == "cos" and planned.config.byte_gamma == "auto"
+        assert ens.generate("Hello", max_tokens=8, seed=1).stats.method == "cos"
+
+
+@pytest.mark.parametrize("level", ["token", "byte"])
+def test_the_server_answers_with_cos_and_auto_by_default(models, real_models, level):
+    pair = [models["base"], models["sibling"]] if level == "token" else [real_models["qwen2"], real_models["llama3"]]
+    with serving(["--models", ",".join(map(str, pair)), "--ctx", "256", "--alias", "pair"]) as s:
+        out = s.client().completions.create(model="pair", prompt="The river", max_tokens=8, seed=2)
+        stats = out.model_extra["localcos"]
+        assert stats["method"] == "cos" and stats.get("gamma") is None
