@@ -4,7 +4,7 @@ tokenizers, byte by byte, text emitted as characters complete; `ByteStream` for 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
@@ -48,11 +48,13 @@ class Member(Protocol):
 
 @dataclass
 class _Round:
-    """What one step decided: the symbols committed (END last when the text ended) and, after a
-    draft every symbol of which was accepted, the model whose turn it is to propose."""
+    """What one step decided: the symbols committed (END last when the text ended), whether a
+    gated combiner's gate opened at each (None without a gate) and, after a draft every symbol of
+    which was accepted, the model whose turn it is to propose."""
 
     symbols: list[int]
     next_proposer: int | None = None
+    gates: list[bool | None] = field(default_factory=list)
 
 
 class ByteGeneration:
@@ -120,6 +122,8 @@ class ByteGeneration:
         self.ensemble_steps = 0
         self.drafted = 0
         self.accepted = 0
+        self.gate_symbols = 0  # with a gated combiner: symbols it decided, and where it opened
+        self.gate_opened = 0
 
     def symbol_distribution(self, dists: Sequence[np.ndarray] | None = None) -> np.ndarray:
         """r over the 257 symbols from the models' distributions (default: now), before UTF-8
@@ -181,7 +185,17 @@ class ByteGeneration:
         if symbol != END:
             for i, member in enumerate(self.members):
                 self._advance(i, member, symbol)
-        return _Round([symbol])
+        return _Round([symbol], gates=[self._gate_opens(dists)])
+
+    def _gate_opens(self, dists: Sequence[np.ndarray]) -> bool | None:
+        """With a gated combiner: whether the gate opens at a position (the lead's top symbol
+        probability below it); None without one."""
+        gate = self.combiner.gate
+        if gate is None:
+            return None
+        assert gate.lead is not None
+        with np.errstate(divide="ignore"):
+            return bool(gate.opens(np.log(dists[gate.lead])[None, :])[0])
 
     def _spent(self) -> float | None:
         """The members' calls so far, priced at their profiles (None: a member that does not
@@ -233,10 +247,11 @@ class ByteGeneration:
                 self.auto.observe_scoring(self.members.index(m), len(data), m.tree_rows - ahead, m.missed - missed)
         reached = min(len(dists) for dists, _ in scored)  # positions every model has a distribution at
         judged = min(len(draft), reached)
-        targets = []
+        targets, dists_at = [], []
         for j in range(judged):
             dists = [d[j] for d, _ in scored]
             dists.insert(proposer, drafter_dists[j])
+            dists_at.append(dists)
             targets.append(self._target(dists, allowed_at[j]))
         verdict = verify(draft[:judged], np.stack(proposals[:judged]), np.stack(targets), self.rng)
         self.drafted += judged
@@ -257,20 +272,22 @@ class ByteGeneration:
         symbols = list(kept)
         if verdict.resample is not None:
             symbols.append(verdict.resample)
+        gates = [self._gate_opens(dists) for dists in dists_at[: len(symbols)]]
+        if verdict.resample is not None:
             self._consume(verdict.resample)
             if verdict.resample != END:
                 for i, member in enumerate(self.members):
                     self._advance(i, member, verdict.resample)
-            return _Round(symbols)
+            return _Round(symbols, gates=gates)
         if judged == len(draft) and (not draft or draft[-1] != END):
-            return _Round(symbols, (proposer + 1) % len(self.members))  # CoS: the next model goes on
-        return _Round(symbols)
+            return _Round(symbols, (proposer + 1) % len(self.members), gates)  # CoS: the next model goes on
+        return _Round(symbols, gates=gates)
 
     def run(self) -> Iterator[str]:
         t_prompt = time.perf_counter()
         for member, prompt in zip(self.members, self.prompts):
             member.start(prompt)
-        self.drafted = self.accepted = 0
+        self.drafted = self.accepted = self.gate_symbols = self.gate_opened = 0
         t0 = time.perf_counter()
         utf8 = Utf8State()
         data = bytearray()
@@ -304,10 +321,13 @@ class ByteGeneration:
                 self.ensemble_steps += cos
             passed = step.next_proposer is not None
             proposer = step.next_proposer if passed else 0
-            for symbol in step.symbols:
+            for symbol, opened in zip(step.symbols, step.gates):
                 if symbol == END:
                     finish = "stop"
                     break
+                if opened is not None:
+                    self.gate_symbols += 1
+                    self.gate_opened += opened
                 data.append(symbol)
                 utf8.push(symbol)
                 if text.push(symbol):
@@ -345,6 +365,8 @@ class ByteGeneration:
             accepted=self.accepted,
             missed=[m.missed for m in self.members],
             ensemble_steps=self.ensemble_steps,
+            gate_symbols=self.gate_symbols,
+            gate_opened=self.gate_opened,
         )
         self.completion = ByteCompletion(text.text, bytes(data), finish, stats)
         return self.completion
