@@ -321,7 +321,7 @@ class ByteGeneration:
                 self.ensemble_steps += cos
             passed = step.next_proposer is not None
             proposer = step.next_proposer if passed else 0
-            for symbol, opened in zip(step.symbols, step.gates):
+            for symbol, opened in zip(step.symbols, step.gates, strict=True):
                 if symbol == END:
                     finish = "stop"
                     break
