@@ -176,7 +176,7 @@ def assert_same_or_byte_near_tie(pair, combine: str, prompt: str, got: bytes, wa
             for byte in want[:j]:
                 member.advance(byte)
         r = combine_symbols(ens.combiner, [m.view.distribution() for m in ens.members], 1.0)
-        texts = [m.model.tokenize(want[:j + 1], add_bos=False) for m in ens.models]
+        texts = [m.tokenize(want[:j + 1], add_bos=False) for m in ens.models]
     noise = [batch_noise(path, list(p), t) for path, p, t in zip(pair, prompts, texts)]
     # cd combines the symbols' log-probabilities (each moved by up to 2 noise), not raw logits
     bound = score_gap_bound(combine, noise) * (2 if combine == "cd" else 1)

@@ -61,6 +61,8 @@ def test_malformed_toml_names_file_and_line(tmp_path):
         ('[ensembles.e]\nmodels = ["/m.gguf"]\nweights = [1, 2]\n', 3, "has 2 values for 1 models"),
         ('[ensembles.e]\nmodels = []\n', 2, "needs models"),
         ('[ensembles.e]\nmodels = ["/m.gguf"]\ngamma = "fast"\n', 3, "gamma"),
+        ('[ensembles.e]\nmodels = ["/m.gguf"]\ngate = "high"\n', 3, "must be a number"),
+        ('[ensembles.e]\nmodels = ["/m.gguf"]\nlead = 0.5\n', 3, "must be a model index"),
         ('[weird]\nx = 1\n', 1, "unknown table"),
         ('[models.a]\npackages = ["p1"]\nmember = "*.bin"\nsha256 = "' + "0" * 64 + '"\n', 2, "pinned packages"),
         ('[models.a]\npackages = ["p1==1"]\nsha256 = "' + "0" * 64 + '"\n', 1, "needs member"),
@@ -74,6 +76,21 @@ def test_schema_errors_point_at_the_line(tmp_path, text, line, problem):
         Registry.load(f)
     assert f"{f}:{line}:" in str(err.value)
     assert problem in str(err.value)
+
+
+def test_a_preset_gates_its_combination_and_the_command_line_overrides_it(tmp_path, models):
+    from localcos.config import resolve
+
+    f = write(tmp_path, f'[models.m]\npath = "{models["base"]}"\n\n[ensembles.g]\nmodels = ["m", "m"]\ncombine = "cd"\nmu = 0.2\ngate = 0.4\nlead = 0\n')
+    from localcos.core.combiners import Contrastive, Gated
+
+    spec = resolve({"preset": "g", "config": str(f)}).combine
+    combiner = spec.combiner()
+    assert isinstance(combiner, Gated) and isinstance(combiner.inner, Contrastive) and (combiner.gate, combiner.lead) == (0.4, 0)
+    assert resolve({"preset": "g", "config": str(f), "gate": "0.9"}).combine.gate == 0.9
+    out_of_range = write(tmp_path, f'[models.m]\npath = "{models["base"]}"\n\n[ensembles.g]\nmodels = ["m", "m"]\ngate = 1.5\n', "bad.toml")
+    with pytest.raises(ConfigError, match="must be <= 1"):
+        resolve({"preset": "g", "config": str(out_of_range)})
 
 
 def test_ensemble_naming_an_unknown_model(tmp_path):

@@ -61,7 +61,7 @@ def resolve(
             preset = registry.ensembles.get(given["preset"])
             if preset is None:
                 raise ConfigError(f"unknown preset {given['preset']!r}; see `localcos models list`", param="preset")
-            for key in ("combine", "weights", "mu", "plausibility", "expert", "method", "gamma"):
+            for key in ("combine", "weights", "mu", "plausibility", "expert", "gate", "lead", "method", "gamma"):
                 if getattr(preset, key) is not None:
                     front[key] = getattr(preset, key)
             if preset.chat_template:

@@ -50,6 +50,8 @@ _ENSEMBLE_KEYS = {
     "mu",
     "plausibility",
     "expert",
+    "gate",
+    "lead",
     "method",
     "gamma",
     "chat_template",
@@ -90,6 +92,8 @@ class EnsembleEntry:
     mu: float | None = None
     plausibility: float | None = None
     expert: int | None = None
+    gate: float | None = None  # combine only where the lead model's top probability is below it
+    lead: int | None = None
     method: str | None = None
     gamma: int | tuple[int, ...] | str | None = None
     chat_template: str | None = None
@@ -370,14 +374,15 @@ class _Parser:
                 raise self.fail("ensembles", name, "weights", "must be a list of numbers")
             if len(weights) != len(models):
                 raise self.fail("ensembles", name, "weights", f"has {len(weights)} values for {len(models)} models")
-        for key in ("mu", "plausibility"):
+        for key in ("mu", "plausibility", "gate"):
             if key in body and not _is_number(body[key]):
                 raise self.fail("ensembles", name, key, "must be a number")
         for key in ("combine", "method", "chat_template", "description"):
             if key in body and not isinstance(body[key], str):
                 raise self.fail("ensembles", name, key, "must be a string")
-        if "expert" in body and not _is_int(body["expert"]):
-            raise self.fail("ensembles", name, "expert", "must be a model index")
+        for key in ("expert", "lead"):
+            if key in body and not _is_int(body[key]):
+                raise self.fail("ensembles", name, key, "must be a model index")
         gamma = body.get("gamma")
         if gamma is not None:
             ok = gamma == "auto" or _is_int(gamma) or (isinstance(gamma, list) and all(_is_int(g) for g in gamma))
@@ -395,6 +400,8 @@ class _Parser:
             mu=body.get("mu"),
             plausibility=body.get("plausibility"),
             expert=body.get("expert"),
+            gate=body.get("gate"),
+            lead=body.get("lead"),
             method=body.get("method"),
             gamma=gamma,
             chat_template=body.get("chat_template"),
