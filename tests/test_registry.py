@@ -27,6 +27,8 @@ def test_builtin_presets_are_the_papers_pairs():
     assert cd.combine == "cd" and cd.mu == 0.1 and cd.expert == 1
     assert [reg.models[m].repo for m in cd.models] == ["bartowski/Llama-3.2-1B-Instruct-GGUF", "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF"]
     assert len(reg.ensembles["qwen-1.5b-we3"].models) == 3
+    gated = reg.ensembles["coder-cd-gated"]
+    assert (gated.combine, gated.gate, gated.expert, gated.method) == ("cd", 0.3, 1, "ensemble")
 
 
 def test_user_file_adds_and_overrides(tmp_path, monkeypatch, models):

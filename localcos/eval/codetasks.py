@@ -12,8 +12,10 @@ from ..errors import ConfigError
 from .jsonlines import json_objects
 
 HUMANEVAL = "humaneval"
-# where a completion of a function body ends: the usual HumanEval stops (four, as OpenAI allows)
-STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(")
+# where a completion of a function body ends: anything at the top level after it (the Codex paper's
+# def, class, if, print and comment), and the fence a chat-tuned model closes its answer with
+# (the bigcode harness's stop): what follows is prose or the model's own asserts, not the body
+STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```")
 
 
 @dataclass(frozen=True)
