@@ -148,7 +148,7 @@ def test_during_ensemble_steps_the_controller_learns_acceptance_as_one_minus_tv(
         (auto,) = made
         assert auto.judged == 2 * 40  # one verdict per model per token
         spec = ens.generate("The river runs", method="cos", gamma=1, max_tokens=200, seed=1, ignore_eos=True).stats
-        measured = [auto.accepted[i] / auto.tested[i] for i in (0, 1)]
+        measured = [auto.acceptance[i].accepted / auto.acceptance[i].tested for i in (0, 1)]
         assert all(abs(m - spec.acceptance_rate) < 0.2 for m in measured), (measured, spec.acceptance_rate)
 
 

@@ -108,3 +108,87 @@ def test_the_readme_is_a_front_door_and_the_help_names_its_commands():
     assert set(re.findall(r"`([a-z-]+)`", listed.group(1))) == top
     for link in re.findall(r"\]\((docs/[^)#]+)\)", readme):
         assert (ROOT / link).is_file(), link
+
+
+def tour_blocks(readme: str) -> tuple[list[str], list[str]]:
+    """The shell lines of the README's quick start and of its tour (continued lines joined)."""
+    def section(title: str) -> str:
+        return re.search(rf"\n## {title}\n(.*?)\n## ", readme, flags=re.S).group(1)  # type: ignore[union-attr]
+
+    def lines(text: str) -> list[str]:
+        return [line for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+    return lines(section("Quick start")), lines(section("A short tour"))
+
+
+def test_the_quick_start_is_what_ci_runs():
+    """The README's install and test commands are the ones `.ci/run` runs on a clean clone."""
+    quick, _ = tour_blocks((ROOT / "README.md").read_text())
+    ci = (ROOT / ".ci" / "run").read_text()
+    install, test = quick
+    for command in re.split(r" && ", install):
+        command = command.replace('CMAKE_ARGS="-DGGML_RPC=ON" ', "")  # .ci/run exports it
+        assert command in ci, f"the quick start's `{command}` is not what .ci/run runs"
+    assert test in ci
+
+
+def test_every_command_of_the_tour_runs(real_models, tmp_path):
+    """Each command the README's tour shows, run as a process on synthetic models with real
+    tokenizers in place of the trained ones it names (the Qwen2 pair for the Qwen2.5-Coder pair,
+    a Llama 3 tokenizer for SmolLM2), a few tokens each: it exits 0. `chat` needs a terminal (the
+    chat app is driven in tests/test_tui.py); `serve` is started and answers /v1/models."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    _, tour = tour_blocks((ROOT / "README.md").read_text())
+    qwen, sibling, llama = (str(real_models[n]) for n in ("qwen2", "qwen2_sibling", "llama3"))
+    names = {"coder-0.5b": qwen, "coder-1.5b": sibling, "smollm2-135m": llama}
+    notes = tmp_path / "notes.py"
+    notes.write_text("def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n" * 8)
+    ran = set()
+    for line in tour:
+        words = shlex.split(line.split(" #", 1)[0])
+        assert words[0] == "localcos", line
+        sub = words[1]
+        words = [",".join(names.get(m, m) for m in w.split(",")) for w in words]
+        if "--preset" in words:  # the preset's pair, as synthetic models
+            i = words.index("--preset")
+            words[i : i + 2] = ["--models", f"{qwen},{sibling}"]
+        words = [str(notes) if w == "notes.py" else w for w in words]
+        if sub == "chat":
+            ran.add(sub)
+            continue
+        argv = [sys.executable, "-m", "localcos", *words[1:]]
+        if sub == "serve":
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            argv[argv.index("--port") + 1] = str(port)
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path)
+            try:
+                deadline = time.monotonic() + 120
+                while True:
+                    assert proc.poll() is None, f"`{line}` exited: {proc.stderr.read().decode()[-2000:]}"  # type: ignore[union-attr]
+                    try:
+                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+                            assert r.status == 200
+                            break
+                    except OSError:
+                        assert time.monotonic() < deadline, f"`{line}` did not answer in 120 s"
+                        time.sleep(0.5)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+            ran.add(sub)
+            continue
+        short = {"generate": ["--max-tokens", "4"], "eval": ["--problems", "1", "--max-tokens", "16"],
+                 "bench": ["--limit-prompts", "1", "--max-tokens", "4"], "score": ["--ctx", "64"]}.get(sub, [])  # fmt: skip
+        if sub == "bench" and "--synthetic" not in words:
+            short += ["--methods", "ensemble,cos", "--temperature", "0"]
+        proc = subprocess.run([*argv, *short], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert proc.returncode == 0, f"`{line}` failed: {proc.stderr[-2000:]}"
+        ran.add(sub)
+    assert ran >= {"generate", "chat", "serve", "eval", "score", "bench"}, ran

@@ -21,6 +21,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .speedmodel import Acceptance
+
 LOOKUP_MODES = ("auto", "on", "off")
 
 
@@ -87,25 +89,10 @@ class ContextIndex:
         return [int(t) for t in seq[follow : min(n, follow + settings.max_tokens)]]
 
 
-@dataclass
-class LookupOutcomes:
-    """How lookup drafts fare: acceptance of their tokens, forgetting slowly. One completion's,
-    or with --gamma auto shared by the generations of one setting, like its controllers."""
-
-    decay: float = 0.995
-    prior_alpha: float = 0.5
-    prior_weight: float = 4.0
-    accepted: float = 0.0
-    tested: float = 0.0
-
-    def observe(self, accepted: int, rejected: int) -> None:
-        d = self.decay ** (accepted + rejected)
-        self.accepted = d * self.accepted + accepted
-        self.tested = d * self.tested + accepted + rejected
-
-    @property
-    def alpha(self) -> float:
-        return (self.accepted + self.prior_alpha * self.prior_weight) / (self.tested + self.prior_weight)
+def lookup_outcomes() -> Acceptance:
+    """How lookup drafts fare, one completion's: the acceptance of their tokens, forgetting
+    slowly (a text's repeats come and go over hundreds of tokens) from an even prior."""
+    return Acceptance(decay=0.995, prior_alpha=0.5, prior_weight=4.0)
 
 
 def worth_drafting(
@@ -134,7 +121,7 @@ class LookupState:
 
     settings: LookupSettings
     index: ContextIndex
-    outcomes: LookupOutcomes = field(default_factory=LookupOutcomes)
+    outcomes: Acceptance = field(default_factory=lookup_outcomes)
     # A continuation auto left out, watched against what gets committed. Every committed token is
     # a sample of r, so it equals a looked-up x with probability r(x), the probability that x's
     # verification would accept it: these verdicts cost nothing, and auto learns from them when

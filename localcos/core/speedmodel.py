@@ -197,6 +197,45 @@ class Costs:
         return max(n_tokens - 1, 0) * sum(p(1) for p in self.profiles)
 
 
+# Tuning shared by both auto plans (`AutoGamma`, `ByteAutoGamma`): acceptance varies widely from
+# prompt to prompt, so estimates forget (a decay of 0.98 remembers ~50 verdicts and follows a new
+# prompt within a few drafts); a prior of a few verdicts keeps the first choices sane; a choice
+# is kept a few draft tokens (or rounds) because the estimates move slowly. Speculation is chosen
+# only when expected `MARGIN` faster than the ensemble's step: the cost models leave out the host
+# work drafting adds (verification, rollbacks, more rows to copy and normalise), so measured
+# speedups run below the estimate at the same acceptance.
+DECAY = 0.98
+PRIOR_ALPHA = 0.7
+PRIOR_WEIGHT = 8.0
+MARGIN = 0.08
+RECHOOSE_EVERY = 8
+
+
+@dataclass
+class Acceptance:
+    """How often one proposer's drafts are accepted: verdict counts that decay by `decay` per
+    verdict, read with a prior of `prior_weight` verdicts at `prior_alpha` (which never decays,
+    so a few unlucky verdicts cannot drive the estimate to 0). The one estimator behind both auto
+    plans and lookup drafts."""
+
+    decay: float = DECAY
+    prior_alpha: float = PRIOR_ALPHA
+    prior_weight: float = PRIOR_WEIGHT
+    accepted: float = 0.0
+    tested: float = 0.0
+
+    def observe(self, accepted: float, rejected: float) -> None:
+        """Verdicts: counts, or expected counts (an acceptance probability measured without
+        drafting)."""
+        d = self.decay ** (accepted + rejected)
+        self.accepted = d * self.accepted + accepted
+        self.tested = d * self.tested + accepted + rejected
+
+    @property
+    def alpha(self) -> float:
+        return (self.accepted + self.prior_alpha * self.prior_weight) / (self.tested + self.prior_weight)
+
+
 @dataclass
 class AutoGamma:
     """Chooses the default proposer and its proposal length online (``--gamma auto``).
@@ -221,40 +260,29 @@ class AutoGamma:
     costs: Costs
     used: tuple[bool, ...] | None = None  # the models r depends on (default: all)
     gamma_max: int = 8
-    prior_alpha: float = 0.7
-    prior_weight: float = 8.0
-    # acceptance varies widely from prompt to prompt: an estimate that remembers ~50 verdicts
-    # follows a new prompt within a few drafts
-    decay: float = 0.98
-    rechoose_every: float = 8  # draft tokens judged between re-evaluations of a choice
-    # speculation is chosen only when expected this much faster than the ensemble's step: the
-    # model leaves out the host work that drafting adds (verification, rollbacks, more rows to
-    # copy and normalise) and prices rows at an empty cache's positions, so measured speedups run
-    # below it at the same acceptance. In doubt, the ensemble's step is never slower than itself.
-    margin: float = 0.08
-    accepted: list[float] = field(default_factory=list)
-    tested: list[float] = field(default_factory=list)
+    rechoose_every: float = RECHOOSE_EVERY  # draft tokens judged between re-evaluations of a choice
+    # it also prices rows at an empty cache's positions; in doubt, the ensemble's step is never
+    # slower than itself
+    margin: float = MARGIN
+    acceptance: list[Acceptance] = field(default_factory=list)  # each proposer's
     judged: float = 0.0  # draft tokens judged so far
     # (method, proposers) -> (`judged` when chosen, the choice)
     choices: dict[tuple, tuple[float, tuple[int, int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.n_models = self.costs.n_models
-        self.accepted = [0.0] * self.n_models
-        self.tested = [0.0] * self.n_models
+        self.acceptance = [Acceptance() for _ in range(self.n_models)]
         if self.used is None:
             self.used = (True,) * self.n_models
 
     def observe_verdicts(self, proposer: int, accepted: float, rejected: float) -> None:
         """Verdicts on `proposer`'s draft tokens: counts, or expected counts (an acceptance
         probability measured without drafting)."""
-        d = self.decay ** (accepted + rejected)
-        self.accepted[proposer] = d * self.accepted[proposer] + accepted
-        self.tested[proposer] = d * self.tested[proposer] + accepted + rejected
+        self.acceptance[proposer].observe(accepted, rejected)
         self.judged += accepted + rejected
 
     def alpha(self, proposer: int) -> float:
-        return (self.accepted[proposer] + self.prior_alpha * self.prior_weight) / (self.tested[proposer] + self.prior_weight)
+        return self.acceptance[proposer].alpha
 
     def tokens_per_second(
         self, method: str, proposer: int, gamma: int, cost: Callable[[int, int], float] | None = None
@@ -371,22 +399,20 @@ class ByteAutoGamma:
 
     costs: Costs
     gamma_max: int = 16
-    margin: float = 0.08  # as AutoGamma's: host work the model leaves out
-    decay: float = 0.98
-    prior_weight: float = 8.0  # bytes (or drafts) of evidence the priors weigh
-    prior_alpha: float = 0.7
+    margin: float = MARGIN  # as AutoGamma's: host work the model leaves out
+    decay: float = DECAY  # the cost estimates' (acceptance decays as `Acceptance` does)
+    prior_weight: float = PRIOR_WEIGHT  # bytes of evidence the cost priors weigh
     prior_calls_per_byte: float = 0.3  # about one call per token of 3-4 bytes
     prior_rows_per_call: float = 1.5
     prior_ahead_per_byte: float = 0.5  # a scoring call's rows per draft byte
     prior_missed_per_byte: float = 0.05
-    rechoose_every: int = 8  # rounds a choice is kept (the estimates move slowly)
+    rechoose_every: int = RECHOOSE_EVERY  # rounds a choice is kept
     round_decay: float = 0.9  # drafted rounds are few: their costs follow the last ten or so
 
     def __post_init__(self) -> None:
         n = self.costs.n_models
         w = self.prior_weight
-        self.accepted = [self.prior_alpha * w] * n
-        self.tested = [w] * n
+        self.acceptance = [Acceptance() for _ in range(n)]  # each proposer's, per byte
         self.bytes = [w] * n  # bytes advanced outside drafts' scoring, and the calls and rows they took
         self.calls = [self.prior_calls_per_byte * w] * n
         self.rows = [self.prior_calls_per_byte * self.prior_rows_per_call * w] * n
@@ -420,12 +446,10 @@ class ByteAutoGamma:
     def observe_verdicts(self, proposer: int, accepted: float, rejected: float) -> None:
         """Verdicts on `proposer`'s draft bytes: counts, or an expected count (a probability of
         acceptance measured without drafting)."""
-        d = self.decay ** (accepted + rejected)
-        self._mix(self.accepted, proposer, accepted, d)
-        self._mix(self.tested, proposer, accepted + rejected, d)
+        self.acceptance[proposer].observe(accepted, rejected)
 
     def alpha(self, proposer: int) -> float:
-        return self.accepted[proposer] / self.tested[proposer]
+        return self.acceptance[proposer].alpha
 
     def _cost(self, model: int, rows: float) -> float:
         """A call of `rows` rows (fractional: between the two counts around it)."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..backend.slot import prompt_calls
 from ..core.decoding import Decoder, Evaluate, Origin, Phase
-from ..core.lookup import ContextIndex, LookupOutcomes, LookupState
+from ..core.lookup import ContextIndex, LookupState, lookup_outcomes
 from ..core.speedmodel import AutoGamma
 from ..core.strategies import make_strategy
 from ..core.text import TextAssembler
@@ -151,7 +151,7 @@ class Generation:
         # generation makes, and so its text, depend on nothing that ran before
         lookup = None
         if plan.lookup is not None:
-            lookup = LookupState(plan.lookup, ContextIndex(prompt, loaded.n_ctx), LookupOutcomes())
+            lookup = LookupState(plan.lookup, ContextIndex(prompt, loaded.n_ctx), lookup_outcomes())
         observer = AutoGamma(loaded.costs, used=combiner.used) if strategy.auto else None
         dec = self.decoder = Decoder(
             slots,
