@@ -196,6 +196,14 @@ class FakeMember:
         except Unreachable:  # pruned away: one path again, the longest-match tokenisation
             self._restart(bytes(self.view.text) + bytes([byte]))
 
+    def start_beside(self, other: "FakeMember") -> None:
+        self.start(other.prompt)
+
+    @staticmethod
+    def advance_together(members, data) -> None:
+        for member, byte in zip(members, data):
+            member.advance(byte)
+
     def rebuild(self, ahead: bytes) -> None:
         """As `ByteMember.rebuild`: one path again, of the text and the bytes ahead of it."""
         text = bytes(self.view.text)

@@ -19,9 +19,11 @@ from localcos.eval.bytescore import bits_per_byte, windows_of
 PROMPT = (0, 1)
 
 
-def fake_models(*models, **member_options):
+def fake_models(*models, lanes=1, **member_options):
+    members = [[FakeMember(m, **member_options) for m in models] for _ in range(lanes)]
     return SimpleNamespace(
-        members=[FakeMember(m, **member_options) for m in models],
+        members=members[0],
+        lanes=lambda: members,
         models=[SimpleNamespace(n_params=1) for _ in models],
         document_starts=lambda: [PROMPT] * len(models),
     )
@@ -89,8 +91,10 @@ def test_score_a_text_with_two_tokenizers_in_bits_per_byte(trained, tmp_path):
 
 
 def fake_choice_models(*models):
+    members = [FakeMember(m) for m in models]
     return SimpleNamespace(
-        members=[FakeMember(m) for m in models],
+        members=members,
+        lanes=lambda: [members],
         models=[SimpleNamespace(n_params=1, n_ctx=64, name=f"m{i}") for i, _ in enumerate(models)],
         prompts=lambda context: [PROMPT + (len(context),)] * len(models),
     )
@@ -130,15 +134,65 @@ def test_a_byte_the_held_paths_rule_out_is_scored_from_the_models_own_tokenisati
     """One path per model and heavy pruning: the text goes where a model's held path cannot
     follow. Its paths are rebuilt from its own tokenisation of the text so far and the byte is
     scored there (as a generation goes on), not at the floor of a byte it rules out."""
-    from localcos.eval.bytescore import walk
+    from localcos.eval.bytescore import walk_together
 
     models = fake_models(VOCAB_A, VOCAB_B, max_paths=1, prune=0.5)
     data = "abbabaabab\u00e9ba".encode()
     seen: list[list[float]] = []
     for member in models.members:
         member.start(PROMPT)
-    rebuilds = walk(models.members, data, lambda j, dists: seen.append([float(d[data[j]]) for d in dists]))
-    assert len(seen) == len(data) and sum(rebuilds) > 0
+    walk_together([models.members], [data], lambda lane, j, dists: seen.append([float(d[data[j]]) for d in dists]), lambda lane, j: True)
+    assert len(seen) == len(data) and sum(m.view.restarts for m in models.members) > 0
     assert all(p > 0 for probs in seen for p in probs)
     result = bits_per_byte(fake_models(VOCAB_A, VOCAB_B, max_paths=1, prune=0.5), data.decode(), [WeightedEnsemble()], window=len(data))
     assert sum(result.unreachable) > 0 and all(b.total < b.count * 29 for b in result.members)
+
+
+def test_windows_scored_side_by_side_give_each_window_its_brute_force_figure():
+    """Lanes advance a byte at a time together (`walk_together`): three windows in two lanes
+    (a group of two, then one) each score what brute force gives for that window alone."""
+    data = "abaabba\u00e9abbaababab\u00e9aabab".encode()
+    window = 8
+    spans = windows_of(data, window)
+    assert len(spans) == 3
+    result = bits_per_byte(fake_models(VOCAB_A, VOCAB_B, lanes=2), data.decode(), [WeightedEnsemble()], window=window)
+    brutes = [BruteForce(VOCAB_A, PROMPT), BruteForce(VOCAB_B, PROMPT)]
+    for brute, bits in zip(brutes, result.members):
+        expected = 0.0
+        for lo, hi in spans:
+            piece, first = data[lo:hi], (hi - lo) // 2
+            expected -= math.log2(brute.prefix(piece) / brute.prefix(piece[:first]))
+        assert bits.total == pytest.approx(expected, abs=1e-9)
+        assert bits.count == sum((hi - lo) - (hi - lo) // 2 for lo, hi in spans)
+
+
+def test_lanes_score_a_text_as_one_window_at_a_time_does(model_dir, llama_vocab):
+    """Two tokenizers (Qwen2 and Llama 3 vocabularies on synthetic F32 weights), a text of several
+    windows: loaded with four lanes (windows side by side, their rows in shared calls) the figures
+    are those of one window at a time. Not bit for bit: llama.cpp rounds rows of calls of other
+    shapes differently (its cache is F16 whatever the weights), and where that reorders the
+    heaviest tokenisations the cap keeps, a figure moves by what the one let go held; measured
+    here a few millionths of the figure, so the bound is 1e-5 of it (a row given to the wrong lane or
+    path moves it by whole bits)."""
+    from dataclasses import replace
+
+    from conftest import REAL_SPECS, cached_model
+    from localcos.config.specs import LoadSpec
+    from localcos.runtime.bytelevel import ByteModels
+
+    text = ("def add(a, b):\n    return a + b\n\nclass Caf\u00e9:\n    pass\n" * 14)[:600]
+    paths = []
+    for name in ("qwen2", "llama3"):
+        vocab, spec = REAL_SPECS[name]
+        paths.append(cached_model(replace(spec, dtype="f32", name=f"{spec.name}-f32", tokenizer=str(llama_vocab(vocab))), model_dir))
+    spec = LoadSpec.make(paths, n_ctx=160, byte_paths=6, byte_prune=0.0)
+    results = []
+    for lanes in (1, 4):
+        with ByteModels.load(spec, WeightedEnsemble(), lanes=lanes) as models:
+            assert len(models.lanes()) == lanes
+            results.append(bits_per_byte(models, text, [WeightedEnsemble()], window=158))
+    one, side_by_side = results
+    assert one.windows == side_by_side.windows >= 3
+    for a, b in zip(one.members + one.combined, side_by_side.members + side_by_side.combined):
+        assert a.count == b.count
+        assert b.per_byte == pytest.approx(a.per_byte, rel=1e-5)

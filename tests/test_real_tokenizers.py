@@ -406,12 +406,18 @@ def test_byte_members_keep_their_sequences_exact_through_bytes_drafts_and_rollba
             want = member.prompt + list(path.tokens)
             assert path.handle.tokens[: len(want)] == want, what
         held, free = {id(s) for s in seqs}, {id(s) for s in member.free}
-        assert not held & free and held | free == {id(s) for s in member.model.slots}, what
+        assert not held & free and held | free == {id(s) for s in member.slots}, what
         assert all(slot.kv_length() == len(slot.tokens) for slot in member.model.slots), what
         checked[what] += 1
 
-    step, rollback = ByteMember._step, ByteMember.rollback
-    monkeypatch.setattr(ByteMember, "_step", lambda self, change: (step(self, change), check(self, "step")))
+    together, rollback = ByteMember.advance_together, ByteMember.rollback
+
+    def advance_together(members, data):
+        together(members, data)
+        for member in members:
+            check(member, "step")
+
+    monkeypatch.setattr(ByteMember, "advance_together", staticmethod(advance_together))
     monkeypatch.setattr(ByteMember, "rollback", lambda self, state: (rollback(self, state), check(self, "rollback")))
     with ByteEnsemble.load([real_models["qwen2"], real_models["llama3"]], WeightedEnsemble([0.5, 0.5]), n_ctx=256, byte_paths=paths,
                            byte_prune=0.0) as ens:  # fmt: skip

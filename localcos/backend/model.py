@@ -69,6 +69,8 @@ class Model:
         n_seq: sequences the KV cache holds at once (slots; batched decoding of many sequences).
             They share one cache (llama.cpp's unified KV cache) of n_ctx x n_seq cells, so any
             mix of their tokens goes into one llama_decode call and a shared prefix is shared.
+        cells: the cache's cells in all, where the sequences share most of their tokens (the
+            byte level's tokenisations of one text): default n_ctx x n_seq.
         n_gpu_layers: layers to offload to the GPU; -1 offloads all (needs a GPU build).
         n_threads: CPU threads for llama.cpp (default: `default_threads()`).
         n_batch: the largest number of tokens passed to one llama_decode call.
@@ -102,6 +104,7 @@ class Model:
         extra_buffers: bool | None = None,
         max_logit_rows: int = 64,
         vocab_only: bool = False,
+        cells: int | None = None,
         devices: Sequence[int] = (),
         load_progress: Callable[[float], None] | None = None,
     ) -> None:
@@ -182,7 +185,7 @@ class Model:
         self.n_batch = max(1, min(n_batch, n_ctx))
         self.n_threads = n_threads or default_threads()
         cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = n_ctx * n_seq
+        cparams.n_ctx = cells or n_ctx * n_seq
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = self.n_batch
         cparams.n_seq_max = n_seq
@@ -200,7 +203,8 @@ class Model:
             detail = last_llama_error() or "llama.cpp could not create a context"
             self.close()
             raise ModelFileError(f"cannot create a context for {self.path}: {_clean_llama_error(detail)}")
-        self.n_ctx: int = min(n_ctx, llama_cpp.llama_n_ctx(self._ctx) // n_seq)
+        total = llama_cpp.llama_n_ctx(self._ctx)
+        self.n_ctx: int = min(n_ctx, total if cells else total // n_seq)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.slots = [Slot(self, i) for i in range(n_seq)]
 

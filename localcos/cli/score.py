@@ -17,6 +17,10 @@ from .options import add_options, loading_progress, resolve
 # distribution of *sampled* text moves (by the mass dropped), but not one given text's
 # probability, which a dropped tokenisation the text then follows can hold most of.
 BYTE_DEFAULTS = {"byte_prune": 0.0, "byte_paths": 16}
+# At the byte level windows (or a choice's options) are scored side by side, each in sequences of
+# its own (`eval.bytescore`): at most this many at once, within llama.cpp's sequences per context.
+MAX_LANES = 16
+MAX_SEQUENCES = 256
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -153,14 +157,19 @@ def run(args: argparse.Namespace) -> int:
 def _score_bytes(args: argparse.Namespace, settings, text: str | None, items: list | None, grid: list, labels: list[str], sweep) -> int:
     """score at the byte level: bits per byte of the text (--file), or the accuracy on a
     multiple-choice set (--choices), under r and each model alone."""
-    from ..eval.bytescore import bits_per_byte, byte_choices
+    from ..eval.bytescore import bits_per_byte, byte_choices, windows_of
     from ..runtime.bytelevel import ByteModels
 
     window = settings.load.n_ctx - 2  # bytes: a window's tokens fit the context (a token has 1 byte or more), BOS too
-    with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress) as models:
+    if text is not None:
+        texts = len(windows_of(text.encode("utf-8"), window))
+    else:
+        texts = max(len(item.choices) for item in items)  # type: ignore[union-attr]
+    lanes = max(1, min(texts, MAX_LANES, MAX_SEQUENCES // settings.load.byte_paths))
+    with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress, lanes=lanes) as models:
         t0 = time.perf_counter()
         combiners = [s.combiner() for s in grid]
-        with _Progress("windows" if text is not None else "items") as bar:
+        with _Progress("bytes" if text is not None else "items") as bar:
             if text is not None:
                 result = bits_per_byte(models, text, combiners, window=window, progress=bar.update)
             else:

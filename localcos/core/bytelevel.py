@@ -175,7 +175,8 @@ class TokenPath:
     with the pending bytes and reach past them); `bounds` splits that range by the next byte and
     `split` is the probability of each part. `row` is its next-token distribution, None until
     the model has computed it. `handle` is the evaluator's (a llama.cpp slot holding prompt +
-    tokens)."""
+    tokens); `parent`, the path it grew from, is for the evaluator to place it and may be let go
+    after that (it would keep every ancestor's row alive)."""
 
     tokens: tuple[int, ...]
     start: int
@@ -239,8 +240,9 @@ class ByteView:
         self.restarts = 0  # times the paths were rebuilt from a tokenisation of the text
         self.folded = 0  # paths folded into a heavier one at the same position (`settle`)
 
-    def start(self, row: np.ndarray, handle: object = None) -> TokenPath:
-        """Begin at the end of the prompt, whose next-token logits are `row`."""
+    def start(self, row: "np.ndarray | Row", handle: object = None) -> TokenPath:
+        """Begin at the end of the prompt, whose next-token logits are `row` (or its `Row`, as
+        another view of the same model read it)."""
         root = TokenPath((), 0, 0.0, 0, self.vocab.size, handle=handle)
         self.set_row(root, row)
         self.text.clear()
@@ -261,9 +263,9 @@ class ByteView:
         self.restarts += 1
         return root
 
-    def set_row(self, path: TokenPath, row: np.ndarray) -> None:
-        """The next-token logits after `path`'s tokens."""
-        path.row = self.normalise(row)
+    def set_row(self, path: TokenPath, row: "np.ndarray | Row") -> None:
+        """The next-token logits after `path`'s tokens (or their `Row`)."""
+        path.row = row if isinstance(row, Row) else self.normalise(row)
 
     def normalise(self, row: np.ndarray) -> Row:
         """A logits row as a path keeps it (`Row`: its own arrays; `row` may be llama.cpp's

@@ -5,10 +5,15 @@ and for each model alone: the measures that compare models of different tokenize
 Windows follow `eval.perplexity` in bytes: the text's UTF-8 bytes are cut into windows of
 `window` bytes (cut on character boundaries; a tail shorter than a window is dropped unless it is
 the only one), each scored from an empty context (each model's BOS, as its metadata says), the
-second half of each window scored, each byte given everything before it in its window. Within a
-window the bytes go through each model in chunks: its rows for a chunk come from one llama.cpp
-call over the chunk's likely tokenisations (`ByteMember.score`), so a model makes about one call
-per chunk rather than one per token.
+second half of each window scored, each byte given everything before it in its window.
+
+The text is known before scoring starts, so windows go through the models side by side: each
+loaded model's sequences are split into lanes (`ByteModels.lanes`), a window per lane, and the
+lanes advance a byte at a time together, every new tokenisation's row of every lane in the same
+calls (`ByteMember.advance_together`): calls of many rows, which cost a CPU less per row than the
+few rows one text's byte needs. Each window's figures are what scoring it alone gives (up to
+llama.cpp's rounding in calls of another shape). Multiple-choice items go the same way, their
+choices side by side after the context.
 """
 
 from __future__ import annotations
@@ -22,11 +27,8 @@ from ..errors import ConfigError
 from ..runtime.bytelevel import RULED_OUT, combine_symbols
 
 if TYPE_CHECKING:
-    from ..runtime.bytelevel import ByteModels
+    from ..runtime.bytelevel import ByteMember, ByteModels
     from .choices import ChoiceItem, ChoiceScores
-
-CHUNK_BYTES = 32  # bytes scored per call of each model
-
 
 @dataclass
 class Bits:
@@ -75,37 +77,31 @@ def windows_of(data: bytes, window: int) -> list[tuple[int, int]]:
     return out
 
 
-def walk(members: Sequence, data: bytes, visit: Callable[[int, list], None]) -> list[int]:
-    """Advance every member's view through `data`, a chunk of `CHUNK_BYTES` per call of each
-    model (`ByteMember.score`), calling `visit(j, dists)` with every model's distribution over
-    byte j of `data` (given the bytes before it), in order. Returns how many times each model's
-    paths were rebuilt (bytes its held paths ruled out)."""
-    rebuilds = [0] * len(members)
-    pos = 0
-    while pos < len(data):
-        chunk = data[pos : pos + CHUNK_BYTES]
-        scored = [m.score(chunk) for m in members]
-        reached = min(len(d) for d, _ in scored) - 1  # bytes every model got through
-        taken = min(reached + 1, len(chunk))
-        stuck = [len(states) <= taken for _, states in scored]
-        for i, (member, (dists, states), rebuilt) in enumerate(zip(members, scored, stuck)):
-            if rebuilt:
-                rebuilds[i] += 1
-                # its held paths rule out byte `reached` (pruning dropped the ones the text goes
-                # on with): as in a generation, its paths are rebuilt from its own tokenisation of
-                # the text, and the byte is scored from those
-                member.rollback(states[-1])
-                member.rebuild(chunk[reached : reached + 1])
-                dists[reached] = member.view.distribution()
-        for j in range(taken):
-            visit(pos + j, [d[j] for d, _ in scored])
-        for member, (_, states), rebuilt in zip(members, scored, stuck):
-            if rebuilt:
-                member.advance(chunk[taken - 1])
-            else:
-                member.rollback(states[taken])
-        pos += taken
-    return rebuilds
+def walk_together(lanes: Sequence[Sequence["ByteMember"]], texts: Sequence[bytes], visit: Callable[[int, int, list], None],
+                  wanted: Callable[[int, int], bool]) -> None:  # fmt: skip
+    """Advance each lane's members (one per model, on sequences of their own) through its text
+    (lane l: texts[l]) a byte of every lane at a time, each model's new rows for all lanes in
+    shared calls (`advance_together`), calling `visit(l, j, dists)` with every model's
+    distribution over byte j of texts[l] (given the bytes before it) where `wanted(l, j)`.
+
+    A byte a model's held paths rule out (the cap on paths dropped the ones the text goes on
+    with) is scored as in a generation: its paths are rebuilt from its own tokenisation of the
+    text (`ByteMember.rebuild`) and the byte is scored from those (`ByteView.restarts` counts it)."""
+    for j in range(max(len(t) for t in texts)):
+        live = [lane for lane, text in enumerate(texts) if j < len(text)]
+        for lane in live:
+            if wanted(lane, j):
+                byte = texts[lane][j]
+                dists = []
+                for member in lanes[lane]:
+                    dist = member.view.distribution()
+                    if dist[byte] <= 0:
+                        member.rebuild(bytes([byte]))
+                        dist = member.view.distribution()
+                    dists.append(dist)
+                visit(lane, j, dists)
+        for i, member in enumerate(lanes[0]):
+            member.advance_together([lanes[lane][i] for lane in live], [texts[lane][j] for lane in live])
 
 
 def bits_per_byte(
@@ -122,20 +118,20 @@ def bits_per_byte(
         raise ConfigError("the text has fewer than 2 bytes: nothing to score", param="file")
     bound = [c.bind(len(models.models), [m.n_params for m in models.models]) for c in combiners]
     spans = windows_of(data, window)
-    members = models.members
+    lanes = models.lanes()
+    n = len(lanes[0])
     combined = [Bits() for _ in bound]
-    alone = [Bits() for _ in members]
-    unreachable = [0] * len(members)
-    dropped = [0.0] * len(members)
+    alone = [Bits() for _ in range(n)]
+    unreachable = [0] * n
+    dropped = [0.0] * n
     prompts = models.document_starts()
-    for w, (lo, hi) in enumerate(spans):
-        piece = data[lo:hi]
-        first_scored = len(piece) // 2
+    walked = 0
+    for g in range(0, len(spans), len(lanes)):
+        pieces = [data[lo:hi] for lo, hi in spans[g : g + len(lanes)]]
+        used = lanes[: len(pieces)]
 
-        def visit(j: int, dists: list) -> None:
-            if j < first_scored:
-                return
-            byte = piece[j]
+        def visit(lane: int, j: int, dists: list) -> None:
+            byte = pieces[lane][j]
             for i, d in enumerate(dists):
                 alone[i].add(max(float(d[byte]), RULED_OUT))
             for c, bits in zip(bound, combined):
@@ -143,16 +139,26 @@ def bits_per_byte(
                 # model's is there (RULED_OUT), not as infinitely unlikely
                 bits.add(max(float(combine_symbols(c, dists, 1.0)[byte]), RULED_OUT))
 
-        for member, prompt in zip(members, prompts):
-            member.start(prompt)
-        for i, n in enumerate(walk(members, piece, visit)):
-            unreachable[i] += n
-        for i, member in enumerate(members):
-            dropped[i] += member.view.dropped
+        start_lanes(used, prompts)
+        walk_together(used, pieces, visit, lambda lane, j: j >= len(pieces[lane]) // 2)
+        for lane in used:
+            for i, member in enumerate(lane):
+                unreachable[i] += member.view.restarts
+                dropped[i] += member.view.dropped
+        walked += sum(map(len, pieces))
         if progress:
-            progress(w + 1, len(spans))
+            progress(walked, len(data))
     dropped = [d / len(spans) for d in dropped]
     return ByteScore(combined, alone, len(spans), window, len(data), unreachable, dropped)
+
+
+def start_lanes(lanes: Sequence[Sequence["ByteMember"]], prompts: Sequence[Sequence[int]]) -> None:
+    """Every lane's members at the start of `prompts` (one per model): the first lane's evaluated
+    as a generation's prompt is, the others sharing its cells and rows."""
+    for i, prompt in enumerate(prompts):
+        lanes[0][i].start(prompt)
+        for lane in lanes[1:]:
+            lane[i].start_beside(lanes[0][i])
 
 
 def byte_choices(
@@ -168,42 +174,36 @@ def byte_choices(
     from .choices import ChoiceScores
 
     bound = [c.bind(len(models.models), [m.n_params for m in models.models]) for c in combiners]
-    members = models.members
-    out = ChoiceScores([[] for _ in bound], [[] for _ in members], [], [it.answer for it in items])
+    lanes = models.lanes()
+    n = len(lanes[0])
+    out = ChoiceScores([[] for _ in bound], [[] for _ in range(n)], [], [it.answer for it in items])
     for number, item in enumerate(items):
         prompts = models.prompts(item.context)
         for m, p in zip(models.models, prompts):
             if len(p) + len(max(item.choices, key=len).encode()) >= m.n_ctx:
                 raise ConfigError(f"item {number + 1}: its context and longest choice do not fit {m.name}'s context of {m.n_ctx}; "
                                   "raise --ctx", param="choices")  # fmt: skip
-        sums_c: list[list[float]] = [[] for _ in bound]
-        sums_m: list[list[float]] = [[] for _ in members]
-        counts = []
-        for choice in item.choices:
-            data = choice.encode("utf-8")
-            logs_c = [0.0] * len(bound)
-            logs_m = [0.0] * len(members)
+        texts = [choice.encode("utf-8") for choice in item.choices]
+        logs_c = [[0.0] * len(texts) for _ in bound]
+        logs_m = [[0.0] * len(texts) for _ in range(n)]
+        for g in range(0, len(texts), len(lanes)):
+            group = texts[g : g + len(lanes)]
 
-            def visit(j: int, dists: list) -> None:
-                byte = data[j]
+            def visit(lane: int, j: int, dists: list) -> None:
+                byte = group[lane][j]
                 for i, d in enumerate(dists):
-                    logs_m[i] += math.log(max(float(d[byte]), RULED_OUT))
+                    logs_m[i][g + lane] += math.log(max(float(d[byte]), RULED_OUT))
                 for k, c in enumerate(bound):
-                    logs_c[k] += math.log(max(float(combine_symbols(c, dists, 1.0)[byte]), RULED_OUT))
+                    logs_c[k][g + lane] += math.log(max(float(combine_symbols(c, dists, 1.0)[byte]), RULED_OUT))
 
-            for member, prompt in zip(members, prompts):
-                member.start(prompt)  # the context's cells are kept from the choice before
-            walk(members, data, visit)
-            for k in range(len(bound)):
-                sums_c[k].append(logs_c[k])
-            for i in range(len(members)):
-                sums_m[i].append(logs_m[i])
-            counts.append(len(data))
+            used = lanes[: len(group)]
+            start_lanes(used, prompts)  # the context evaluated once for the choices side by side
+            walk_together(used, group, visit, lambda lane, j: True)
         for k in range(len(bound)):
-            out.combined[k].append(sums_c[k])
-        for i in range(len(members)):
-            out.members[i].append(sums_m[i])
-        out.tokens.append(counts)
+            out.combined[k].append(logs_c[k])
+        for i in range(n):
+            out.members[i].append(logs_m[i])
+        out.tokens.append([len(t) for t in texts])
         if progress:
             progress(number + 1, len(items))
     return out

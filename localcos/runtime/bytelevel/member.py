@@ -8,7 +8,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ...backend import Model
-from ...backend.slot import common_prefix
+from ...backend.slot import Slot, common_prefix
 from ...core.bytelevel import Advance, ByteView, TokenPath, Row, Unreachable, ViewState, replay
 from ...core.speedmodel import CallProfile
 from ..profile import call_groups
@@ -21,32 +21,49 @@ class ByteMember:
     parent is let go, else a free one sharing the parent's cells).
 
     A sequence let go keeps its cells until it is taken again (a rollback may want them back);
-    whoever takes it keeps what it shares with the new path (`_seat`)."""
+    whoever takes it keeps what it shares with the new path (`_seat`).
 
-    def __init__(self, model: Model, *, max_paths: int, prune: float, price: CallProfile | None = None) -> None:
-        if len(model.slots) < max_paths:
-            raise ValueError(f"{model.name} holds {len(model.slots)} sequences; the byte level needs {max_paths}")
+    `slots`: the model's sequences this member uses (default all of them); members of one model
+    on disjoint slots score several texts at once, their rows in shared calls (`advance_together`)."""
+
+    def __init__(self, model: Model, *, max_paths: int, prune: float, price: CallProfile | None = None, slots: Sequence[Slot] | None = None) -> None:
+        self.slots = list(model.slots if slots is None else slots)
+        if len(self.slots) < max_paths:
+            raise ValueError(f"{model.name} holds {len(self.slots)} sequences; the byte level needs {max_paths}")
         self.model = model
         self.view = ByteView(byte_vocab(model), max_paths=max_paths, prune=prune)
-        self.free = list(model.slots[1:])
+        self.free = list(self.slots[1:])
         self.calls = 0
         self.price = price  # the model's call cost by rows (its profile)
         self.spent = 0.0  # its calls priced at `price`: what --byte-gamma auto checks its plan against
         self.tree_rows = 0  # rows evaluated ahead for drafts (`score`)
         self.missed = 0  # rows a draft's replay asked for that were not evaluated ahead
         self.prompt: list[int] = []
+        self.prompt_row: Row | None = None  # the row after the prompt, as the view reads it
         self._anchored: set[int] = set()  # sequences a snapshot or a draft's replay may come back to
 
     def start(self, prompt: Sequence[int]) -> None:
         """Evaluate the prompt (its own tokens) in the first sequence, as a fresh process does
         (`Slot.start_prompt`: the text then depends on nothing that ran before); the view starts
         there."""
-        home = self.model.slots[0]
+        self._begin(prompt, self.slots[0].start_prompt(list(prompt)))
+
+    def start_beside(self, other: "ByteMember") -> None:
+        """Begin where `other`, a member of the same model on other slots, has just started: its
+        prompt's cells shared and its row after the prompt (one prompt, evaluated once)."""
+        home = self.slots[0]
+        home.truncate(0)
+        home.share_prefix(other.prompt)
+        if home.tokens != other.prompt:
+            raise RuntimeError(f"{self.model.name}: the prompt to share is no longer in the cache")
+        self._begin(other.prompt, other.prompt_row)
+
+    def _begin(self, prompt: Sequence[int], row: np.ndarray | Row) -> None:
+        home = self.slots[0]
         self.prompt = list(prompt)
-        row = home.start_prompt(self.prompt)
-        self.free = list(self.model.slots[1:])
+        self.free = list(self.slots[1:])
         self._anchored = set()
-        self.view.start(row, handle=home)
+        self.prompt_row = self.view.start(row, handle=home).row
         self.calls = self.tree_rows = self.missed = 0
         self.spent = 0.0
 
@@ -54,16 +71,34 @@ class ByteMember:
         """Append a byte; the new paths' rows come from one call (or a few, within the model's
         limits). A byte the held paths cannot produce (pruning dropped the paths that could, and
         another model chose it) rebuilds the paths from this model's own tokenisation of the text."""
+        self.advance_together([self], [byte])
+
+    @staticmethod
+    def advance_together(members: Sequence["ByteMember"], data: Sequence[int]) -> None:
+        """`advance` of members of one model, each on its own slots and text, by a byte each
+        (`data[i]` for members[i]): their new paths' rows in shared calls."""
+        requests = [(m, m._begin_advance(b)) for m, b in zip(members, data)]
+        evaluate_together([(m, parts) for m, parts in requests if parts])
+        for m, parts in requests:
+            if parts is not None:
+                m._settle()
+
+    def _begin_advance(self, byte: int) -> list[tuple[TokenPath, Slot, list[int]]] | None:
+        """`advance` up to its rows: the new paths placed in sequences (`_place`), to evaluate
+        and then `_settle`; None after a rebuild, which evaluated and settled its own."""
         try:
             change = self.view.advance(byte)
         except Unreachable:
             self._restart(bytes(self.view.text) + bytes([byte]))
-            return
-        self._step(change)
+            return None
+        return self._place(change)
 
     def _step(self, change: Advance) -> None:
         """The new paths' rows, then the paths the view folds away let go of their sequences."""
         self._evaluate(self._place(change))
+        self._settle()
+
+    def _settle(self) -> None:
         folded = self.view.settle()
         held = {id(p.handle) for p in self.view.paths}
         for path in folded:
@@ -145,7 +180,7 @@ class ByteMember:
         for path, slot in zip(paths, slots):
             path.handle = slot
         used = {id(s) for s in slots}
-        self.free = [s for s in self.model.slots if id(s) not in used]
+        self.free = [s for s in self.slots if id(s) not in used]
         self._anchored = set()  # no snapshot is pending after a rollback
 
     def _seats(self, targets: list[list[int]]) -> list:
@@ -157,13 +192,13 @@ class ByteMember:
         order = sorted(range(len(targets)), key=lambda i: -len(targets[i]))
         for i in order:  # holders first, so copying below never takes a holder's sequence
             t = targets[i]
-            holders = [s for s in self.model.slots if id(s) not in taken and s.tokens[: len(t)] == t]
+            holders = [s for s in self.slots if id(s) not in taken and s.tokens[: len(t)] == t]
             if holders:
                 chosen[i] = min(holders, key=lambda s: len(s.tokens))
                 taken.add(id(chosen[i]))
         for i in order:
             if chosen[i] is None:
-                spare = [s for s in self.model.slots if id(s) not in taken]
+                spare = [s for s in self.slots if id(s) not in taken]
                 # a sequence nothing pending relies on (its cells are copied from wherever they are),
                 # else the one that shares most
                 slot = max(spare, key=lambda s: (id(s) not in self._anchored, common_prefix(s.tokens, targets[i])))
@@ -204,14 +239,14 @@ class ByteMember:
             pos += len(piece)
         tokens += self.view.vocab.cover(data[pos:])
         start = len(data) - len(self.model.piece(tokens.pop()))
-        home = self.model.slots[0]
+        home = self.slots[0]
         row = home.prefill(self.prompt + tokens)  # shares what any sequence holds of it
         self.calls += 1
         if self.price is not None:
             self.spent += self.price(max(len(self.prompt) + len(tokens) - len(home.tokens), 1))
         for path in self.view.paths:
             path.handle = None
-        self.free = [s for s in self.model.slots if s is not home]
+        self.free = [s for s in self.slots if s is not home]
         self.view.restart(tokens, start, row, handle=home)
         for b in data[start:until]:
             self._step(self.view.advance(b, force=True))
@@ -232,14 +267,9 @@ class ByteMember:
             yield from zip(group, self._decode([parts[i] for i in group]))
 
     def _evaluate(self, parts: list) -> None:
-        """Each path's row (`_calls`): `parts` are (path, sequence) or (path, sequence, tokens its
-        sequence still lacks before the path's own)."""
-        calls = []
-        for path, slot, *lacking in parts:
-            tokens = [*(lacking[0] if lacking else ()), path.token]
-            calls.append((slot, tokens, len(tokens) - 1, len(tokens)))
-        for i, row in self._calls(calls):
-            self.view.set_row(parts[i][0], row[0])
+        """Each path's row: `parts` are (path, sequence) or (path, sequence, tokens its sequence
+        still lacks before the path's own)."""
+        evaluate_together([(self, parts)])
 
     def _place(self, change: Advance) -> list[tuple[TokenPath, object, list[int]]]:
         """A sequence for each new path, holding its parent's tokens (the path's own token is
@@ -280,6 +310,7 @@ class ByteMember:
             out.append((path, slot, self._seat(slot, self.prompt + list(parent.tokens))))
         for path, slot, _ in out:
             path.handle = slot
+            path.parent = None  # placed: holding on to it would keep every ancestor's row alive
         for path in change.gone:
             path.handle = None
         for key, slot in loose.items():
@@ -302,3 +333,32 @@ class ByteMember:
     def longest(self) -> int:
         """The most tokens one of its sequences holds."""
         return max(len(p.handle.tokens) for p in self.view.paths if p.handle is not None)
+
+
+def evaluate_together(requests: Sequence[tuple[ByteMember, list]]) -> None:
+    """New paths' rows for members of one model (each on its own slots), in the calls its profile
+    says cost least (`runtime.profile.call_groups`): each request is (member, parts), parts as
+    `ByteMember._evaluate` takes them. Each member counts the calls it took part in, priced at
+    its own rows."""
+    if not requests:
+        return
+    first = requests[0][0]
+    calls, owners = [], []
+    for member, parts in requests:
+        for path, slot, *lacking in parts:
+            tokens = [*(lacking[0] if lacking else ()), path.token]
+            calls.append((slot, tokens, len(tokens) - 1, len(tokens)))
+            owners.append((member, path))
+    for group in call_groups(first.model, first.price, calls):
+        rows = first.model.decode([calls[i] for i in group])
+        tokens: dict[int, int] = {}
+        for i, row in zip(group, rows):
+            member, path = owners[i]
+            member.view.set_row(path, row[0])
+            tokens[id(member)] = tokens.get(id(member), 0) + len(calls[i][1])
+        for member, _ in requests:
+            if id(member) in tokens:
+                member.calls += 1
+                if member.price is not None:
+                    member.spent += member.price(tokens.pop(id(member)))
+

@@ -28,6 +28,12 @@ if TYPE_CHECKING:
     from ...core.combiners import Combiner
 
 
+# cells of the KV cache per lane, in contexts (`--ctx`): a lane's tokenisations of one text share
+# their prefixes' cells, so a few contexts hold them (a context per tokenisation, as generation
+# reserves, would make the cache, and the attention's span over it, far larger)
+LANE_CELLS = 4
+
+
 class ByteModels:
     """Models loaded for byte-level decoding: each with `max_paths` sequences in one unified KV
     cache, and its byte vocabulary."""
@@ -40,7 +46,7 @@ class ByteModels:
         self.combiner = combiner
         # each model's call cost by rows (`runtime.profile`): what --byte-gamma auto plans with
         self.costs = Costs(list(profiles) if profiles is not None else [call_profile(m) for m in self.models])
-        self.members = [ByteMember(m, max_paths=max_paths, prune=prune, price=p) for m, p in zip(self.models, self.costs.profiles)]
+        self.members = [ByteMember(m, max_paths=max_paths, prune=prune, price=p, slots=m.slots[:max_paths]) for m, p in zip(self.models, self.costs.profiles)]
         self.n_ctx = min(m.n_ctx for m in self.models)
 
     @classmethod
@@ -50,9 +56,11 @@ class ByteModels:
         combiner,
         *,
         progress: Callable[[int, int, str], None] | None = None,
+        lanes: int = 1,
     ) -> "ByteModels":
         """Load every model of `spec` with `spec.byte_paths` sequences; paths pruned at
-        `spec.byte_prune`."""
+        `spec.byte_prune`. `lanes`: texts scored at once (`lanes`), each with sequences of its
+        own, `LANE_CELLS` contexts of cells each."""
         import os
 
         from ..loaded import model_options
@@ -66,7 +74,9 @@ class ByteModels:
             for i, path in enumerate(spec.paths):
                 if progress:
                     progress(i, len(spec.paths), os.fspath(path))
-                models.append(Model(path, n_seq=spec.byte_paths, **model_options(spec, i, max(32, spec.byte_paths))))
+                options = model_options(spec, i, max(32, spec.byte_paths * min(lanes, 4)))
+                cells = None if lanes == 1 else spec.n_ctx * LANE_CELLS * lanes
+                models.append(Model(path, n_seq=spec.byte_paths * lanes, cells=cells, **options))
                 profiles.append(call_profile(models[-1], spec.calibrate))
                 models[-1].warm_up(timed_calls=0)
             bound = combiner.bind(len(models), [m.n_params for m in models])
@@ -77,6 +87,18 @@ class ByteModels:
             for m in models:
                 m.close()
             raise
+
+    def lanes(self) -> list[list[ByteMember]]:
+        """Members that score texts side by side (`eval.bytescore`), one list per text, one
+        member per model: the loaded members first, then members on the models' other sequences
+        (as many lanes as every model has `byte_paths` sequences for), pruned as they are."""
+        k = self.members[0].view.max_paths
+        count = min(len(m.slots) for m in self.models) // k
+        out = [self.members]
+        for lane in range(1, count):
+            out.append([ByteMember(m.model, max_paths=k, prune=m.view.prune, price=m.price, slots=m.model.slots[lane * k : (lane + 1) * k])
+                        for m in self.members])  # fmt: skip
+        return out
 
     @property
     def names(self) -> list[str]:
