@@ -381,20 +381,20 @@ def test_tokenisations_folded_on_a_trained_model_give_up_their_sequences(pair, m
     from localcos.tools.prompts import builtin_prompts
 
     checked = [0]
-    original = ByteMember._step
+    original = ByteMember._settle  # after every byte's rows (and a rebuild's bytes)
 
-    def step(self, change):
-        original(self, change)
+    def settle(self):
+        original(self)
         seqs = [p.handle for p in self.view.paths]
         assert len({id(s) for s in seqs}) == len(seqs)  # one sequence per held path
         for path in self.view.paths:
             want = self.prompt + list(path.tokens)
             assert path.handle.tokens[: len(want)] == want
         held, free = {id(s) for s in seqs}, {id(s) for s in self.free}
-        assert not held & free and held | free == {id(s) for s in self.model.slots}  # none lost
+        assert not held & free and held | free == {id(s) for s in self.slots}  # none lost
         checked[0] += 1
 
-    monkeypatch.setattr(ByteMember, "_step", step)
+    monkeypatch.setattr(ByteMember, "_settle", settle)
     with ByteEnsemble.load(pair, WeightedEnsemble([0.5, 0.5]), n_ctx=1024) as ens:
         _, prompt = builtin_prompts()[4]
         folded = [sum(ens.generate(prompt, max_tokens=160, temperature=t, seed=0, method="ensemble").stats.folded) for t in (0, 1)]
