@@ -19,7 +19,7 @@ from .options import add_options, loading_progress, resolve
 BYTE_DEFAULTS = {"byte_prune": 0.0, "byte_paths": 16}
 # At the byte level windows (or a choice's options) are scored side by side, each in sequences of
 # its own (`eval.bytescore`): at most this many at once, within llama.cpp's sequences per context.
-MAX_LANES = 16
+MAX_LANES = 4
 MAX_SEQUENCES = 256
 
 
