@@ -198,7 +198,11 @@ def test_ctrl_c_stops_eval_and_the_next_run_goes_on_where_it_stopped(models, tmp
     results = tmp_path / "results.jsonl"
     args = [sys.executable, "-m", "localcos", "eval", "--models", pair, "--task", str(task_file), "--run-code", "--timeout", "3",
             "--max-tokens", "12", "--results", str(results)]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as a terminal delivers it: SIGINT's default action in the child even where this test
+    # runs in the background of a shell (which starts its jobs with SIGINT ignored, and Python then
+    # never raises KeyboardInterrupt)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:  # bounded: the deadline or the process's end
         if results.exists() and len(results.read_text().splitlines()) >= 3:

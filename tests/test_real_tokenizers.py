@@ -410,14 +410,8 @@ def test_byte_members_keep_their_sequences_exact_through_bytes_drafts_and_rollba
         assert all(slot.kv_length() == len(slot.tokens) for slot in member.model.slots), what
         checked[what] += 1
 
-    together, rollback = ByteMember.advance_together, ByteMember.rollback
-
-    def advance_together(members, data):
-        together(members, data)
-        for member in members:
-            check(member, "step")
-
-    monkeypatch.setattr(ByteMember, "advance_together", staticmethod(advance_together))
+    settle, rollback = ByteMember._settle, ByteMember.rollback  # _settle: after every byte's rows
+    monkeypatch.setattr(ByteMember, "_settle", lambda self: (settle(self), check(self, "step")))
     monkeypatch.setattr(ByteMember, "rollback", lambda self, state: (rollback(self, state), check(self, "rollback")))
     with ByteEnsemble.load([real_models["qwen2"], real_models["llama3"]], WeightedEnsemble([0.5, 0.5]), n_ctx=256, byte_paths=paths,
                            byte_prune=0.0) as ens:  # fmt: skip
