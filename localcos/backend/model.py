@@ -57,6 +57,7 @@ class KeptPrompt:
     row: np.ndarray
 
 
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the most sequences one context holds
 _SHARED = object()  # `Model._sole` once a second sequence had cells since the last reset
 
 

@@ -18,9 +18,8 @@ from .options import add_options, loading_progress, resolve
 # probability, which a dropped tokenisation the text then follows can hold most of.
 BYTE_DEFAULTS = {"byte_prune": 0.0, "byte_paths": 16}
 # At the byte level windows (or a choice's options) are scored side by side, each in sequences of
-# its own (`eval.bytescore`): at most this many at once, within llama.cpp's sequences per context.
+# its own (`eval.bytescore`): at most this many at once.
 MAX_LANES = 4
-MAX_SEQUENCES = 256
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -165,7 +164,7 @@ def _score_bytes(args: argparse.Namespace, settings, text: str | None, items: li
         texts = len(windows_of(text.encode("utf-8"), window))
     else:
         texts = max(len(item.choices) for item in items)  # type: ignore[union-attr]
-    lanes = max(1, min(texts, MAX_LANES, MAX_SEQUENCES // settings.load.byte_paths))
+    lanes = max(1, min(texts, MAX_LANES))
     with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress, lanes=lanes) as models:
         t0 = time.perf_counter()
         combiners = [s.combiner() for s in grid]

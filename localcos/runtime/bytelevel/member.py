@@ -241,9 +241,7 @@ class ByteMember:
         start = len(data) - len(self.model.piece(tokens.pop()))
         home = self.slots[0]
         row = home.prefill(self.prompt + tokens)  # shares what any sequence holds of it
-        self.calls += 1
-        if self.price is not None:
-            self.spent += self.price(max(len(self.prompt) + len(tokens) - len(home.tokens), 1))
+        self._count(max(len(self.prompt) + len(tokens) - len(home.tokens), 1))
         for path in self.view.paths:
             path.handle = None
         self.free = [s for s in self.slots if s is not home]
@@ -254,10 +252,15 @@ class ByteMember:
     def _decode(self, parts: list) -> list:
         """One llama.cpp call, counted (`calls`) and priced at the model's profile (`spent`)."""
         rows = self.model.decode(parts)
+        self._count(sum(len(tokens) for _, tokens, _, _ in parts))
+        return rows
+
+    def _count(self, tokens: int) -> None:
+        """A call this member took part in with `tokens` of its own: counted (`calls`) and priced
+        at the model's profile (`spent`)."""
         self.calls += 1
         if self.price is not None:
-            self.spent += self.price(sum(len(tokens) for _, tokens, _, _ in parts))
-        return rows
+            self.spent += self.price(tokens)
 
     def _calls(self, parts: list) -> Iterator[tuple[int, np.ndarray]]:
         """Each part's rows (see `Model.decode`): (its index, its rows), in the calls the model's
@@ -358,7 +361,5 @@ def evaluate_together(requests: Sequence[tuple[ByteMember, list]]) -> None:
             tokens[id(member)] = tokens.get(id(member), 0) + len(calls[i][1])
         for member, _ in requests:
             if id(member) in tokens:
-                member.calls += 1
-                if member.price is not None:
-                    member.spent += member.price(tokens.pop(id(member)))
+                member._count(tokens.pop(id(member)))
 

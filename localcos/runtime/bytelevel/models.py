@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from ...backend import Model
+from ...backend.model import MAX_SEQUENCES
 from ...config.specs import GenerationConfig
 from ...core.bytelevel import check_prune
 from ...core.combiners import BoundCombiner
@@ -60,7 +61,7 @@ class ByteModels:
     ) -> "ByteModels":
         """Load every model of `spec` with `spec.byte_paths` sequences; paths pruned at
         `spec.byte_prune`. `lanes`: texts scored at once (`lanes`), each with sequences of its
-        own, `LANE_CELLS` contexts of cells each."""
+        own, `LANE_CELLS` contexts of cells each (fewer where llama.cpp's sequences run out)."""
         import os
 
         from ..loaded import model_options
@@ -68,6 +69,7 @@ class ByteModels:
         if any(spec.rpc):  # a model on RPC servers decodes one sequence; its paths need byte_paths of them
             raise ConfigError("--rpc: not available at the byte level (each model holds --byte-paths sequences here; "
                               "a model on RPC servers decodes one)", param="rpc")  # fmt: skip
+        lanes = max(1, min(lanes, MAX_SEQUENCES // spec.byte_paths))
         models: list[Model] = []
         profiles: list[CallProfile] = []
         try:
