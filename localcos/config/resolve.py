@@ -61,9 +61,7 @@ def resolve(
             preset = registry.ensembles.get(given["preset"])
             if preset is None:
                 raise ConfigError(f"unknown preset {given['preset']!r}; see `localcos models list`", param="preset")
-            for key in ("combine", "weights", "mu", "plausibility", "expert", "gate", "lead", "method", "gamma"):
-                if getattr(preset, key) is not None:
-                    front[key] = getattr(preset, key)
+            front.update(preset.settings())
             if preset.chat_template:
                 chat_model = list(preset.models).index(preset.chat_template)
         labels = tuple(preset.models) if preset else given["models"]

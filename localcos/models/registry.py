@@ -42,20 +42,9 @@ def _builtin_models_toml() -> Path:
 BUILTIN = _builtin_models_toml()
 
 _MODEL_KEYS = {"repo", "file", "path", "packages", "member", "sha256", "description", "n_gpu_layers", "rpc"}
-_ENSEMBLE_KEYS = {
-    "description",
-    "models",
-    "combine",
-    "weights",
-    "mu",
-    "plausibility",
-    "expert",
-    "gate",
-    "lead",
-    "method",
-    "gamma",
-    "chat_template",
-}
+# The generation settings a preset fills (each an option of the settings layer, by the same name).
+PRESET_SETTINGS = ("combine", "weights", "mu", "plausibility", "expert", "gate", "lead", "method", "gamma")
+_ENSEMBLE_KEYS = {"description", "models", "chat_template", *PRESET_SETTINGS}
 
 
 @dataclass(frozen=True)
@@ -99,6 +88,10 @@ class EnsembleEntry:
     chat_template: str | None = None
     description: str = ""
     source: str = ""
+
+    def settings(self) -> dict[str, Any]:
+        """The generation settings this preset gives (those it names), by option name."""
+        return {key: getattr(self, key) for key in PRESET_SETTINGS if getattr(self, key) is not None}
 
 
 @dataclass
