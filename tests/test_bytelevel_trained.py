@@ -68,6 +68,19 @@ def test_generate_combines_two_tokenizers_at_the_byte_level(trained, big, combin
     assert result["combiner"].startswith(combine)
 
 
+def test_the_cross_family_preset_contrasts_at_the_byte_level_where_its_gate_opens(trained):
+    for name in ("smollm2-135m", "coder-1.5b"):
+        trained(name)  # pulled: the preset names them
+    out = run_cli("generate", "--preset", "smol-coder-cd", "-p", "def add(a, b):\n", "--temperature", "0", "--max-tokens", "60", "--json",
+                  "--ctx", "512")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    (stats,) = result["stats"]
+    assert stats["level"] == "byte" and "cd" in result["combiner"] and "gate" in result["combiner"]
+    assert 0 <= stats["gate_opened"] < stats["gate_symbols"]  # the 1.5B alone where it is sure
+    assert "return" in result["completions"][0]["text"]
+
+
 def test_chat_prompts_each_model_in_its_own_template(pair):
     out = run_cli("generate", "--models", ",".join(map(str, pair)), "--chat", "-p", "What is the capital of France? One word.",
                   "--temperature", "0", "--max-tokens", "40", "--ctx", "512")  # fmt: skip

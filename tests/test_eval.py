@@ -186,6 +186,37 @@ def test_eval_runs_each_variant_on_each_problem_and_resumes(models, task_file, t
     assert "CD (baseline)" in more.stdout
 
 
+def test_a_byte_level_run_has_each_model_alone_on_its_own_tokens(real_models, task_file, tmp_path):
+    # two tokenizers: the combinations decode at the byte level; each member alone decodes as it
+    # runs by itself, on its own tokens, with its text and speed counted in characters
+    qwen, llama = real_models["qwen2"], real_models["llama3"]
+    results = tmp_path / "results.jsonl"
+    args = ["eval", "--models", f"{qwen},{llama}", "--task", str(task_file), "--run-code", "--timeout", "2", "--max-tokens", "20",
+            "--problems", "2", "--results", str(results), "--json", str(tmp_path / "s.json")]  # fmt: skip
+    proc = run(*args)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in results.read_text().splitlines()[1:]]
+    by = {(r["config"], r["task_id"]): r for r in records}
+    assert len(records) == 2 * 4 and json.loads((tmp_path / "s.json").read_text())["unit"] == "chars"
+    for path in (qwen, llama):
+        name = f"{path.name} alone"
+        assert by[(name, "t/add")]["settings"]["level"] == "token"
+        own = run("generate", "--models", str(path), "--prompt", TASKS[1]["prompt"], "--temperature", "0", "--max-tokens", "20", "--json")
+        assert own.returncode == 0, own.stderr
+        text = json.loads(own.stdout)["completions"][0]["text"]
+        assert by[(name, "t/add")]["completion"] == text[:20] and by[(name, "t/add")]["length"] == len(text[:20])
+    assert "level" not in by[("WE", "t/add")]["settings"]
+    # asked for by name: --level token for one model alone; a combination cannot be on one model's tokens
+    more = run(*args[:-2], "--variant", "mine=--combine we --weights 1,0 --level token", "--variant", "bytes=--combine we --weights 1,0")
+    assert more.returncode == 0, more.stderr
+    records = [json.loads(line) for line in results.read_text().splitlines()[1:]]
+    mine = {r["task_id"]: r for r in records if r["config"] == "mine"}
+    assert mine["t/add"]["completion"] == by[(f"{qwen.name} alone", "t/add")]["completion"]
+    assert all("level" not in r["settings"] for r in records if r["config"] == "bytes")
+    bad = run(*args[:-2], "--variant", "x=--combine we --level token")
+    assert bad.returncode == 2 and "--variant x: --level token runs one model alone on its own tokens" in bad.stderr
+
+
 def test_ctrl_c_stops_eval_and_the_next_run_goes_on_where_it_stopped(models, tmp_path):
     # more problems than the other tests: the run must still be going when Ctrl-C comes, however
     # fast the programs the synthetic models write end (a hang's string closed by the model's
@@ -230,6 +261,7 @@ def test_eval_refuses_in_one_line(models, task_file, tmp_path):
         (["--run-code", "--variant", "nothing"], "--variant takes NAME=FLAGS"),
         (["--run-code", "--variant", "x=--mu"], "--variant x: --mu needs a value"),
         (["--run-code", "--variant", "x=--gate 2"], "--gate must be <= 1"),
+        (["--run-code", "--variant", "x=--level byte"], "--variant x: --level byte: this run decodes at the token level"),
         (["--run-code", "--variant", "a=--mu 0.1", "--variant", "a=--mu 0.2"], "two configurations have the same name"),
         (["--run-code", "--problems", "9"], "the task has 3 problems"),
         (["--run-code", "--baseline", "nobody"], "--baseline 'nobody' is not one of the configurations"),

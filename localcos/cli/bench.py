@@ -231,7 +231,7 @@ def _bench_bytes(args: argparse.Namespace, settings) -> int:
         n_models = len(models.models)
         members = _members(args.alone, n_models)
         alone_ids = [bench.largest([m.n_params for m in models.models])] if members == "largest" else list(members)
-        alone = {i: Ensemble.load([settings.load.paths[i]], n_ctx=settings.load.n_ctx) for i in alone_ids}
+        alone = {i: Ensemble.from_spec(settings.load.member(i)) for i in alone_ids}
         try:
             configs = bytebench.byte_configurations(methods, gammas, alone_ids)
             runs = bytebench.run_byte_benchmark(models, alone, prompts, configs, temperatures, max_chars=max_chars, seed=seed)

