@@ -229,13 +229,17 @@ class FakeMember:
     def rollback(self, state) -> None:
         self.view.restore(state)
 
-    def score(self, draft: bytes):
+    @property
+    def call_rows(self) -> int:
+        return self.tree_limit
+
+    def score(self, draft: bytes, extend: int | None = None):
         """As `ByteMember.score`: the lattice's rows ahead, then the replay (missing rows
         counted)."""
         from localcos.core.bytelevel import replay
 
         known = {}
-        for base, tokens in self.view.lattice(draft, self.tree_limit):
+        for base, tokens in self.view.lattice(draft, self.tree_limit, extend):
             for i in range(len(tokens)):
                 seq = base.tokens + tuple(tokens[: i + 1])
                 known[seq] = self.view.normalise(self.model.logits(self.prompt + seq))

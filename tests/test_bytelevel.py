@@ -136,7 +136,7 @@ from collections import Counter  # noqa: E402
 from bytefakes import FakeMember, string_distribution  # noqa: E402
 from statcheck import assert_matches  # noqa: E402
 
-from localcos.core.combiners import Contrastive, WeightedEnsemble  # noqa: E402
+from localcos.core.combiners import Contrastive, Gated, WeightedEnsemble  # noqa: E402
 from localcos.core.sampling import Sampler  # noqa: E402
 from localcos.runtime.bytelevel import RULED_OUT, ByteCompletion, ByteGeneration, ByteStats, run_to_end  # noqa: E402
 
@@ -187,17 +187,42 @@ def _r_cd(expert, amateur, mu):
     return r
 
 
+def _r_gated(lead, inner, gate):
+    """The lead's own distribution where its top symbol has at least `gate`, `inner` elsewhere;
+    checks that both happen within the strings sampled."""
+    seen = set()
+
+    def r(s):
+        p = lead.next_symbol(s)
+        shut = p.max() >= gate
+        seen.add(shut)
+        return p if shut else inner(s)
+
+    return r, seen
+
+
+GATE = 0.75  # opens at some of the strings' positions, not all
+
+
 @pytest.mark.parametrize(
-    "kind,method,gamma", [("we", "ensemble", 0), ("cd", "ensemble", 0), ("we", "cos", 2), ("we", "cos", 5), ("cd", "cos", 3)]
+    "kind,method,gamma",
+    [("we", "ensemble", 0), ("cd", "ensemble", 0), ("we", "cos", 2), ("we", "cos", 5), ("cd", "cos", 3), ("cd-gated", "ensemble", 0),
+     ("cd-gated", "cos", 3)],
 )
 def test_two_tokenizers_combined_sample_r_exactly(kind, method, gamma):
-    """The ensemble, and speculation across the tokenizers (cos: drafts of `gamma` bytes)."""
+    """The ensemble, and speculation across the tokenizers (cos: drafts of `gamma` bytes); gated,
+    the amateur is a lazy member of the ensemble (asked only where the gate opens)."""
     brutes = [BruteForce(VOCAB_A, PROMPT), BruteForce(VOCAB_B, PROMPT)]
+    seen = {True, False}
     if kind == "we":
         combiner, r = WeightedEnsemble(), _r_we(brutes)
-    else:
+    elif kind == "cd":
         combiner, r = Contrastive(mu=0.5, expert=1), _r_cd(brutes[1], brutes[0], 0.5)
+    else:
+        combiner = Gated(Contrastive(mu=0.5, expert=1), GATE)
+        r, seen = _r_gated(brutes[1], _r_cd(brutes[1], brutes[0], 0.5), GATE)
     exact = string_distribution(r, LENGTH, alphabet_of(VOCAB_A, VOCAB_B))
+    assert seen == {True, False}
     options = {"method": "cos", "gamma": gamma} if method == "cos" else {}
     counts = sample_outcomes([VOCAB_A, VOCAB_B], combiner, 4000, seed=34 + gamma, **options)
     check_against(counts, exact, f"{kind} of A and B, {method} {gamma or ''}")

@@ -126,3 +126,61 @@ def test_lazy_members_give_the_eager_text_on_synthetic_models(models, names, inn
     other = 1 - bound.gate.lead
     assert 0 < lazy.stats.gate_opened < lazy.stats.gate_tokens == 64
     assert lazy.stats.models[other].calls <= lazy.stats.gate_opened < full.stats.models[other].calls == 63
+
+
+# --- lazy members at the byte level: a model the gate does not ask takes its bytes later ------------
+
+
+@pytest.mark.parametrize("temperature, seed", [(0.0, 0), (1.0, 5), (1.0, 6)])
+def test_lazy_byte_level_members_give_the_eager_text_on_fakes(temperature, seed):
+    """Two tokenizers at the byte level: the lazy member takes the bytes it skipped (scored ahead
+    in one call, replayed) only where the gate opens, and its view is then where advancing at
+    every byte would have brought it: the same bytes as the eager generation, which asks every
+    model at every byte, with fewer of its calls."""
+    from bytefakes import VOCAB_A, VOCAB_B, FakeMember
+    from localcos.core.sampling import Sampler
+    from localcos.runtime.bytelevel import ByteGeneration, run_to_end
+
+    gated = Gated(Contrastive(mu=0.5, expert=1), 0.6).bind(2, [1, 2])
+    outs = {}
+    for name, combiner in (("lazy", gated), ("eager", eager(gated.combiner).bind(2, [1, 2]))):
+        members = [FakeMember(VOCAB_A, max_paths=4, prune=0.01), FakeMember(VOCAB_B, max_paths=4, prune=0.01)]
+        gen = ByteGeneration(members, [(0, 3)] * 2, combiner, Sampler(temperature=temperature), np.random.default_rng(seed),
+                             max_chars=40, ignore_end=True, method="ensemble")  # fmt: skip
+        outs[name] = (run_to_end(gen), members[0].calls)
+    (lazy, lazy_calls), (full, full_calls) = outs["lazy"], outs["eager"]
+    assert lazy.data == full.data and len(lazy.text) == 40
+    assert 0 < lazy.stats.gate_opened < lazy.stats.gate_symbols == len(lazy.data)
+    assert lazy_calls < full_calls
+
+
+def test_a_byte_level_member_r_does_not_use_is_never_evaluated():
+    """Weight 0 at the byte level: the model is read in (its prompt) and never asked again."""
+    from bytefakes import VOCAB_A, VOCAB_B, FakeMember
+    from localcos.core.sampling import Sampler
+    from localcos.runtime.bytelevel import ByteGeneration, run_to_end
+
+    members = [FakeMember(VOCAB_A, max_paths=4, prune=0.01), FakeMember(VOCAB_B, max_paths=4, prune=0.01)]
+    gen = ByteGeneration(members, [(0, 3)] * 2, LogitMix([0, 1]).bind(2, [1, 2]), Sampler(temperature=1.0), np.random.default_rng(1),
+                         max_chars=30, ignore_end=True, method="ensemble")  # fmt: skip
+    out = run_to_end(gen)
+    assert len(out.text) == 30 and members[0].calls == 0 and members[1].calls > 0
+    assert members[0].view.text == b""  # the bytes it was never asked about were never given to it
+
+
+def test_lazy_byte_level_members_give_the_eager_text_across_real_tokenizers(real_models):
+    """F16 models of two tokenizers: the lazy member's bytes, scored ahead and replayed where the
+    gate opens, give the eager text byte for byte with fewer of its rows; where the gate never
+    opens the member is never evaluated."""
+    from localcos import ByteEnsemble
+
+    prompt = "Hello wörld, def f(x):"
+    for gate, opens in ((0.5, True), (0.3, False)):
+        gated = Gated(Contrastive(mu=0.5, expert=1), gate)
+        with ByteEnsemble.load([real_models["qwen2"], real_models["llama3"]], gated, n_ctx=256) as ens:
+            eager_r = eager(ens.combiner.combiner)
+            lazy = ens.generate(prompt, max_tokens=60, temperature=0.0, method="ensemble", ignore_eos=True)
+            full = ens.generate(prompt, max_tokens=60, temperature=0.0, method="ensemble", ignore_eos=True, combiner=eager_r)
+        assert lazy.text == full.text and len(lazy.text) == 60
+        assert (lazy.stats.gate_opened > 0) == opens and lazy.stats.gate_opened < lazy.stats.gate_symbols
+        assert 0 < lazy.stats.rows[0] < full.stats.rows[0] if opens else lazy.stats.calls[0] == 0 < full.stats.calls[0]

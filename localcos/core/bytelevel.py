@@ -421,13 +421,14 @@ class ByteView:
         return [p for p, _ in keep], drop
 
 
-    def lattice(self, draft: bytes, limit: int) -> list[tuple[TokenPath, list[int]]]:
+    def lattice(self, draft: bytes, limit: int, extend: int | None = None) -> list[tuple[TokenPath, list[int]]]:
         """The token sequences whose rows advancing through `draft` will likely ask for, as
         chains from held paths, `limit` tokens at most in all (to evaluate them in one call):
         each token that completes a held path's pending bytes inside the draft (its probability
-        is known: heaviest first, pruned as `advance` would), followed by the longest tokens
-        that cover the rest of the draft (how a tokenizer would most likely go on). A row that
-        is not here is asked for when `replay` reaches it."""
+        is known: heaviest first, pruned as `advance` would), followed, for the `extend`
+        heaviest (default all), by the longest tokens that cover the rest of the draft (how a
+        tokenizer would most likely go on). A row that is not here is asked for when `replay`
+        reaches it."""
         vocab = self.vocab
         firsts: list[tuple[float, TokenPath, int, int]] = []
         for path in self.paths:
@@ -447,7 +448,7 @@ class ByteView:
         ends = [end for _, _, _, end in firsts]
         rows = len(chains)
         # the heaviest first, each as far as the draft goes, while the call has room
-        for (_, chain), end in zip(chains, ends):
+        for (_, chain), end in zip(chains[:extend], ends):
             while end < len(draft) and rows < limit:
                 step = vocab.longest(draft[end:])
                 if step is None:

@@ -39,11 +39,13 @@ class Member(Protocol):
 
     @property
     def longest(self) -> int: ...
+    @property
+    def call_rows(self) -> int: ...  # the most rows one call returns
     def start(self, prompt: Sequence[int]) -> None: ...
     def advance(self, byte: int) -> None: ...
     def snapshot(self) -> ViewState: ...
     def rollback(self, state: ViewState) -> None: ...
-    def score(self, draft: bytes) -> tuple[list[np.ndarray], list[ViewState]]: ...
+    def score(self, draft: bytes, extend: int | None = None) -> tuple[list[np.ndarray], list[ViewState]]: ...
 
 
 @dataclass
@@ -68,7 +70,7 @@ class ByteGeneration:
         sampler: temperature and truncations, applied to r over the 257 symbols.
         max_chars: characters (UTF-8) to generate at most.
         stop: strings that end the text (not included).
-        method: "ensemble" (every model advances every byte, r sampled) or "cos" (the models take
+        method: "ensemble" (r sampled at every byte) or "cos" (the models take
             turns drafting `gamma` bytes from their own byte distribution; the others score the
             draft in one call each and it is verified against r, byte by byte: `core.verify`).
         gamma: bytes per draft (cos), or "auto": before each round `costs` (the models' call
@@ -80,6 +82,11 @@ class ByteGeneration:
         constraint: structured output over the 257 symbols (`grammar.byte_symbols`): its mask
             applies to r and to every draft distribution at the same position, so cos stays exact
             for the constrained r (as at the token level).
+
+    Lazy members: at the ensemble's step a model r does not ask for (one it does not use; with a
+    gate, any but the lead where the gate stays shut) is not evaluated; it takes the bytes it
+    skipped in as few calls as it can when r next asks for it, or before a draft
+    (`_catch_up`), so the text is the one every model advancing at every byte would give.
     """
 
     def __init__(
@@ -124,12 +131,17 @@ class ByteGeneration:
         self.accepted = 0
         self.gate_symbols = 0  # with a gated combiner: symbols it decided, and where it opened
         self.gate_opened = 0
+        # lazy members (the ensemble's step): the models r does not ask for at every byte (not
+        # used by it; with a gate, all but the lead), and the bytes each has yet to take
+        gate = combiner.gate
+        self.lazy = [not used or (gate is not None and i != gate.lead) for i, used in enumerate(combiner.used)]
+        self.behind = [bytearray() for _ in self.members]
 
-    def symbol_distribution(self, dists: Sequence[np.ndarray] | None = None) -> np.ndarray:
-        """r over the 257 symbols from the models' distributions (default: now), before UTF-8
-        and sampling settings."""
+    def symbol_distribution(self, dists: Sequence[np.ndarray | None] | None = None) -> np.ndarray:
+        """r over the 257 symbols from the models' distributions (None for a model r does not ask
+        for there; default: now), before UTF-8 and sampling settings."""
         if dists is None:
-            dists = [m.view.distribution() for m in self.members]
+            dists = self._distributions()
         return combine_symbols(self.combiner, dists, self.sampler.softmax_temperature)
 
     def _allowed(self, utf8: Utf8State) -> np.ndarray:
@@ -154,7 +166,7 @@ class ByteGeneration:
             p, total = allowed.astype(np.float64), float(allowed.sum())
         return self.sampler.finalize((p / total).astype(np.float32))
 
-    def _target(self, dists: Sequence[np.ndarray], allowed: np.ndarray) -> np.ndarray:
+    def _target(self, dists: Sequence[np.ndarray | None], allowed: np.ndarray) -> np.ndarray:
         return self._finish(self.symbol_distribution(dists), allowed)
 
     def _proposal(self, dist: np.ndarray, allowed: np.ndarray) -> np.ndarray:
@@ -171,31 +183,78 @@ class ByteGeneration:
         if self.constraint is not None and symbol != END and not self.constraint.consume(symbol):
             raise RuntimeError(f"the constraint refused byte {symbol}, which its own mask allowed")
 
+    def _distributions(self) -> list[np.ndarray | None]:
+        """The members' distributions r asks for here (None for the others): every model it
+        uses; with a gate, the lead's, and the others' only where the gate opens (a lazy member
+        catches up first)."""
+        dists = [None if lazy else m.view.distribution() for m, lazy in zip(self.members, self.lazy)]
+        if self.combiner.gate is not None and self._gate_opens(dists):
+            for i, used in enumerate(self.combiner.used):
+                if used and dists[i] is None:
+                    dists[i] = self._caught_up(i)
+        return dists
+
+    def _caught_up(self, i: int) -> np.ndarray:
+        """Member i's distribution here, after it takes the bytes it skipped."""
+        self._catch_up(i)
+        return self.members[i].view.distribution()
+
+    def _catch_up(self, i: int) -> None:
+        """A lazy member takes the bytes it skipped: pieces of as many bytes as one call has rows
+        (a piece's tokens fit one call), each scored ahead along its likeliest tokenisation
+        (`Member.score`); its view is then exactly where advancing byte by byte would have
+        brought it. A byte its held paths rule out is taken the usual way (a rebuild)."""
+        data, member = bytes(self.behind[i]), self.members[i]
+        self.behind[i].clear()
+        done = 0
+        while done < len(data):
+            piece = data[done : done + member.call_rows]
+            _, states = member.score(piece, extend=1)
+            member.rollback(states[-1])
+            done += len(states) - 1
+            if len(states) <= len(piece):
+                member.advance(data[done])
+                done += 1
+
+    def _longest(self, i: int) -> int:
+        """Member i's tokens in its longest path; a lazy member catches up first when the bytes
+        it skipped could take it to the context's end (each byte at most a token)."""
+        member = self.members[i]
+        if self.n_ctx is not None and self.behind[i] and member.longest + len(self.behind[i]) >= self.n_ctx:
+            self._catch_up(i)
+        return member.longest
+
     def _ensemble_step(self, utf8: Utf8State) -> _Round:
-        dists = [m.view.distribution() for m in self.members]
+        # what each model's draft byte would have been accepted with, where drafts could pay at all
+        observe = self.auto is not None and self.auto.could_pay
+        dists = self._distributions()
         allowed = self._allowed(utf8)
         r = self._target(dists, allowed)
-        # what each model's draft byte would have been accepted with, where drafts could pay at all
-        if self.auto is not None and self.auto.could_pay:
+        if observe:  # every model then advances at every byte
             for i, dist in enumerate(dists):
+                dist = self._caught_up(i) if dist is None else dist
                 accept = float(np.minimum(self._proposal(dist, allowed), r).sum())
                 self.auto.observe_verdicts(i, accept, 1.0 - accept)
         symbol = self.sampler.draw(r, self.rng)
         self._consume(symbol)
         if symbol != END:
             for i, member in enumerate(self.members):
-                self._advance(i, member, symbol)
+                if self.lazy[i] and not observe:
+                    self.behind[i].append(symbol)
+                else:
+                    self._advance(i, member, symbol)
         return _Round([symbol], gates=[self._gate_opens(dists)])
 
-    def _gate_opens(self, dists: Sequence[np.ndarray]) -> bool | None:
+    def _gate_opens(self, dists: Sequence[np.ndarray | None]) -> bool | None:
         """With a gated combiner: whether the gate opens at a position (the lead's top symbol
         probability below it); None without one."""
         gate = self.combiner.gate
         if gate is None:
             return None
-        assert gate.lead is not None
+        lead = dists[gate.lead]
+        assert lead is not None
         with np.errstate(divide="ignore"):
-            return bool(gate.opens(np.log(dists[gate.lead])[None, :])[0])
+            return bool(gate.opens(np.log(lead)[None, :])[0])
 
     def _spent(self) -> float | None:
         """The members' calls so far, priced at their profiles (None: a member that does not
@@ -285,8 +344,9 @@ class ByteGeneration:
 
     def run(self) -> Iterator[str]:
         t_prompt = time.perf_counter()
-        for member, prompt in zip(self.members, self.prompts):
+        for member, prompt, behind in zip(self.members, self.prompts, self.behind):
             member.start(prompt)
+            behind.clear()
         self.drafted = self.accepted = self.gate_symbols = self.gate_opened = 0
         t0 = time.perf_counter()
         utf8 = Utf8State()
@@ -311,6 +371,8 @@ class ByteGeneration:
                 else:
                     gamma = int(self.gamma)
             if gamma:
+                for i in range(len(self.members)):  # a draft is scored by every model where it stands
+                    self._catch_up(i)
                 # the plan's estimate of this round, and the members' priced calls before it
                 check = (self.auto.round_seconds(proposer, gamma), self._spent()) if self.auto is not None else None
                 step = self._cos_round(utf8, proposer, gamma)
@@ -336,7 +398,7 @@ class ByteGeneration:
                 if len(text.text) >= self.max_chars:
                     finish = "length"
                     break
-                if self.n_ctx is not None and any(m.longest >= self.n_ctx for m in self.members):
+                if self.n_ctx is not None and any(self._longest(i) >= self.n_ctx for i in range(len(self.members))):
                     finish = "length"
                     break
             piece = "" if finish else text.take_final()  # the rest goes once the text is finished

@@ -125,18 +125,22 @@ class ByteMember:
         self.view.restore(state)
         self._hold()
 
-    def score(self, draft: bytes) -> tuple[list[np.ndarray], list[ViewState]]:
+    def score(self, draft: bytes, extend: int | None = None) -> tuple[list[np.ndarray], list[ViewState]]:
         """The view's distribution at each position of `draft` (see `core.bytelevel.replay`),
-        its rows evaluated ahead in one call along the view's likely tokenisations of the draft.
+        its rows evaluated ahead in one call along the view's likely tokenisations of the draft
+        (`ByteView.lattice`: the `extend` heaviest through the whole draft, default all).
         The view ends after the draft; `rollback` to one of the states (the last one included)
         makes its sequences consistent again."""
-        known = self._evaluate_ahead(draft)
+        known = self._evaluate_ahead(draft, extend)
         return replay(self.view, draft, known, self._evaluate_missing)
 
-    def _evaluate_ahead(self, draft: bytes) -> dict[tuple[int, ...], Row]:
-        model = self.model
-        limit = min(model.max_logit_rows, model.n_batch)
-        chains = self.view.lattice(draft, limit)
+    @property
+    def call_rows(self) -> int:
+        """The most rows one call of this model returns."""
+        return min(self.model.max_logit_rows, self.model.n_batch)
+
+    def _evaluate_ahead(self, draft: bytes, extend: int | None) -> dict[tuple[int, ...], Row]:
+        chains = self.view.lattice(draft, self.call_rows, extend)
         parts = []
         taken: set[int] = set()
         for base, tokens in chains:

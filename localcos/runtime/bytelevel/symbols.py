@@ -16,18 +16,20 @@ from ...core.combiners import BoundCombiner
 RULED_OUT = 1e-9
 
 
-def floor_ruled_out(dists: Sequence[np.ndarray]) -> list[np.ndarray]:
+def floor_ruled_out(dists: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
     """The models' symbol distributions with `RULED_OUT` where a model rules out a symbol another
-    allows (symbols every model rules out stay at 0)."""
-    allowed = np.logical_or.reduce([d > 0 for d in dists])
-    return [np.where(allowed & (d == 0), RULED_OUT, d) for d in dists]
+    allows (symbols every model rules out stay at 0); None (a model not asked) stays None."""
+    given = [d for d in dists if d is not None]
+    allowed = np.logical_or.reduce([d > 0 for d in given])
+    return [None if d is None else np.where(allowed & (d == 0), RULED_OUT, d) for d in dists]
 
 
-def combine_symbols(combiner: BoundCombiner, dists: Sequence[np.ndarray], temperature: float) -> np.ndarray:
+def combine_symbols(combiner: BoundCombiner, dists: Sequence[np.ndarray | None], temperature: float) -> np.ndarray:
     """r over the 257 symbols from the models' symbol distributions (`RULED_OUT` where a
-    logit-level combiner needs it), float64."""
+    logit-level combiner needs it), float64. A model r does not ask for at this position (not
+    used by it, or a gate that stays shut) may be None."""
     if not combiner.mixes_probs:
         dists = floor_ruled_out(dists)
     with np.errstate(divide="ignore"):
-        logits = [np.log(d)[None, :] for d in dists]
+        logits = [None if d is None else np.log(d)[None, :] for d in dists]
     return np.asarray(combiner.combine(logits, temperature)[0], dtype=np.float64)
