@@ -149,6 +149,23 @@ class Ensemble(LoadedModels):
         """Like `generate`, but returns a `Stream` that yields text pieces as they become final."""
         return Stream(self, plan(self, prompt, _token_config(config, settings), combiner))
 
+    def generate_chars(
+        self, prompt: str | Sequence[int], *, config: GenerationConfig | None = None, **settings: object
+    ) -> tuple[str, float]:
+        """A completion of at most `max_tokens` *characters*, as the byte level counts them, on
+        these models' own tokens: stopped at the token that reaches the count, its text cut
+        there (a model alone beside a byte-level run, in one unit). Returns the text and the
+        seconds its decoding took."""
+        config = _token_config(config, settings)
+        stream = self.stream(prompt, config=config)
+        written = 0
+        for piece in stream:
+            written += len(piece)
+            if written >= config.max_tokens:
+                stream.cancel()
+        assert stream.completion is not None, "a stream run to its end has its completion"
+        return stream.completion.text[: config.max_tokens], stream.completion.stats.seconds
+
 
 def _config(config: GenerationConfig | None, settings: dict[str, object]) -> GenerationConfig:
     """`config` (default: the defaults) with the keyword settings over it."""

@@ -257,7 +257,7 @@ def test_eval_refuses_in_one_line(models, task_file, tmp_path):
     other.write_text(json.dumps({"localcos_eval": 1, "task": "tasks.jsonl", "models": ["elsewhere.gguf"]}) + "\n")
     cases = [
         ([], "add --run-code to allow it"),
-        (["--run-code", "--variant", "x=--ctx 64"], "--variant x: --ctx is not a combination or generation option"),
+        (["--run-code", "--variant", "x=--ctx 64"], "--variant x: --ctx is not a combination or generation option of localcos generate, nor --level"),
         (["--run-code", "--variant", "nothing"], "--variant takes NAME=FLAGS"),
         (["--run-code", "--variant", "x=--mu"], "--variant x: --mu needs a value"),
         (["--run-code", "--variant", "x=--gate 2"], "--gate must be <= 1"),

@@ -152,20 +152,11 @@ class _loaded:
         from ..eval.codeeval import Generated
 
         settings = config.settings
-        if config.own_tokens:
-            # max_tokens counts characters in a byte-level run: the member stops at the token
-            # that reaches them, and its text is cut there, as the byte level's would be
+        if config.own_tokens:  # max_tokens counts characters in a byte-level run
             assert config.member is not None, "parse_config refuses --level token for a combination"
-            chars = settings.generation.max_tokens
-            stream = self.alone[config.member].stream(prompt, config=replace(settings.generation, method="ensemble", gamma=None))
-            written = 0
-            for piece in stream:
-                written += len(piece)
-                if written >= chars:
-                    stream.cancel()
-            assert stream.completion is not None, "a stream run to its end has its completion"
-            text = stream.completion.text[:chars]
-            return Generated(text, len(text), stream.completion.stats.seconds)
+            generation = replace(settings.generation, method="ensemble", gamma=None)
+            text, seconds = self.alone[config.member].generate_chars(prompt, config=generation)
+            return Generated(text, len(text), seconds)
         if self.byte_level:
             from ..runtime.bytelevel import run_to_end
             from ..runtime.generation import completion_rng

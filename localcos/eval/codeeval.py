@@ -79,7 +79,8 @@ def parse_config(text: str, base: Settings, byte_level: bool = False) -> EvalCon
     while i < len(words):
         opt = _BY_FLAG.get(words[i])
         if opt is None or (opt.target not in _CONFIG_TARGETS and opt.name != "level"):
-            raise ConfigError(f"--variant {name}: {words[i]} is not a combination or generation option of localcos generate", param="variant")
+            raise ConfigError(f"--variant {name}: {words[i]} is not a combination or generation option of localcos generate, "
+                              "nor --level", param="variant")  # fmt: skip
         if opt.switch:
             values[opt.name] = True
             i += 1

@@ -72,7 +72,7 @@ def run_byte_benchmark(
     """Every configuration on every prompt at every temperature, interleaved prompt by prompt
     (machine noise then touches them alike), each from empty caches; the ensemble runs twice,
     first and last (the two say how noisy the timing is: `timing_noise`). Prompt i draws from random stream i of `seed`;
-    a model alone generates `max_chars` // 3 tokens (about as many characters)."""
+    a model alone generates `max_chars` characters on its own tokens (`Ensemble.generate_chars`)."""
     runs: list[ByteRun] = []
     order = [*configs, *(c for c in configs if c.label == ENSEMBLE)]
     total = len(temperatures) * len(prompts) * len(order)
@@ -82,8 +82,8 @@ def run_byte_benchmark(
                 if progress:
                     progress(len(runs), total, f"T={t:g} {task} {config.label}")
                 if config.alone is not None:
-                    c = alone[config.alone].generate(prompt, max_tokens=max(1, max_chars // 3), temperature=t, seed=seed + i, method=ENSEMBLE)
-                    runs.append(ByteRun(config, i, task, t, len(c.text), c.stats.seconds))
+                    text, seconds = alone[config.alone].generate_chars(prompt, max_tokens=max_chars, temperature=t, seed=seed + i, method=ENSEMBLE)
+                    runs.append(ByteRun(config, i, task, t, len(text), seconds))
                     continue
                 plan = models.plan(models.prompts(prompt), GenerationConfig(method=config.method, max_tokens=max_chars, temperature=t,
                                                                             byte_gamma=config.gamma))  # fmt: skip
