@@ -26,6 +26,7 @@ from localcos.backend import default_threads
 from localcos.paths import cache_dir
 from localcos.runtime.scoring import SCORING_LOGIT_ROWS
 from localcos.testing import llamacpp_sdist
+from localcos.testing.reference import tool_args
 from localcos.eval import perplexity as score
 from localcos.tools.bench import RssSampler, current_rss_mb
 from localcos.models.writer import ModelSpec, cached_model
@@ -48,7 +49,7 @@ def _stamp(what: str, log: str) -> float:
 
 def run_llama_perplexity(binary: Path, model: Path, text: Path, n_ctx: int, threads: int) -> tuple[float, float]:
     """(perplexity, seconds from the first window to the final estimate)."""
-    cmd = [str(binary), "-m", str(model), "-f", str(text), "-c", str(n_ctx), "-b", str(n_ctx), "-t", str(threads)]
+    cmd = [str(binary), "-m", str(model), "-f", str(text), "-c", str(n_ctx), "-b", str(n_ctx), "-t", str(threads), *tool_args()]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     log = proc.stdout + proc.stderr
     final = FINAL.search(log)

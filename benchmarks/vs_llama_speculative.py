@@ -24,6 +24,7 @@ from localcos import Ensemble, WeightedEnsemble
 from localcos.backend import default_threads
 from localcos.paths import cache_dir
 from localcos.testing import llamacpp_sdist
+from localcos.testing.reference import tool_args
 from localcos.models.writer import ModelSpec, cached_model
 
 PROMPT = "The small model writes a draft and the large model checks it. When both agree"
@@ -38,7 +39,7 @@ def run_llama_speculative(binary, drafter, target, tokens: int, draft: int, thre
     cmd = [
         str(binary), "-m", str(target), "-md", str(drafter), "-p", PROMPT, "-n", str(tokens),
         "--spec-draft-n-max", str(draft), "--temp", "0", "--ignore-eos", "-t", str(threads), "-c", "2048",
-        "--seed", "1",
+        "--seed", "1", *tool_args(),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr

@@ -1,16 +1,26 @@
 """Shared fixtures: synthetic GGUF models written once per test session by localcos.models.writer.
 
 Set LOCALCOS_TEST_CACHE=DIR to keep the models between sessions (they are keyed by their spec).
+
+The suite runs in worker processes (pytest-xdist, `-n auto` in pyproject.toml): each worker gets
+its own share of the CPUs (llama.cpp's threads then follow it), the workers share one folder of
+test models, and what is fetched or written once (a model, the llama.cpp sdist, a trained model)
+is done under a lock by the first worker that needs it. A fault that kills a worker fails the
+test it ran, names it, and the rest of the suite goes on in a new worker. `-m "not slow"` is the
+quick inner loop: fakes and synthetic models, no real tokenizer, no trained model.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
+from filelock import FileLock
 
 from localcos.backend import Model
 from localcos.testing import llamacpp_sdist
@@ -74,23 +84,77 @@ def assert_same_or_near_tie(got, want, paths, combiner, prompt, what):
     return (tuple(prompt), i)
 
 
+# --- workers: a share of the CPUs each, one folder of models, things done once under a lock --------
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: a worker per core, at most 4 (each may hold trained models in memory)."""
+    return max(1, min(4, len(_cpus())))
+
+
+def _cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # a worker's share of the cores: llama.cpp's default threads (and the processes a test
+    # starts) follow it, so workers never contend for a core, whose spinning threads would stall
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if worker and count and hasattr(os, "sched_setaffinity"):
+        cpus, n, i = _cpus(), int(count), int(worker.removeprefix("gw"))
+        share = cpus[i * len(cpus) // n : (i + 1) * len(cpus) // n] or [cpus[i % len(cpus)]]
+        os.sched_setaffinity(0, share)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`slow`: what needs a real tokenizer or a trained model, besides the tests marked slow
+    (`-m "not slow"` leaves them out)."""
+    for item in items:
+        if {"real_models", "llama_vocab", "trained"} & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("real"):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every worker of this run shares (for its locks and its test models)."""
+    root = tmp_path_factory.getbasetemp()
+    return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+
+
+@pytest.fixture(scope="session")
+def once(shared_dir: Path):
+    """`with once(name):` the block runs while no other worker of this run holds `name`: what
+    the first worker fetches or writes, the others then find done."""
+
+    @contextmanager
+    def hold(name: str) -> Iterator[None]:
+        with FileLock(str(shared_dir / f".{name}.lock")):
+            yield
+
+    return hold
+
+
+@pytest.fixture(scope="session")
+def model_dir(shared_dir: Path) -> Path:
     env = os.environ.get("LOCALCOS_TEST_CACHE")
-    if env:
-        path = Path(env)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-    return tmp_path_factory.mktemp("models")
+    path = Path(env) if env else shared_dir / "models"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def cached(spec: ModelSpec, model_dir: Path, once) -> Path:  # type: ignore[no-untyped-def]
+    """The model for `spec`, written by the first worker that needs it."""
+    with once(f"model-{spec.name}-{spec.key()}"):
+        return cached_model(spec, model_dir)
 
 
 @pytest.fixture(scope="session")
-def models(model_dir: Path):
+def models(model_dir: Path, once):
     """name -> path of a test model, written on first use."""
 
     class _Models:
         def __getitem__(self, name: str) -> Path:
-            return cached_model(SPECS[name], model_dir)
+            return cached(SPECS[name], model_dir, once)
 
     return _Models()
 
@@ -111,13 +175,14 @@ REAL_SPECS: dict[str, tuple[str, ModelSpec]] = {
 
 
 @pytest.fixture(scope="session")
-def llama_vocab():
+def llama_vocab(once):
     """name -> llama.cpp's ggml-vocab-NAME.gguf from the pinned llama-cpp-python sdist (fetched
     once into the cache). Without the package index: a failure in CI, a skip elsewhere."""
 
     def get(name: str) -> Path:
         try:
-            return llamacpp_sdist.vocab_file(name)
+            with once("llama-sdist"):
+                return llamacpp_sdist.vocab_file(name)
         except llamacpp_sdist.SdistUnavailable as e:
             if os.environ.get("CI"):
                 pytest.fail(str(e))
@@ -127,13 +192,13 @@ def llama_vocab():
 
 
 @pytest.fixture(scope="session")
-def real_models(model_dir: Path, llama_vocab):
+def real_models(model_dir: Path, llama_vocab, once):
     """name -> path of a model with a real tokenizer (REAL_SPECS), written on first use."""
 
     class _Models:
         def __getitem__(self, name: str) -> Path:
             vocab, spec = REAL_SPECS[name]
-            return cached_model(replace(spec, tokenizer=str(llama_vocab(vocab))), model_dir)
+            return cached(replace(spec, tokenizer=str(llama_vocab(vocab))), model_dir, once)
 
     return _Models()
 
@@ -142,7 +207,7 @@ def real_models(model_dir: Path, llama_vocab):
 
 
 @pytest.fixture(scope="session")
-def trained():
+def trained(once):
     """name -> path of a trained model of models.toml (`coder-0.5b`, `coder-1.5b`, ...), fetched
     once from the package index into the cache and checked by sha256. Without the index: a
     failure in CI, a skip elsewhere."""
@@ -153,7 +218,8 @@ def trained():
 
     def get(name: str) -> Path:
         try:
-            return registry.pull(name, progress=print)
+            with once(f"trained-{name}"):
+                return registry.pull(name, progress=print)
         except ModelNotAvailableError as e:
             if os.environ.get("CI"):
                 pytest.fail(str(e))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import llama_cpp
-
 from localcos.backend import Model, check_gguf_file, shared_vocab_size
 from localcos.errors import ModelFileError, TokenizerMismatchError
+from localcos.testing import reference
+from localcos.testing.reference import in_child
 
 # Batched and one-token-at-a-time evaluation round differently in llama.cpp: measured here, the
 # logits differ by up to ~1e-3 (on logits of magnitude ~10). Comparisons across batch shapes use
@@ -27,11 +27,7 @@ def base(models):
 
 def reference_logits(path, tokens):
     """All-position logits from llama-cpp-python's high-level API (independent code path)."""
-    llm = llama_cpp.Llama(str(path), n_ctx=256, logits_all=True, verbose=False)
-    llm.eval(tokens)
-    out = np.array(llm.scores[: len(tokens)], dtype=np.float32)
-    llm.close()
-    return out
+    return in_child(reference.all_logits, str(path), tokens)
 
 
 def test_evaluate_returns_the_positions_asked_for(base, models):

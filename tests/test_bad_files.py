@@ -195,6 +195,7 @@ def full_disk(tmp_path):
         subprocess.run(["umount", str(mounted)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_an_unusable_or_full_cache_is_one_line_and_leaves_nothing(tmp_path, full_disk):
     """`bench --synthetic`, `models pull` and the bench's outputs with the cache (or the output
     folder) below a regular file, and on a full disk where a tmpfs can be mounted: one line

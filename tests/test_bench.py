@@ -254,6 +254,7 @@ with Ensemble.load([a, b], n_ctx=8192) as ens:
 """
 
 
+@pytest.mark.slow
 def test_memory_at_a_152k_vocabulary_and_8k_context(models):
     """Nothing proportional to n_ctx x n_vocab: at 152k x 8192 one such float32 buffer would be
     5 GB; the decoding overhead above the loaded models and KV caches stays under 300 MB."""

@@ -209,6 +209,7 @@ GATE = 0.75  # opens at some of the strings' positions, not all
     [("we", "ensemble", 0), ("cd", "ensemble", 0), ("we", "cos", 2), ("we", "cos", 5), ("cd", "cos", 3), ("cd-gated", "ensemble", 0),
      ("cd-gated", "cos", 3)],
 )
+@pytest.mark.slow
 def test_two_tokenizers_combined_sample_r_exactly(kind, method, gamma):
     """The ensemble, and speculation across the tokenizers (cos: drafts of `gamma` bytes); gated,
     the amateur is a lazy member of the ensemble (asked only where the gate opens)."""
@@ -374,6 +375,7 @@ def _allowed_by_words(s: bytes) -> np.ndarray:
     return allowed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,gamma", [("ensemble", 0), ("cos", 3)])
 def test_a_grammar_constrains_the_bytes_and_cos_samples_the_constrained_r_exactly(method, gamma):
     from localcos.grammar import Matcher, byte_symbols, gbnf
@@ -429,6 +431,7 @@ def test_auto_drafts_where_rows_are_cheap_and_takes_the_ensemble_step_where_they
     assert auto.choose()[1] == 0
 
 
+@pytest.mark.slow
 def test_cos_with_a_plan_that_changes_every_round_samples_r_exactly(monkeypatch):
     """Auto's choices (who drafts, how many bytes, or no draft) depend only on what came before,
     so r stays exact; here the plan cycles through proposers, lengths and ensemble steps."""

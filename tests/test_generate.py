@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import llama_cpp
-
 from conftest import NEAR_TIE
 from localcos import Ensemble, WeightedEnsemble
 from localcos.backend import Model
 from localcos.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from localcos.core.sampling import softmax
+from localcos.testing import reference
+from localcos.testing.reference import in_child
 from statcheck import assert_matches
 
 PROMPTS = ["The river runs past the old mill", "def main():", "Question: what is the capital of France?"]
@@ -37,15 +37,7 @@ def fresh_logits(path, tokens):
 
 
 def llama_greedy(path, prompt, n):
-    llm = llama_cpp.Llama(str(path), n_ctx=512, verbose=False)
-    tokens = llm.tokenize(prompt.encode())
-    out = []
-    for t in llm.generate(tokens, temp=0.0, top_k=1):
-        if t == llm.token_eos() or len(out) == n:
-            break
-        out.append(t)
-    llm.close()
-    return out
+    return in_child(reference.greedy, str(path), prompt, n)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

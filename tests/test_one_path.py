@@ -78,23 +78,30 @@ def _completion(url: str, prompt: str, seed: int, method: str, tokens: int, temp
 
 def check_one_text(paths: list[Path], tokens: int) -> None:
     settings = ["--temperature", "0.8", "--seed", "7", "--max-tokens", str(tokens), "--ignore-eos"]
-    for method, gamma in (("cos", ["--gamma", "3"]), ("ensemble", [])):
+    methods = (("cos", ["--gamma", "3"]), ("ensemble", []))
+    texts = {}
+    for method, gamma in methods:
         options = [*settings, "--method", method, *gamma]
         streamed = _cli(paths, *options).stdout.removesuffix("\n")
         as_json = json.loads(_cli(paths, *options, "--json").stdout)["completions"][0]["text"]
         one = json.loads(_cli(paths, *options, "--n", "1", "--json").stdout)["completions"][0]["text"]
-        with Ensemble.load(paths, n_ctx=512) as ens:
+        assert len(streamed) > 10, streamed
+        assert streamed == as_json == one, (method, streamed, as_json, one)
+        texts[method] = streamed
+    with Ensemble.load(paths, n_ctx=512) as ens:  # the Python API, both methods on one load
+        for method, gamma in methods:
             kw = dict(method=method, temperature=0.8, seed=7, max_tokens=tokens, ignore_eos=True, **({"gamma": 3} if gamma else {}))
             generated = ens.generate(PROMPT, **kw).text
-            stream = ens.stream(PROMPT, **kw)
-            pieces = "".join(stream)
-        assert len(streamed) > 10, streamed
-        assert streamed == as_json == one == generated == pieces, (method, streamed, as_json, one, generated, pieces)
-        with serving(["--models", ",".join(map(str, paths)), "--ctx", "512", "--method", method, *gamma]) as server:
+            pieces = "".join(ens.stream(PROMPT, **kw))
+            assert texts[method] == generated == pieces, (method, texts[method], generated, pieces)
+    # one server, each request naming its method (the server's --gamma is cos's)
+    with serving(["--models", ",".join(map(str, paths)), "--ctx", "512", "--gamma", "3"]) as server:
+        for method, _ in methods:
             served = _completion(server.url, PROMPT, 7, method, tokens)
-        assert served == streamed, (method, served, streamed)
+            assert served == texts[method], (method, served, texts[method])
 
 
+@pytest.mark.slow
 def test_one_seed_gives_one_text_on_the_demo_pair(model_dir):
     check_one_text(ensure_set("demo", directory=model_dir / "synthetic"), 32)
 

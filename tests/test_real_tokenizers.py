@@ -23,7 +23,9 @@ from localcos.core.sampling import Sampler
 from localcos.core.text import TextAssembler
 from localcos.testing import llamacpp_sdist
 from localcos.models.writer import ModelSpec, cached_model
+from localcos.testing import reference
 from localcos.testing.invariants import checked
+from localcos.testing.reference import in_child
 from statcheck import assert_matches
 
 PROMPTS = ["The river runs past the old mill", "日本語のテキストと絵文字 🦙 を書く。Naïve café"]
@@ -45,24 +47,14 @@ def test_written_models_tokenize_exactly_like_llama_cpps_own_test_cases(vocab, l
 # --- greedy: every method equals the ensemble, and the ensemble equals llama-cpp-python -------------
 
 
-def reference_greedy(paths, combine, prompt: list[int], n: int) -> list[int]:
-    """Greedy collaborative decoding written straight on llama-cpp-python's Llama: every model
-    evaluates every token, the next token is argmax of the combined scores."""
-    llms = [llama_cpp.Llama(str(p), n_ctx=128, n_batch=128, logits_all=True, verbose=False) for p in paths]
-    try:
-        for llm in llms:
-            llm.eval(prompt)
-        out: list[int] = []
-        for _ in range(n):
-            rows = [np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64) for llm in llms]
-            token = int(np.argmax(combine(rows)))
-            out.append(token)
-            for llm in llms:
-                llm.eval([token])
-        return out
-    finally:
-        for llm in llms:
-            llm.close()
+def reference_greedy(paths, combine, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Greedy collaborative decoding written straight on llama-cpp-python's Llama (every model
+    evaluates every token, the next token is argmax of the combined scores), for each prompt."""
+    return in_child(_reference_greedy, [str(p) for p in paths], combine, prompts, n)
+
+
+def _reference_greedy(paths, combine, prompts, n):
+    return [reference.greedy_combined(paths, combine, prompt, n) for prompt in prompts]
 
 
 def _softmax(x):
@@ -70,10 +62,16 @@ def _softmax(x):
     return e / e.sum()
 
 
-COMBINATIONS = {
-    "we": (WeightedEnsemble([0.5, 0.5]), lambda rows: 0.5 * _softmax(rows[0]) + 0.5 * _softmax(rows[1])),
-    "cd": (Contrastive(mu=0.5, expert=1), lambda rows: rows[1] - 0.5 * rows[0]),
-}
+def _we(rows):
+    return 0.5 * _softmax(rows[0]) + 0.5 * _softmax(rows[1])
+
+
+def _cd(rows):
+    return rows[1] - 0.5 * rows[0]
+
+
+# the combiner, and the same combination written by hand for the reference (by name: it runs in a child)
+COMBINATIONS = {"we": (WeightedEnsemble([0.5, 0.5]), _we), "cd": (Contrastive(mu=0.5, expert=1), _cd)}
 
 
 @pytest.mark.parametrize("pair", [("qwen2", "qwen2_sibling"), ("qwen2_q4km", "qwen2_q4km_sibling")], ids=["qwen2-f16", "qwen2-q4_k_m"])
@@ -83,10 +81,9 @@ def test_greedy_methods_equal_the_ensemble_and_a_llama_cpp_python_reference(real
     combiner, reference_combine = COMBINATIONS[combine]
     near_ties = set()
     with Ensemble.load(paths, combiner, n_ctx=128) as ens:
-        for text in PROMPTS:
-            prompt = ens.tokenize(text)
+        prompts = [ens.tokenize(text) for text in PROMPTS]
+        for prompt, reference in zip(prompts, reference_greedy(paths, reference_combine, prompts, 32)):
             ensemble = ens.generate(prompt, method="ensemble", temperature=0, max_tokens=32, ignore_eos=True)
-            reference = reference_greedy(paths, reference_combine, prompt, 32)
             near_ties.add(assert_same_or_near_tie(ensemble.token_ids, reference, paths, ens.combiner, prompt, "ensemble vs llama-cpp-python"))
             for method in ("sd", "naive-cos", "cos"):
                 out = checked(ens).generate(prompt, method=method, gamma=3, temperature=0, max_tokens=32, ignore_eos=True)
@@ -129,20 +126,11 @@ def test_chat_prompt_is_the_models_template_rendered_as_llama_cpp_python_renders
     messages = [Message("system", "Be terse."), Message("user", "Where does the river go? 川はどこへ")]
     with Ensemble.load([path, real_models["qwen2_sibling"]], n_ctx=256) as ens:
         formatter = ChatFormatter(ens)
-        llm = llama_cpp.Llama(str(path), n_ctx=64, verbose=False)
-        try:
-            handler = llama_cpp.llama_chat_format.Jinja2ChatFormatter(
-                template=llm.metadata["tokenizer.chat_template"],
-                eos_token=llm._model.token_get_text(llm.token_eos()),
-                bos_token=llm._model.token_get_text(llm.token_bos()),
-            )
-            theirs = handler(messages=[{"role": m.role, "content": m.content} for m in messages]).prompt
-            assert formatter.text(messages) == theirs
-            assert theirs.startswith("<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\n")
-            tokens = formatter.tokens(messages)
-            assert tokens == llm.tokenize(theirs.encode(), add_bos=False, special=True)
-        finally:
-            llm.close()
+        theirs, their_tokens = in_child(reference.chat_prompt, str(path), [{"role": m.role, "content": m.content} for m in messages])
+        assert formatter.text(messages) == theirs
+        assert theirs.startswith("<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\n")
+        tokens = formatter.tokens(messages)
+        assert tokens == their_tokens
         im_start, im_end = (ens.models[0].tokenize(t, add_bos=False, special=True) for t in ("<|im_start|>", "<|im_end|>"))
         assert len(im_start) == len(im_end) == 1 and tokens.count(im_start[0]) == 3 and tokens.count(im_end[0]) == 2
 

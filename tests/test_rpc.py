@@ -91,6 +91,7 @@ def test_greedy_over_rpc_equals_all_local(models, rpc_pair, layout):
     assert len(near_ties - {None}) <= 1
 
 
+@pytest.mark.slow
 def test_cos_sampling_over_rpc_follows_the_combined_distribution(models, model_dir, rpc_pair):
     names, comb, sampling, _ = SAMPLING_CASES["we-t1"]
     paths = [cached_model(RIVAL, model_dir) if n == "rival" else models[n] for n in names]
@@ -148,6 +149,7 @@ def test_a_server_killed_mid_generation_loses_nothing_else(models):
         server.kill()
 
 
+@pytest.mark.slow
 def test_a_hung_server_is_given_up_within_the_timeout(models):
     server = RpcServer()
     try:

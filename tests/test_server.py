@@ -136,6 +136,7 @@ def test_eight_concurrent_clients_each_get_what_they_get_alone(server, pair):
     assert server.wait_idle()["queue"]["served"] == served_before + len(PROMPTS)
 
 
+@pytest.mark.slow
 def test_disconnected_clients_are_cancelled_and_the_caches_stay_exact(server):
     long = {"model": "duo", "prompt": PROMPTS[3], "max_tokens": 900, "temperature": 1, "ignore_eos": True}
     served = server.wait_idle()["queue"]["served"]

@@ -198,6 +198,7 @@ def test_bad_flags_are_one_line(pair):
 # --- 3. one thread touches llama.cpp -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tokenizer_routes_and_health_during_long_generations_answer_as_alone(server, pair):
     url = server.url
     texts = PROMPTS + ["Ünïcödé and 数字 mixed in", "  leading spaces and\nnew lines"]
@@ -393,6 +394,7 @@ def requests(draw) -> tuple[str, object]:
     return route, body
 
 
+@pytest.mark.slow
 def test_fuzzed_bodies_get_a_200_or_an_openai_4xx_and_leave_the_caches_exact(models):
     pair = [models["chat"], models["chat_sibling"]]
     # a small context bounds every generation a fuzzed body can ask for

@@ -184,6 +184,7 @@ SAMPLING_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(SAMPLING_CASES))
 def test_sampled_tokens_follow_the_combined_distribution(models, model_dir, case):
     names, comb, sampling, methods = SAMPLING_CASES[case]

@@ -163,8 +163,8 @@ def tools_pair(llama_vocab, model_dir):
     from localcos.testing import llamacpp_sdist
 
     vocab, spec = REAL_SPECS["qwen2"]
-    template = llamacpp_sdist.template("Qwen-Qwen2.5-7B-Instruct")
-    base = replace(spec, tokenizer=str(llama_vocab(vocab)), chat_template=template)
+    tokenizer = str(llama_vocab(vocab))  # first: the sdist, fetched under the workers' lock
+    base = replace(spec, tokenizer=tokenizer, chat_template=llamacpp_sdist.template("Qwen-Qwen2.5-7B-Instruct"))
     return [cached_model(replace(base, name="r-qwen25-tools"), model_dir), cached_model(replace(base, noise=0.3, name="r-qwen25-tools-b"), model_dir)]
 
 

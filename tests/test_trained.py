@@ -32,6 +32,7 @@ from localcos import Contrastive, Ensemble, WeightedEnsemble
 from localcos.backend import Model
 from localcos.core.sampling import softmax
 from localcos.testing.invariants import checked
+from localcos.testing.rows import RowLog
 from statcheck import assert_matches
 from test_server import serving
 
@@ -65,19 +66,6 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 # --- 1. greedy: the four methods, judged by the measured batch-noise band ----------------------------
 
 
-def batch_noise(path: Path, prompt: list[int], generated: list[int]) -> float:
-    """The largest difference between a model's logits for the generated positions computed one
-    token a call (as greedy `ensemble` computes them) and in one batched call (as verification
-    does), measured on this sequence."""
-    with Model(path, n_ctx=len(prompt) + len(generated) + 8) as m:
-        single = [m.prefill(prompt)]
-        for token in generated[:-1]:
-            single.append(m.evaluate([token], 1)[0])
-        m.truncate(len(prompt) - 1)
-        batched = m.evaluate(prompt[-1:] + generated[:-1])
-    return float(np.abs(np.stack(single) - batched).max())
-
-
 def score_gap_bound(combine: str, noise: list[float], mu: float = 0.1) -> float:
     """How far logit noise of `noise[i]` per model can move the gap between two tokens' scores
     under r: WE compares log r, and log p_i moves by at most 2 noise_i (log-softmax), a mixture
@@ -101,20 +89,25 @@ def r_scores(paths: list[Path], combiner, tokens: list[int]) -> np.ndarray:
 def test_greedy_methods_agree_within_the_measured_batch_noise(ens, pair, combine):
     combiner = ens.bind(COMBINERS[combine])
     partings = []
+    rows = RowLog()  # every row each run got: the noise between two runs, as they called llama.cpp
     for text in CODE_PROMPTS[:1] if combine == "we" else CODE_PROMPTS[1:]:  # (the suite's time: a prompt each)
         prompt = ens.tokenize(text)
         settings = dict(combiner=combiner, temperature=0, max_tokens=20, ignore_eos=True)
-        reference = ens.generate(prompt, method="ensemble", **settings)
+        with rows.recording(f"ensemble {text}"):
+            reference = ens.generate(prompt, method="ensemble", **settings)
         for method in ("sd", "naive-cos", "cos"):
-            out = checked(ens).generate(prompt, method=method, gamma=4, **settings)
+            with rows.recording(f"{method} {text}"):
+                out = checked(ens).generate(prompt, method=method, gamma=4, **settings)
             assert out.stats.proposed > 0 and out.stats.models[1].calls < reference.stats.models[1].calls, method
             if out.token_ids == reference.token_ids:
                 continue
             i = next(j for j, (a, b) in enumerate(zip(out.token_ids, reference.token_ids)) if a != b)
             partings.append((text, method, i, prompt, reference.token_ids, out.token_ids[i]))
-    # where a method parted from the ensemble, the two tokens were within noise of each other
+    # where a method parted from the ensemble, the two tokens were within the noise between the
+    # two runs' rows of each other
     for text, method, i, prompt, want, got in partings:
-        noise = [batch_noise(p, prompt, want[: i + 1]) for p in pair]
+        measured = rows.noise(f"ensemble {text}", f"{method} {text}")
+        noise = [measured.get(str(p), 0.0) for p in pair]
         scores = r_scores(pair, combiner, prompt + want[:i])
         gap = float(scores[want[i]] - scores[got])
         bound = score_gap_bound(combine, noise)

@@ -273,6 +273,7 @@ def _chat_cases(tmp_path, rpc_server):
     ]
 
 
+@pytest.mark.slow
 def test_every_chat_option_reaches_the_ensemble_or_the_generation(chat_paths, tmp_path, monkeypatch, request):
     """`localcos chat` runs headless through the real command line (cli.main -> settings ->
     tui.run_chat -> ChatApp), one reply per case; each option must show in the loaded models or

@@ -1,0 +1,59 @@
+"""The logits rows runs actually got from llama.cpp, to measure the batch noise between two runs.
+
+llama.cpp is not batch-invariant: the same tokens give slightly different logits in calls of other
+shapes (rows in a batch, sequences in a call, cells in the cache), and how much differs from CPU
+to CPU (kernels chosen by the batch size, AMX, AVX-512). A tolerance for comparing two runs of
+trained models is therefore measured on those two runs: `RowLog` records every row each run got,
+keyed by the model and the tokens it followed, and `noise` is the largest difference between the
+two runs' rows for the same model and tokens.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import numpy as np
+
+from ..backend.model import Model
+
+
+class RowLog:
+    """Rows recorded per run: run name -> {(model path, tokens): row}."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, dict[tuple[str, tuple[int, ...]], np.ndarray]] = {}
+
+    @contextmanager
+    def recording(self, run: str) -> Iterator[None]:
+        """Record every row any Model returns while the block runs, under `run` (one thread)."""
+        log = self.runs.setdefault(run, {})
+        decode = Model.decode
+
+        def recorded(model: Model, parts):  # type: ignore[no-untyped-def]
+            before = [list(slot.tokens) for slot, _, _, _ in parts]
+            out = decode(model, parts)
+            for prior, (slot, tokens, out_from, out_to), rows in zip(before, parts, out):
+                for i in range(out_from, out_to):
+                    log[(str(model.path), tuple(prior) + tuple(int(t) for t in tokens[: i + 1]))] = np.array(rows[i - out_from])
+            return out
+
+        Model.decode = recorded  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            Model.decode = decode  # type: ignore[method-assign]
+
+    def noise(self, a: str, b: str) -> dict[str, float]:
+        """model path -> the largest difference between run `a`'s and run `b`'s rows after the
+        same tokens (0 where they share none)."""
+        out: dict[str, float] = {}
+        first, second = self.runs[a], self.runs[b]
+        for key in first.keys() & second.keys():
+            gap = float(np.abs(first[key] - second[key]).max())
+            out[key[0]] = max(out.get(key[0], 0.0), gap)
+        return out
+
+    def shared(self, a: str, b: str) -> int:
+        """How many (model, tokens) both runs got a row for."""
+        return len(self.runs[a].keys() & self.runs[b].keys())
