@@ -32,9 +32,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "model alone decodes on its own tokens, as it runs by itself), run each program against the problem's "
         "test, and report pass@1 with its 95%% interval and each configuration against a baseline (default: the best "
         "model alone): problems won and lost, the exact McNemar p, and the speed ratio. THIS RUNS CODE THE MODELS "
-        "WROTE, and only with --run-code: each program in its own Python process in a temporary folder, with a "
-        "timeout, memory, CPU, file-size and process limits, and audit hooks that refuse writes outside its folder, "
-        "new processes, signals, sockets and ctypes. Results are appended to --results as they come: run the same "
+        "WROTE, and only with --run-code: on Linux each program runs behind a boundary the kernel enforces (user, "
+        "mount, PID, network and IPC namespaces: an unprivileged user with no capabilities, a read-only view of "
+        "the Python installation and nothing else, a temporary folder of its own as the one place it may write, no "
+        "network, every process it starts killed when it ends), with a timeout and memory, CPU, file-size and "
+        "process limits; where that boundary cannot be built, --run-code refuses, and --sandbox none runs the "
+        "programs with the limits only, NOT contained. A program passes only when the test's check returned. "
+        "Results are appended to --results as they come: run the same "
         "command again to resume after Ctrl-C.",
     )
     what = p.add_argument_group("what to evaluate")
@@ -49,6 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     run_group.add_argument("--run-code", action="store_true", help="allow running the programs the models write (sandboxed; required)")
     run_group.add_argument("--timeout", default="10", metavar="S", help="seconds each program may run (default 10)")
     run_group.add_argument("--memory-mb", default="1024", metavar="MB", help="address space each program may use (default 1024)")
+    run_group.add_argument("--sandbox", default="namespaces", metavar="KIND",
+                           help="namespaces (default: contained by the kernel, Linux), or none: the programs run as your user "
+                           "with the limits only, able to read, write and connect anywhere you can (say so only in a "
+                           "throwaway virtual machine; the results file and the table say so too)")  # fmt: skip
     add_options(p, ["models", "hardware", "combination", "method", "level", "sampling", "output"], defaults=DEFAULTS,
                 exclude={"synthetic", "synthetic_dtype", "json_schema", "grammar", "json_object"})  # fmt: skip
     out = p.add_argument_group("output")
@@ -61,10 +69,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..backend.gguf_file import read_info
     from ..config.parse import parse_float, parse_int
     from ..eval.codeeval import ResultsFile, default_configs, parse_config, run_eval, summarize, table
     from ..eval.codetasks import load_tasks, select
-    from ..eval.sandbox import Limits
+    from ..eval.sandbox import SANDBOXES, UNCONTAINED, Limits, require
     from ..runtime.bytelevel import decodes_bytes
     from ..tools.plotting import require_matplotlib
 
@@ -72,40 +81,50 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("eval runs the code the models write: add --run-code to allow it (each program runs sandboxed in "
                           "its own process and temporary folder; see localcos eval --help)", param="run_code")  # fmt: skip
     limits = Limits(seconds=parse_float(args.timeout, "--timeout", minimum=0.1), memory_mb=parse_int(args.memory_mb, "--memory-mb", minimum=64))
+    if args.sandbox not in SANDBOXES:
+        raise ConfigError(f"--sandbox takes {' or '.join(SANDBOXES)}, got {args.sandbox!r}", param="sandbox")
+    require(args.sandbox)  # before any model loads: one line saying what is missing
+    if args.sandbox == UNCONTAINED:
+        say("localcos: --sandbox none: the programs run NOT contained, as your user, with the limits only")
     task_name, tasks = load_tasks(args.task)
     tasks = select(tasks, args.problems)
     if args.plot:
         require_matplotlib()
     settings = resolve(args, DEFAULTS)
     byte_level = decodes_bytes(settings)
-    configs = [parse_config(text, settings, byte_level) for text in args.variant] if args.variant else None
+    # which model is the expert or the lead where the flags leave it open: the larger, as the run binds it
+    n_params = [read_info(path, tokens=False).n_params for path in settings.load.paths]
+    configs = [parse_config(text, settings, n_params, byte_level) for text in args.variant] if args.variant else None
     if configs is not None and len({c.name for c in configs}) < len(configs):
         raise ConfigError("--variant: two configurations have the same name", param="variant")
     results_path = args.results or f"localcos-eval-{task_name.split('.')[0]}.jsonl"
     with _loaded(settings, byte_level) as loaded:
         names = loaded.names
-        configs = configs or default_configs(settings, names, byte_level)
+        configs = configs or default_configs(settings, names, n_params, byte_level)
         loaded.load_alone(sorted({c.member for c in configs if c.own_tokens}))
         if args.baseline is not None and args.baseline not in {c.name for c in configs}:
             raise ConfigError(f"--baseline {args.baseline!r} is not one of the configurations ({', '.join(c.name for c in configs)})", param="baseline")
-        results = ResultsFile(results_path, {"task": task_name, "models": [str(p) for p in settings.load.paths]})
+        results = ResultsFile(results_path, {"task": task_name, "models": [str(p) for p in settings.load.paths], "sandbox": args.sandbox})
         held = sum(results.get(c.name, t.task_id) is not None for c in configs for t in tasks)
         say(f"localcos: {len(tasks)} problems x {len(configs)} configurations; results in {results_path}"
             + (f" (resuming: {held} done)" if held else ""))  # fmt: skip
         t0 = time.monotonic()
-        run_eval(tasks, configs, loaded.generate, results, limits, report=say)
+        run_eval(tasks, configs, loaded.generate, results, limits, args.sandbox, report=say)
         seconds = time.monotonic() - t0
     baseline, summaries = summarize(results, tasks, configs, args.baseline)
     unit = "chars" if byte_level else "tokens"
     rows = table(baseline, summaries, unit)
     title = f"{task_name}: {len(tasks)} problems, {' + '.join(names)}, temperature {settings.generation.temperature:g}, max {settings.generation.max_tokens} {unit}"
     print(title)
+    if args.sandbox == UNCONTAINED:
+        print("the programs ran NOT contained (--sandbox none)")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))))
     sys.stdout.flush()
     if args.json:
-        write_text(args.json, json.dumps({"task": task_name, "problems": len(tasks), "models": names, "baseline": baseline, "unit": unit,
+        write_text(args.json, json.dumps({"task": task_name, "problems": len(tasks), "models": names, "sandbox": args.sandbox,
+                                          "baseline": baseline, "unit": unit,
                                           "seconds": round(seconds, 1), "configs": [s.to_dict() for s in summaries]}, indent=1))  # fmt: skip
     if args.csv:
         with atomic_write(args.csv, newline="") as f:

@@ -2,7 +2,7 @@
 
 Every configuration (the members alone, combinations, methods) completes every problem with the
 same loaded models; each completion runs in the sandbox (`eval.sandbox`) with the problem's
-test. Results go to a JSON-lines file as they come, one line per (configuration, problem), so a
+test (passed: the test's check returned). Results go to a JSON-lines file as they come, one line per (configuration, problem), so a
 run stopped by Ctrl-C resumes where it stopped; the summary reads that file: pass@1 with its
 Wilson interval, and each configuration against a baseline problem by problem (won, lost, the
 exact McNemar p), with its speed relative to the baseline's.
@@ -23,28 +23,29 @@ from ..errors import ConfigError
 from ..files import storage_error
 from .codetasks import STOPS, CodeTask
 from .paired import Paired, paired, wilson
-from .sandbox import Limits, run_program
+from .sandbox import CONTAINED, Limits, run_program
 
-RESULTS_FORMAT = 1
+RESULTS_FORMAT = 2  # 2: verdicts from the nonce (1 counted any exit status 0 as passed)
 _BY_FLAG = {flag: opt for opt in OPTIONS.values() for flag in opt.flags}
 _CONFIG_TARGETS = ("combine", "generation")
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """One configuration: its name and its settings. `own_tokens`: in a run at the byte level,
+    """One configuration: its name, its settings and the parameter counts of the models it runs
+    (which model is the expert or the lead, where the settings leave it open). `own_tokens`: in a run at the byte level,
     r is one model's distribution and that model decodes by itself on its own tokens, as it runs
     alone (the others are not run)."""
 
     name: str
     settings: Settings
+    n_params: tuple[int, ...]  # the models' parameter counts: the combiner is fitted to them as it runs
     own_tokens: bool = False
 
     @property
     def member(self) -> int | None:
         """The model whose own distribution r is (weights 1 and 0), or None for a combination."""
-        n = len(self.settings.load.paths)
-        return self.settings.combiner().fit(n, [1] * n).single_model()
+        return self.settings.combiner().fit(len(self.n_params), self.n_params).single_model()
 
     @property
     def alone(self) -> bool:
@@ -60,7 +61,7 @@ class EvalConfig:
         return {**values, "level": "token"} if self.own_tokens else values
 
 
-def parse_config(text: str, base: Settings, byte_level: bool = False) -> EvalConfig:
+def parse_config(text: str, base: Settings, n_params: Sequence[int], byte_level: bool = False) -> EvalConfig:
     """A configuration from `--variant NAME=FLAGS`: the combination and generation flags of
     `localcos generate` (`--combine cd --mu 0.2 --gate 0.5`), over the run's own settings, each
     checked by its option's parser. In a run at the byte level (`byte_level`), `--level token`
@@ -93,7 +94,7 @@ def parse_config(text: str, base: Settings, byte_level: bool = False) -> EvalCon
             continue
         values[opt.name] = [*values.get(opt.name, []), words[i + 1]] if opt.repeat else words[i + 1]
         i += 2
-    config = EvalConfig(name, base.with_values(values), own_tokens=byte_level and level == "token")
+    config = EvalConfig(name, base.with_values(values), tuple(n_params), own_tokens=byte_level and level == "token")
     if level == "byte" and not byte_level:
         raise ConfigError(f"--variant {name}: --level byte: this run decodes at the token level (its models share a tokenizer); "
                           "give the run itself --level byte", param="variant")  # fmt: skip
@@ -103,18 +104,18 @@ def parse_config(text: str, base: Settings, byte_level: bool = False) -> EvalCon
     return config
 
 
-def default_configs(base: Settings, names: Sequence[str], byte_level: bool = False) -> list[EvalConfig]:
+def default_configs(base: Settings, names: Sequence[str], n_params: Sequence[int], byte_level: bool = False) -> list[EvalConfig]:
     """Each model alone (at the byte level on its own tokens, as it runs by itself), then the
     weighted ensemble and, for two models, contrastive decoding."""
-    n = len(names)
+    n, counts = len(names), tuple(n_params)
     configs = [
         EvalConfig(f"{name} alone", base.with_values({"combine": "we", "weights": ",".join("1" if j == i else "0" for j in range(n)),
-                                                       "method": "ensemble"}), own_tokens=byte_level)  # fmt: skip
+                                                       "method": "ensemble"}), counts, own_tokens=byte_level)  # fmt: skip
         for i, name in enumerate(names)
     ]
-    configs.append(EvalConfig("WE", base.with_values({"combine": "we", "weights": ""})))
+    configs.append(EvalConfig("WE", base.with_values({"combine": "we", "weights": ""}), counts))
     if n == 2:
-        configs.append(EvalConfig("CD", base.with_values({"combine": "cd"})))
+        configs.append(EvalConfig("CD", base.with_values({"combine": "cd"}), counts))
     return configs
 
 
@@ -149,9 +150,12 @@ class ResultsFile:
             header = json.loads(lines[0]) if lines else None
         except json.JSONDecodeError:
             header = None
+        if isinstance(header, dict) and header.get("localcos_eval") == 1:
+            raise ConfigError(f"{self.path} was written by an older localcos eval, which counted a program that exited early "
+                              "as passed; give another --results to run again", param="results")  # fmt: skip
         if not isinstance(header, dict) or header.get("localcos_eval") != RESULTS_FORMAT:
             raise ConfigError(f"{self.path} is not a localcos eval results file; give another --results", param="results")
-        for key in ("task", "models"):
+        for key in ("task", "models", "sandbox"):
             if header.get(key) != self.header[key]:
                 raise ConfigError(f"{self.path} holds results for {key} {header.get(key)!r}, not {self.header[key]!r}; "
                                   "give another --results", param="results")  # fmt: skip
@@ -221,6 +225,7 @@ def run_eval(
     generate: Callable[[str, EvalConfig], Generated],
     results: ResultsFile,
     limits: Limits,
+    sandbox: str = CONTAINED,
     report: Callable[[str], None] = lambda line: None,
 ) -> None:
     """Every configuration on every task not in `results` yet, problem by problem (each problem's
@@ -235,7 +240,7 @@ def run_eval(
                 progress.step(ran=False)
                 continue
             out = generate(task.prompt, replace(config, settings=with_stops(config.settings)))
-            outcome = run_program(task.program(out.text), limits)
+            outcome = run_program(task.program(out.text), limits, sandbox)
             results.add(config, {"task_id": task.task_id, "passed": outcome.passed, "result": outcome.result, "length": out.length,
                                  "seconds": round(out.seconds, 4), "completion": out.text})  # fmt: skip
             report(f"{progress.step(ran=True)} {task.task_id} {config.name}: {outcome.result}")

@@ -1,0 +1,302 @@
+"""The sandbox `localcos eval --run-code` runs model-written programs in: hostile programs are
+contained by the kernel (nothing outside their folder changes or is read, no connection, no
+signal, no process outlives them), and a program passes only when its last statement returned.
+
+CI runs as root: the boundary must hold for root too (the program runs as nobody there)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from localcos.eval.codetasks import CodeTask
+from localcos.eval.sandbox import CONTAINED, UNCONTAINED, Limits, SandboxUnavailable, require, run_program, unavailable
+
+LIMITS = Limits(seconds=2.0, memory_mb=512)
+
+
+class World:
+    """What lies outside a program's folder: files (one of them secret), a listener on
+    127.0.0.1, a process of the user who runs eval; and a marker a program passes to the
+    processes it starts, to find any that outlived it."""
+
+    def __init__(self, root: Path) -> None:
+        self.outside = root / "outside"
+        self.outside.mkdir()
+        (self.outside / "keep").write_text("x")
+        (self.outside / "secret").write_text("SECRET-7d1f")
+        os.chmod(self.outside, 0o777)  # even a folder everybody may write to
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.setblocking(False)
+        self.port = self.listener.getsockname()[1]
+        self.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        self.marker = f"localcos-sandbox-test-{os.getpid()}"
+
+    def state(self) -> dict[str, tuple]:
+        """Every path under the outside folder with its type, mode, owner, size, times and bytes."""
+        out = {}
+        for path in sorted([self.outside, *self.outside.rglob("*")]):
+            st = path.lstat()
+            data = path.read_bytes() if stat.S_ISREG(st.st_mode) else b""
+            out[str(path)] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, data)
+        return out
+
+    def connections(self) -> int:
+        n = 0
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except BlockingIOError:
+                return n
+            conn.close()
+            n += 1
+
+    def survivors(self) -> list[str]:
+        """Processes whose command line carries the marker."""
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if self.marker in cmdline and int(pid) != os.getpid():
+                found.append(f"{pid}: {cmdline}")
+        return found
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        self.listener.close()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    w = World(tmp_path_factory.mktemp("world"))
+    yield w
+    w.close()
+
+
+# Hostile programs: each tries to reach outside its folder one way ({outside}, {pid}, {port} and
+# {marker} filled in). Among them, the ways out of the audit-hook sandbox localcos had before.
+HOSTILE = {
+    "writes outside": "open('{outside}/new', 'w').write('x')",
+    "opens for writing outside": "import os\nos.open('{outside}/new', os.O_WRONLY | os.O_CREAT)",
+    "overwrites a file": "open('{outside}/keep', 'w').write('y')",
+    "appends to a file": "open('{outside}/keep', 'a').write('y')",
+    "deletes a tree": "import shutil\nshutil.rmtree('{outside}')",
+    "deletes a file": "import os\nos.remove('{outside}/keep')",
+    "renames a file": "import os\nos.rename('{outside}/keep', 'mine')",
+    "chdir then a relative write": "import os\nos.chdir('{outside}')\nopen('new', 'w').write('x')",
+    "writes through a folder's descriptor": (
+        "import os\nfd = os.open('{outside}', os.O_RDONLY)\nos.open('new', os.O_WRONLY | os.O_CREAT, dir_fd=fd)\n"
+        "os.unlink('keep', dir_fd=fd)\nos.rename('keep', 'gone', src_dir_fd=fd, dst_dir_fd=fd)"
+    ),
+    "changes metadata through a read-only descriptor": (
+        "import os\nfd = os.open('{outside}/keep', os.O_RDONLY)\nos.fchmod(fd, 0o777)\nos.fchown(fd, 0, 0)\nos.utime(fd, (0, 0))"
+    ),
+    "opens a database outside": "import sqlite3\nsqlite3.connect('{outside}/db.sqlite').execute('create table t (x)')",
+    "makes a FIFO and a device node outside": "import os, stat\nos.mkfifo('{outside}/fifo')\nos.mknod('{outside}/node', stat.S_IFCHR | 0o666, os.makedev(1, 3))",
+    "links and symlinks out": "import os\nos.symlink('{outside}/keep', 'l')\nopen('l', 'w').write('y')\nos.link('{outside}/keep', 'h')",
+    "switches the old hook off first": (
+        "import sys\nsys.modules['__main__'].__dict__.clear()\nsys._getframe().f_globals.clear()\n"
+        "import builtins, posixpath\nbuiltins.any = lambda *a: False\nposixpath.abspath = lambda p: '/'\n"
+        "open('{outside}/new', 'w').write('x')"
+    ),
+    "runs a command": "import subprocess\nsubprocess.run(['rm', '-r', '{outside}'], check=True)",
+    "calls system": "import os\nassert os.system('rm -r {outside}') == 0",
+    "spawns through multiprocessing": (
+        "import multiprocessing as mp, shutil\nif __name__ == '__main__':\n"
+        "    p = mp.get_context('spawn').Process(target=shutil.rmtree, args=('{outside}',))\n    p.start()\n    p.join()\n"
+        "    assert p.exitcode == 0"
+    ),
+    "leaves a process behind with setsid": (
+        "import os, sys, time\nif os.fork() == 0:\n    os.setsid()\n"
+        "    os.execv(sys.executable, [sys.executable, '-c', 'import time, os; time.sleep(1.5); open(\"{outside}/late\", \"w\")', '{marker}'])\n"
+        "time.sleep(0.2)"
+    ),
+    "forks forever": "import os\nwhile True:\n    os.fork()",
+    "signals a process outside": "import os, signal\nos.kill({pid}, signal.SIGKILL)",
+    "signals through a pidfd": "import os, signal\nfd = os.pidfd_open({pid})\nsignal.pidfd_send_signal(fd, signal.SIGKILL)",
+    "signals every process": "import os, signal\nos.kill(-1, signal.SIGKILL)",
+    "connects to 127.0.0.1": "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'x')",
+    "runs native code": (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.unlink(b'{outside}/keep')\nlibc.kill({pid}, 9)\n"
+        "libc.mkdir(b'{outside}/dir', 0o777)\nassert libc.unlink(b'{outside}/keep') == 0, ctypes.get_errno()"
+    ),
+    "loads an extension module by hand": (
+        "import importlib.machinery, importlib.util, _ctypes\n"
+        "loader = importlib.machinery.ExtensionFileLoader('_ctypes', _ctypes.__file__)\n"
+        "module = importlib.util.module_from_spec(importlib.util.spec_from_loader('_ctypes', loader))\n"
+        "loader.exec_module(module)\nimport ctypes\nassert ctypes.CDLL(None).rmdir(b'{outside}') == 0"
+    ),
+    "reads a secret": "import sys\nsys.stderr.write(open('{outside}/secret').read())\nraise SystemExit(1)",
+    "reads /etc/shadow": "print(open('/etc/shadow').read())\nraise ValueError(open('/etc/shadow').read()[:200])",
+    "replaces the harness's output files": "import os\nos.mkfifo('.stderr')\nos.mkdir('.stdout')\nraise ValueError('still here')",
+    "hangs": "while True:\n    pass",
+    "sleeps": "import time\ntime.sleep(60)",
+    "allocates gigabytes": "x = bytearray(8 << 30)",
+    "fills a file": "open('big', 'wb').write(b'0' * (64 << 20))",
+    "prints invalid UTF-8": "import os, sys\nsys.stderr.buffer.write(b'\\xff\\xfe bad\\n')\nsys.stderr.flush()\nos._exit(3)",
+}
+
+
+def hostile(name: str, world: World) -> str:
+    return HOSTILE[name].format(outside=world.outside, pid=world.process.pid, port=world.port, marker=world.marker)
+
+
+def assert_contained(world: World, before: dict, outcome, name: str) -> None:
+    assert world.state() == before, f"{name}: something outside changed"
+    assert world.connections() == 0, f"{name}: a connection came in"
+    assert world.process.poll() is None, f"{name}: the process outside was killed"
+    assert not world.survivors(), f"{name}: processes outlived the program: {world.survivors()}"
+    assert "\n" not in outcome.result and "SECRET" not in outcome.result and "root:" not in outcome.result, (name, outcome.result)
+
+
+# what these programs do inside their own folder and PID namespace succeeds: they may pass
+HARMLESS_INSIDE = {"leaves a process behind with setsid"}
+# what some are told, in one line: the way out does not exist, is refused, or a limit ended it
+SAYS = {
+    "writes outside": "FileNotFoundError",
+    "connects to 127.0.0.1": "Network is unreachable",
+    "signals a process outside": "ProcessLookupError",
+    "reads /etc/shadow": "FileNotFoundError: [Errno 2] No such file or directory: '/etc/shadow'",
+    "hangs": "timed out after 2s",
+    "sleeps": "timed out after 2s",
+    "allocates gigabytes": "out of memory (more than 512 MiB)",
+    "fills a file": "File too large",
+    "prints invalid UTF-8": "failed: \ufffd\ufffd bad",
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_a_hostile_program_is_contained(world, name):
+    before = world.state()
+    outcome = run_program(hostile(name, world), LIMITS)
+    assert outcome.passed == (name in HARMLESS_INSIDE), (name, outcome.result)
+    assert SAYS.get(name, "") in outcome.result, (name, outcome.result)
+    assert_contained(world, before, outcome, name)
+
+
+def test_nothing_changes_after_a_grace_period_for_late_writers(world):
+    before = world.state()
+    outcome = run_program(hostile("leaves a process behind with setsid", world), LIMITS)
+    time.sleep(2.0)  # the process it left would have written at 1.5 s
+    assert_contained(world, before, outcome, "late writer")
+
+
+def test_a_program_may_use_its_own_folder_and_print_anything():
+    ok = run_program("open('notes.txt', 'w').write('x')\nimport os, sys, tempfile\nos.remove('notes.txt')\n"
+                     "open(os.path.join(tempfile.gettempdir(), 't'), 'w').write('x')\nsys.stdout.buffer.write(b'\\xff' * 100000)\n")  # fmt: skip
+    assert ok.passed and ok.result == "passed", ok.result
+    failed = run_program("def f():\n    return 3\nassert f() == 4, 'f is wrong'")
+    assert not failed.passed and failed.result == "failed: AssertionError: f is wrong"
+    # processes it starts run inside, and die with it
+    forks = run_program("import subprocess, sys\nassert subprocess.run([sys.executable, '-c', 'print(1)'], capture_output=True).stdout == b'1\\n'")
+    assert forks.passed, forks.result
+
+
+def test_the_programs_folder_is_gone_afterwards(tmp_path, monkeypatch):
+    import tempfile
+
+    run_program("pass")  # the boundary checked once, outside the folder watched
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert run_program("open('left.txt', 'w').write('x')").passed
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- verdicts: passed only when the test's check returned -----------------------------------------
+
+TASK = CodeTask("t/0", "def double(x):\n", "def check(candidate):\n    assert candidate(2) == 5, 'wrong'\n", "double")
+# completions (and code after the function) that end the program before or around a failing check
+FALSE_PASSES = {
+    "sys.exit(0)": "    import sys\n    sys.exit(0)\n",
+    "os._exit(0)": "    import os\n    os._exit(0)\n",
+    "exit()": "    exit()\n",
+    "quit()": "    quit()\n",
+    "raise SystemExit": "    raise SystemExit\n",
+    "finally raises SystemExit(0)": "    try:\n        return x * 2\n    finally:\n        raise SystemExit(0)\n",
+    "trailing sys.exit()": "    return x * 2\n\nimport sys\nsys.exit()\n",
+    "trailing unittest.main()": "    return x * 2\n\nimport unittest\nif __name__ == '__main__':\n    unittest.main()\n",
+    "atexit os._exit(0)": "    return x * 2\n\nimport atexit, os\natexit.register(os._exit, 0)\n",
+    "excepthook os._exit(0)": "    return x * 2\n\nimport os, sys\nsys.excepthook = lambda *a: os._exit(0)\n",
+    "a thread calls os._exit(0)": (
+        "    return x * 2\n\nimport os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), os._exit(0))).start()\n"
+        "def _slow(*a):\n    time.sleep(1)\nimport sys\nsys.excepthook = _slow\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(FALSE_PASSES))
+def test_a_program_that_exits_before_its_check_returns_fails(name):
+    outcome = run_program(TASK.program(FALSE_PASSES[name]), LIMITS)
+    assert not outcome.passed and "\n" not in outcome.result, (name, outcome.result)
+
+
+def test_a_correct_completion_passes_and_a_wrong_one_says_why():
+    good = CodeTask("t/1", "def double(x):\n", "def check(candidate):\n    assert candidate(2) == 4\n", "double")
+    assert run_program(good.program("    return x * 2\n"), LIMITS).passed
+    wrong = run_program(TASK.program("    return x * 2\n"), LIMITS)
+    assert not wrong.passed and wrong.result == "failed: AssertionError: wrong"
+    early = run_program(TASK.program("    import sys\n    sys.exit(0)\n"), LIMITS)
+    assert early.result == "failed: SystemExit: the program exited (0) before its last statement returned"
+    gone = run_program(TASK.program("    import os\n    os._exit(0)\n"), LIMITS)
+    assert gone.result == "exited with status 0 before its last statement returned"
+
+
+# --- where the boundary cannot be built: a refusal, or an opt-in by name -------------------------------
+
+
+def test_where_namespaces_are_refused_run_code_refuses_in_one_line_and_none_is_an_explicit_opt_in(monkeypatch, tmp_path):
+    # a system that refuses user namespaces, as a kernel or a container may: the launcher's unshare fails
+    monkeypatch.setattr("localcos.eval.sandbox._LAUNCHER", __import__("localcos.eval.sandbox", fromlist=["_LAUNCHER"])._LAUNCHER.replace(
+        "check(libc.unshare(", "check(-1 if ctypes.set_errno(1) is not None else libc.unshare("))  # fmt: skip
+    unavailable.cache_clear()
+    try:
+        why = unavailable(CONTAINED)
+        assert why is not None and "unshare" in why and "Operation not permitted" in why
+        with pytest.raises(SandboxUnavailable, match="--sandbox none") as e:
+            require(CONTAINED)
+        assert "\n" not in str(e.value)
+        # --sandbox none: the limits only, the verdict as before
+        assert run_program("pass", LIMITS, UNCONTAINED).passed
+        assert run_program("x = bytearray(8 << 30)", LIMITS, UNCONTAINED).result == "out of memory (more than 512 MiB)"
+        assert not run_program(TASK.program("    import os\n    os._exit(0)\n"), LIMITS, UNCONTAINED).passed
+    finally:
+        unavailable.cache_clear()
+
+
+# --- through `localcos eval`: every program in a task file, one line per problem, eval goes on --------
+
+
+@pytest.mark.slow
+def test_eval_contains_every_hostile_program_of_a_task_file_and_counts_no_early_exit_as_passed(models, world, tmp_path):
+    # the code goes in the test, after whatever the model wrote (closed in a string)
+    tasks = [{"task_id": f"hostile/{name}", "prompt": 'def f():\n    return 1\n\n\nwritten = """',
+              "test": '"""\n' + hostile(name, world) + "\n\ndef check(candidate):\n    assert candidate() == 1\n", "entry_point": "f"}
+             for name in HOSTILE if name not in ("hangs", "sleeps", "forks forever")]  # fmt: skip
+    tasks += [{"task_id": f"early/{name}", "prompt": 'def f():\n    return 1\n\n\nwritten = """',
+               "test": '"""\n\ndef g(x):\n' + completion + "\n\ndef check(candidate):\n    assert g(2) == 5\n", "entry_point": "f"}
+              for name, completion in FALSE_PASSES.items()]  # fmt: skip
+    task_file = tmp_path / "tasks.jsonl"
+    task_file.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    results = tmp_path / "results.jsonl"
+    before = world.state()
+    proc = subprocess.run([sys.executable, "-m", "localcos", "eval", "--models", str(models["base"]), "--task", str(task_file), "--run-code",
+                           "--timeout", "2", "--max-tokens", "4", "--results", str(results), "--variant", "alone=--combine we"],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = results.read_text().splitlines()
+    header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
+    assert header["sandbox"] == "namespaces" and len(records) == len(tasks)
+    assert not [r["task_id"] for r in records if r["passed"] and r["task_id"].startswith("early/")]
+    assert all("\n" not in r["result"] and "SECRET" not in r["result"] for r in records)
+    time.sleep(2.0)  # late writers
+    assert_contained(world, before, type("O", (), {"result": ""})(), "eval")
