@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from .config.specs import GenerationConfig, LoadSpec
 from .core.combiners import BoundCombiner, Combiner
 from .errors import ConfigError
+from .models.registry import model_path
 from .chat import Message, OwnTemplates
 from .runtime.bytelevel import ByteCompletion, ByteModels, BytePlan, ByteStream, refuse_byte_options
 from .runtime.generation import Completion
@@ -62,6 +63,8 @@ class Ensemble(LoadedModels):
         progress: Callable[[int, int, str], None] | None = None,
     ) -> "Ensemble":
         """Load every model (each into its own llama.cpp context) and check their tokenizers.
+        `paths`: GGUF files, or names as `--models` takes them (models.toml names, hf:,
+        ollama:, lmstudio:; nothing is downloaded).
 
         `parallel` sequences decode at once (`generate_many`): each model's KV cache holds that
         many sequences of `n_ctx` tokens, and their rows share llama_decode calls (models on RPC
@@ -78,7 +81,7 @@ class Ensemble(LoadedModels):
         `progress(i, n, name)` is called before model i of n is loaded.
         """
         spec = LoadSpec.make(
-            paths, n_gpu_layers=n_gpu_layers, rpc=rpc, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, main_gpu=main_gpu,
+            [model_path(p) for p in paths], n_gpu_layers=n_gpu_layers, rpc=rpc, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, main_gpu=main_gpu,
             split_mode=split_mode, flash_attn=flash_attn, rpc_timeout=rpc_timeout, parallel=parallel, calibrate=calibrate,
         )  # fmt: skip
         return cls.from_spec(spec, combiner, progress=progress, max_logit_rows=max_logit_rows)
@@ -213,7 +216,7 @@ class ByteEnsemble(ByteModels):
         enough paths). The other arguments as `Ensemble.load`."""
         from .core.combiners import WeightedEnsemble
 
-        spec = LoadSpec.make(paths, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=n_threads, calibrate=calibrate, level="byte",
+        spec = LoadSpec.make([model_path(p) for p in paths], n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=n_threads, calibrate=calibrate, level="byte",
                              byte_paths=byte_paths, byte_prune=byte_prune)  # fmt: skip
         return super().load(spec, combiner or WeightedEnsemble(), progress=progress)  # type: ignore[return-value]
 

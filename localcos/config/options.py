@@ -132,7 +132,8 @@ def _at_least(minimum: int) -> Callable[[Any, str], int]:
 _OPTIONS = [
     # which models
     _option("models", ("--models", "-m"), "models", "source", parse_refs,
-            "comma-separated models in ensemble order: GGUF paths, names from models.toml, or hf:OWNER/REPO/FILE", metavar="A,B"),
+            "comma-separated models in ensemble order: GGUF paths, names from models.toml, hf:OWNER/REPO/FILE, or models other "
+            "tools keep: ollama:MODEL[:TAG], lmstudio:PUBLISHER/REPO[/FILE] (see `localcos models list`)", metavar="A,B"),
     _option("preset", "--preset", "models", "source", parse_name, "a named ensemble from models.toml: its models, combiner, method and gamma", metavar="NAME"),
     _option("synthetic", "--synthetic", "models", "source", parse_name,
             "a built-in synthetic set: we-pair, cd-pair, we-triple, we-unrelated, we-pair-152k (built once, cached)", metavar="SET"),

@@ -174,7 +174,8 @@ def parse_strings(value: Any, what: str) -> tuple[str, ...]:
 
 
 def parse_refs(value: Any, what: str) -> tuple[str, ...]:
-    """Model references: "a.gguf,b.gguf" or a list (paths, models.toml names, hf:OWNER/REPO/FILE)."""
+    """Model references: "a.gguf,b.gguf" or a list (paths, models.toml names, hf:OWNER/REPO/FILE,
+    ollama:MODEL[:TAG], lmstudio:PUBLISHER/REPO[/FILE])."""
     if isinstance(value, str):
         refs = tuple(p.strip() for p in value.split(",") if p.strip())
     else:

@@ -1,6 +1,7 @@
 """models.toml: named models and ensembles, and turning model references into files on disk.
 
-A model reference is a local path, a name from models.toml, or ``hf:OWNER/REPO/FILE``. Hub files
+A model reference is a local path, a name from models.toml, ``hf:OWNER/REPO/FILE``, or a model in
+another tool's store, ``ollama:MODEL[:TAG]`` or ``lmstudio:PUBLISHER/REPO[/FILE]`` (`stores`). Hub files
 are fetched with huggingface-hub into its cache (its progress bar, its ``HF_HOME``, ``HF_ENDPOINT``
 and ``HF_HUB_OFFLINE``); once cached they are used without network. A model shipped in packages
 on the Python package index (``packages``, ``member``, ``sha256``; see `tools.packaged`) is
@@ -22,6 +23,7 @@ from typing import Any, Callable
 from ..errors import ConfigError, ModelFileError, ModelNotAvailableError
 from ..backend import check_model_file
 from ..paths import config_dir
+from . import stores
 from .packaged import PackagedFile, fetch
 from .quantize import quantized_dir, quantized_path
 from .weights import QUANTIZE_TYPES
@@ -136,17 +138,21 @@ class Registry:
     def _check_references(self) -> None:
         for e in self.ensembles.values():
             for m in e.models:
-                if m not in self.models and not m.startswith("hf:") and not Path(m).expanduser().exists():
+                if m not in self.models and not m.startswith("hf:") and not stores.is_store_ref(m) and not Path(m).expanduser().exists():
                     raise ConfigError(f"{e.source}: ensemble {e.name} names model {m!r}, which is not defined", param="config")
             if e.chat_template is not None and e.chat_template not in e.models:
                 raise ConfigError(f"{e.source}: ensemble {e.name}: chat_template {e.chat_template!r} is not one of its models", param="config")
 
     # --- references -----------------------------------------------------------------------------
     def resolve(self, ref: str, *, download: bool = True) -> Path:
-        """The file for a model reference: a path, a models.toml name, or hf:OWNER/REPO/FILE."""
+        """The file for a model reference: a path, a models.toml name, hf:OWNER/REPO/FILE, or a
+        model of another tool's store (ollama:MODEL[:TAG], lmstudio:PUBLISHER/REPO[/FILE])."""
         if ref.startswith("hf:"):
             repo, file = parse_hf_ref(ref)
             return hub_file(repo, file, name=ref, download=download)
+        in_store = stores.resolve(ref)
+        if in_store is not None:
+            return in_store
         path = Path(ref).expanduser()
         if path.exists():
             return path
@@ -211,6 +217,16 @@ def parse_hf_ref(ref: str) -> tuple[str, str]:
     return "/".join(parts[:2]), "/".join(parts[2:])
 
 
+def model_path(ref: str | os.PathLike[str]) -> Path:
+    """The file for a model reference as the Python API takes it: an existing path as it is,
+    else a name resolved as the command line resolves it (models.toml, hf:, ollama:, lmstudio:;
+    nothing downloaded)."""
+    path = Path(ref).expanduser()
+    if path.exists() or not isinstance(ref, str):
+        return path
+    return Registry.load().resolve(ref, download=False)
+
+
 def cached_hub_file(repo: str, file: str) -> Path | None:
     from huggingface_hub import try_to_load_from_cache
 
@@ -230,11 +246,11 @@ def hub_file(repo: str, file: str, *, name: str, download: bool = True) -> Path:
         RepositoryNotFoundError,
     )
 
-    if not download:
-        cached = cached_hub_file(repo, file)
-        if cached is None:
-            raise ModelNotAvailableError(f"{name} ({repo}/{file}) is not downloaded; run `localcos models pull {name}`")
+    cached = cached_hub_file(repo, file)
+    if cached is not None:  # in the cache: no network (a run never downloads what it has)
         return cached
+    if not download:
+        raise ModelNotAvailableError(f"{name} ({repo}/{file}) is not downloaded; run `localcos models pull {name}`")
     try:
         return Path(hf_hub_download(repo, file))
     except (LocalEntryNotFoundError, OfflineModeIsEnabled):
