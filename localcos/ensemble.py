@@ -154,11 +154,11 @@ class Ensemble(LoadedModels):
 
     def generate_chars(
         self, prompt: str | Sequence[int], *, config: GenerationConfig | None = None, **settings: object
-    ) -> tuple[str, float]:
+    ) -> tuple[str, GenerationStats]:
         """A completion of at most `max_tokens` *characters*, as the byte level counts them, on
         these models' own tokens: stopped at the token that reaches the count, its text cut
         there (a model alone beside a byte-level run, in one unit). Returns the text and the
-        seconds its decoding took."""
+        statistics of its decoding."""
         config = _token_config(config, settings)
         stream = self.stream(prompt, config=config)
         written = 0
@@ -167,7 +167,7 @@ class Ensemble(LoadedModels):
             if written >= config.max_tokens:
                 stream.cancel()
         assert stream.completion is not None, "a stream run to its end has its completion"
-        return stream.completion.text[: config.max_tokens], stream.completion.stats.seconds
+        return stream.completion.text[: config.max_tokens], stream.completion.stats
 
 
 def _config(config: GenerationConfig | None, settings: dict[str, object]) -> GenerationConfig:
@@ -210,14 +210,18 @@ class ByteEnsemble(ByteModels):
         n_threads: int | None = None,
         calibrate: bool = False,
         progress: Callable[[int, int, str], None] | None = None,
+        level: str = "byte",
     ) -> "ByteEnsemble":
         """Load every model with `byte_paths` llama.cpp sequences (the tokenisations it holds at
         most); a tokenisation below `byte_prune` times the likeliest is dropped (0: exact, with
-        enough paths). The other arguments as `Ensemble.load`."""
+        enough paths). `level` "mixed": whole tokens of the lead where it is sure, with a gated
+        combiner (`Gated`, docs/algorithm.md section 12). The other arguments as `Ensemble.load`."""
         from .core.combiners import WeightedEnsemble
 
-        spec = LoadSpec.make([model_path(p) for p in paths], n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=n_threads, calibrate=calibrate, level="byte",
-                             byte_paths=byte_paths, byte_prune=byte_prune)  # fmt: skip
+        if level not in ("byte", "mixed"):
+            raise ConfigError(f"level must be byte or mixed here, got {level!r}", param="level")
+        spec = LoadSpec.make([model_path(p) for p in paths], n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=n_threads, calibrate=calibrate,
+                             level=level, byte_paths=byte_paths, byte_prune=byte_prune)  # fmt: skip
         return super().load(spec, combiner or WeightedEnsemble(), progress=progress)  # type: ignore[return-value]
 
     def chat_prompts(self, messages: Sequence[Message]) -> list[list[int]]:

@@ -118,7 +118,7 @@ def string_distribution(next_symbol, length: int, alphabet: Sequence[int], *, ut
     out: dict[tuple[bytes, bool], float] = {}
 
     def walk(s: bytes, mass: float) -> None:
-        if _complete_utf8(s) and len(s.decode("utf-8")) == length:  # `length` characters
+        if complete_utf8(s) and len(s.decode("utf-8")) == length:  # `length` characters
             out[(s, False)] = out.get((s, False), 0.0) + mass
             return
         dist = np.array(next_symbol(s), dtype=np.float64)
@@ -126,7 +126,7 @@ def string_distribution(next_symbol, length: int, alphabet: Sequence[int], *, ut
             for b in range(256):
                 if dist[b] and not valid_utf8_prefix(s + bytes([b])):
                     dist[b] = 0.0
-            if dist[END] and not _complete_utf8(s):
+            if dist[END] and not complete_utf8(s):
                 dist[END] = 0.0
         dist /= dist.sum()
         if dist[END] > 0:
@@ -139,7 +139,7 @@ def string_distribution(next_symbol, length: int, alphabet: Sequence[int], *, ut
     return out
 
 
-def _complete_utf8(s: bytes) -> bool:
+def complete_utf8(s: bytes) -> bool:
     try:
         s.decode("utf-8")
         return True
@@ -177,6 +177,7 @@ class FakeMember:
         self.calls = 0
         self.price = None  # its calls are not priced
         self.spent = 0.0
+        self.llama_seconds = 0.0  # no llama.cpp here
 
     @property
     def longest(self) -> int:
@@ -195,6 +196,9 @@ class FakeMember:
             self._evaluate(self.view.advance(byte).new)
         except Unreachable:  # pruned away: one path again, the longest-match tokenisation
             self._restart(bytes(self.view.text) + bytes([byte]))
+
+    def take_token(self, k: int) -> None:
+        self._evaluate(self.view.take_token(k).new)
 
     def start_beside(self, other: "FakeMember") -> None:
         self.start(other.prompt)

@@ -120,7 +120,7 @@ def test_eval_runs_each_variant_on_each_problem_and_resumes(models, task_file, t
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["baseline"] in ("t-base alone", "t-sibling alone") and summary["unit"] == "tokens"
     cd = next(c for c in summary["configs"] if c["config"] == "CD")
-    assert cd["passed"] == 1 and cd["problems"] == 3 and cd["vs_baseline"] == {"problems": 3, "won": 0, "lost": 0, "difference": 0.0, "p_mcnemar": 1.0}
+    assert cd["passed"] == 1 and cd["problems"] == 3 and cd["vs_baseline"] == {"problems": 3, "won": 0, "lost": 0, "difference": 0.0, "p_mcnemar": 1.0, "p_holm": 1.0}
     assert "pass@1" in proc.stdout and "95% interval" in proc.stdout and "33.3%" in proc.stdout
     # the same command again: nothing is run again
     again = run(*args)
@@ -276,3 +276,35 @@ def test_the_default_baseline_is_the_model_alone_that_passed_most(models, tmp_pa
     by = {s.name: s.against for s in summaries}
     assert (by["a alone"].won, by["a alone"].lost) == (0, 2) and (by["WE"].won, by["WE"].lost) == (1, 0)
     assert by["b alone"] is None
+
+
+def test_holm_corrects_each_comparisons_p_for_the_number_made():
+    from localcos.eval.paired import holm
+
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # the README's table of three configurations against the 1.5B alone
+    assert holm([0.02179, 0.2668, 0.3449])[0] == pytest.approx(0.0654, abs=1e-3)
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0]) and holm([]) == []
+
+
+@pytest.mark.slow
+def test_eval_of_a_preset_compares_it_with_each_of_its_models_alone(models, real_models, task_file, tmp_path):
+    config = tmp_path / "models.toml"
+    config.write_text(f'[ensembles.pair]\nmodels = ["{models["base"]}", "{models["sibling"]}"]\ncombine = "cd"\nmu = 0.3\n\n'
+                      f'[ensembles.plus]\nmodels = ["{real_models["qwen2"]}"]\nlevel = "mixed"\ngate = 0.3\n')  # fmt: skip
+    for preset, alone in (("pair", ["t-base", "t-sibling"]), ("plus", ["r-qwen2"])):
+        results = tmp_path / f"{preset}.jsonl"
+        proc = run("eval", "--preset", preset, "--config", str(config), "--task", str(task_file), "--run-code", "--timeout", "2",
+                   "--max-tokens", "12", "--problems", "2", "--results", str(results), "--json", str(tmp_path / f"{preset}.json"))  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        records = [json.loads(line) for line in results.read_text().splitlines()[1:]]
+        names = list(dict.fromkeys(r["config"] for r in records))
+        assert names[-1] == preset and len(names) == len(alone) + 1 and all(n.startswith(a) and n.endswith("alone") for n, a in zip(names, alone)), names
+        summary = json.loads((tmp_path / f"{preset}.json").read_text())
+        assert summary["baseline"] in names[:-1]  # the best model alone
+        mine = next(c for c in summary["configs"] if c["config"] == preset)
+        assert "p_holm" in mine["vs_baseline"] and 0 <= mine["host_share"] < 1
+        assert all("llama_seconds" in r for r in records)
+    by = {r["config"]: r for r in records}
+    assert by["plus"]["settings"]["gate"] == "0.3" and by[names[0]]["settings"]["level"] == "token"  # the model alone on its own tokens
+    assert "p (Holm, 1)" in proc.stdout and "host" in proc.stdout

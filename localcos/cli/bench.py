@@ -223,7 +223,9 @@ def _bench_bytes(args: argparse.Namespace, settings) -> int:
     for bad, param, message in refused:
         if bad:
             raise ConfigError(message, param=param)
-    methods = [parse_choice(m, "--methods", ("ensemble", "cos")) for m in (args.methods or "ensemble,cos").split(",")]
+    level = "mixed" if settings.load.level == "mixed" else "byte"
+    default_methods = "ensemble" if level == "mixed" else "ensemble,cos"  # the mixed level takes the ensemble's step
+    methods = [parse_choice(m, "--methods", ("ensemble", "cos")) for m in (args.methods or default_methods).split(",")]
     gammas = [OPTIONS["byte_gamma"].check(g) for g in (args.byte_gammas or "auto,8").split(",")]
     temperatures, max_chars, repeat, seed, prompts = _common(args)
     prompts = [p for p in prompts for _ in range(repeat)]
@@ -240,7 +242,7 @@ def _bench_bytes(args: argparse.Namespace, settings) -> int:
                 ens.close()
         names = [Path(p).name for p in settings.load.paths]
         rows = bytebench.summarize_bytes(runs)
-        print(f"localcos bench (byte level): {', '.join(names)} | combine {models.combiner.description} | {len(prompts)} prompts | "
+        print(f"localcos bench ({level} level): {', '.join(names)} | combine {models.combiner.description} | {len(prompts)} prompts | "
               f"max {max_chars} chars | --byte-paths {settings.load.byte_paths}, --byte-prune {settings.load.byte_prune:g} | {cpu_name()}")  # fmt: skip
         print(bytebench.format_byte_table(rows, names))
         if alone_ids:
@@ -253,7 +255,7 @@ def _bench_bytes(args: argparse.Namespace, settings) -> int:
         for name, profile in zip(names, models.costs.profiles):
             print(f"  {name}: {describe(profile)}")
     if args.json:
-        report = {"models": [str(p) for p in settings.load.paths], "level": "byte", "machine": bench.machine(),
+        report = {"models": [str(p) for p in settings.load.paths], "level": level, "machine": bench.machine(),
                   "summary": [r.__dict__ for r in rows], "runs": [r.to_dict() for r in runs]}  # fmt: skip
         write_text(args.json, json.dumps(report, indent=1))
     return 0

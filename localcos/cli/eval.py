@@ -31,7 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "alone, WE and, for two models, CD; or --variant NAME=FLAGS, repeated; for models with different tokenizers each "
         "model alone decodes on its own tokens, as it runs by itself), run each program against the problem's "
         "test, and report pass@1 with its 95%% interval and each configuration against a baseline (default: the best "
-        "model alone): problems won and lost, the exact McNemar p, and the speed ratio. THIS RUNS CODE THE MODELS "
+        "model alone): problems won and lost, the exact McNemar p and Holm's correction of it for the configurations "
+        "compared, the speed ratio and the share of time outside llama.cpp. With --preset, by default each of its models "
+        "alone on its own tokens and the preset as configured. THIS RUNS CODE THE MODELS "
         "WROTE, and only with --run-code: on Linux each program runs behind a boundary the kernel enforces (user, "
         "mount, PID, network and IPC namespaces: an unprivileged user with no capabilities, a read-only view of "
         "the Python installation and nothing else, a temporary folder of its own as the one place it may write, no "
@@ -46,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--problems", help="N (the first N problems) or A:B (problems A to B-1); default all")
     what.add_argument("--variant", action="append", metavar="NAME=FLAGS",
                       help="a configuration: combination and generation flags of localcos generate over this command's, e.g. "
-                      "'CD gated=--combine cd --gate 0.5'; repeat for several (default: each model alone, WE, CD). For models "
+                      "'CD gated=--combine cd --gate 0.5'; repeat for several (default: each model alone, WE, CD; with --preset: each "
+                      "model alone and the preset as configured). For models "
                       "with different tokenizers, '--weights 0,1 --level token' runs one model alone on its own tokens")  # fmt: skip
     what.add_argument("--baseline", metavar="NAME", help="the configuration the others are compared with (default: the best model alone)")
     run_group = p.add_argument_group("running the programs")
@@ -100,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     results_path = args.results or f"localcos-eval-{task_name.split('.')[0]}.jsonl"
     with _loaded(settings, byte_level) as loaded:
         names = loaded.names
-        configs = configs or default_configs(settings, names, n_params, byte_level)
+        configs = configs or default_configs(settings, names, n_params, byte_level, preset=args.preset)
         loaded.load_alone(sorted({c.member for c in configs if c.own_tokens}))
         if args.baseline is not None and args.baseline not in {c.name for c in configs}:
             raise ConfigError(f"--baseline {args.baseline!r} is not one of the configurations ({', '.join(c.name for c in configs)})", param="baseline")
@@ -174,17 +177,17 @@ class _loaded:
         if config.own_tokens:  # max_tokens counts characters in a byte-level run
             assert config.member is not None, "parse_config refuses --level token for a combination"
             generation = replace(settings.generation, method="ensemble", gamma=None)
-            text, seconds = self.alone[config.member].generate_chars(prompt, config=generation)
-            return Generated(text, len(text), seconds)
+            text, own = self.alone[config.member].generate_chars(prompt, config=generation)
+            return Generated(text, len(text), own.seconds, own.llama_seconds)
         if self.byte_level:
             from ..runtime.bytelevel import run_to_end
             from ..runtime.generation import completion_rng
 
             plan = self.models.plan(self.models.prompts(prompt), settings.generation, combiner=settings.combiner())
             b = run_to_end(self.models.start(plan, completion_rng(settings.generation.seed, 0)))
-            return Generated(b.text, b.stats.chars, b.stats.seconds)
+            return Generated(b.text, b.stats.chars, b.stats.seconds, b.stats.llama_seconds)
         c = self.models.generate(prompt, config=settings.generation, combiner=settings.combiner())
-        return Generated(c.text, len(c.token_ids), c.stats.seconds)
+        return Generated(c.text, len(c.token_ids), c.stats.seconds, c.stats.llama_seconds)
 
     def __exit__(self, *exc: object) -> None:
         for ens in self.alone.values():

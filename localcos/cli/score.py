@@ -89,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
     labels = [label(point) for point in points]
     from ..runtime.bytelevel import decodes_bytes
 
+    if settings.load.level == "mixed":
+        raise ConfigError("--level mixed is a way of decoding (whole tokens where the lead is sure); score reads the byte level's "
+                          "probabilities of a given text: --level byte", param="level")  # fmt: skip
     if decodes_bytes(settings):
         return _score_bytes(args, settings, text if args.file else None, None if args.file else items, grid, labels, sweep)
     with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, max_logit_rows=SCORING_LOGIT_ROWS) as ens:

@@ -49,7 +49,7 @@ from .parse import (
 SPLIT_MODES = ("none", "layer", "row")
 FLASH_ATTN = ("auto", "on", "off")
 COMBINE_LEVELS = ("logits", "probs")
-LEVELS = ("auto", "token", "byte")
+LEVELS = ("auto", "token", "byte", "mixed")
 MAX_QUEUE = 64  # the server's default
 
 # --- the options ---------------------------------------------------------------------------------
@@ -186,7 +186,8 @@ _OPTIONS = [
     # the level models are combined at
     _option("level", "--level", "level", "load", _choice(LEVELS),
             "combine next-token distributions (token: one tokenizer) or next-byte distributions (byte: any tokenizers, "
-            "each model in its own tokens); auto: token when the models share a tokenizer, else byte", default="auto", choices=LEVELS),
+            "each model in its own tokens); mixed: whole tokens of the lead where its likeliest has probability --gate or more, "
+            "the byte level elsewhere; auto: token when the models share a tokenizer, else byte", default="auto", choices=LEVELS),
     _option("byte_paths", "--byte-paths", "level", "load", _at_least(1),
             "byte level: the most tokenisations of the text each model keeps (its llama.cpp sequences)", default=8, metavar="N"),
     _option("byte_prune", "--byte-prune", "level", "load", lambda v, what: check_prune(parse_float(v, what), what),

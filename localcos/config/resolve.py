@@ -98,7 +98,7 @@ def resolve(
         **_spec_values("load", value, exclude={"n_gpu_layers", "rpc"}),
     )
     combine = CombineSpec(**_spec_values("combine", value)).loaded()
-    generation = GenerationConfig(**_spec_values("generation", value)).for_models(n)
+    generation = GenerationConfig(**_spec_values("generation", value)).for_models(n, load.level)
     if value("chat_template_model") is not None:
         chat_model = value("chat_template_model")
     check_for_models(generation, n, combine=combine, chat_template_model=chat_model, json=json)

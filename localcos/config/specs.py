@@ -75,7 +75,7 @@ class LoadSpec:
     flash_attn: str = "auto"
     verbose: bool = False
     calibrate: bool = False  # measure the models' call costs again (not the cached profile)
-    level: str = "auto"  # token, byte, or auto (byte when the tokenizers differ)
+    level: str = "auto"  # token, byte, mixed (byte where the lead is unsure), or auto (byte when the tokenizers differ)
     byte_paths: int = 8  # byte level: tokenisations (sequences) held per model
     byte_prune: float = 0.01  # byte level: relative mass below which a tokenisation is dropped
 
@@ -216,9 +216,10 @@ class GenerationConfig:
     def sampler(self) -> Sampler:
         return Sampler(self.temperature, self.top_k, self.top_p, self.min_p)
 
-    def for_models(self, n: int) -> "GenerationConfig":
-        """This config for an ensemble of n models: its method, or the default (`default_method`)."""
-        return self if self.method is not None else replace(self, method=default_method(n))
+    def for_models(self, n: int, level: str = "auto") -> "GenerationConfig":
+        """This config for an ensemble of n models decoding at `level`: its method, or the
+        default (`default_method`)."""
+        return self if self.method is not None else replace(self, method=default_method(n, level))
 
     @property
     def constraint(self) -> Constraint | None:
@@ -240,12 +241,13 @@ class GenerationConfig:
         return replace(self, **changes)
 
 
-def default_method(n_models: int) -> str:
+def default_method(n_models: int, level: str = "auto") -> str:
     """The method every front end takes when none is given (the command line, the chat, the
     server, `Ensemble`, `ByteEnsemble`, presets): cos for two or more models (it samples from r
     exactly, and with --gamma auto, the default, it takes the ensemble's own step wherever drafts
-    would not pay), the standard step for one."""
-    return "cos" if n_models > 1 else "ensemble"
+    would not pay), the standard step for one and at the mixed level (whose token steps are not
+    drafted)."""
+    return "cos" if n_models > 1 and level != "mixed" else "ensemble"
 
 
 def check_for_models(

@@ -35,8 +35,10 @@ whoever owns the model evaluates them (`runtime.bytelevel` with llama.cpp, or a 
 from __future__ import annotations
 
 import bisect
+import codecs
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -89,6 +91,20 @@ class ByteVocab:
             deep[has, d] = [p[d] for p, h in zip(self.pieces, has) if h]
         self._columns = deep
         self.root_bounds = np.searchsorted(deep[:, 0], _ALL_SYMBOLS)  # ranges by first byte
+
+    @cached_property
+    def whole(self) -> np.ndarray:
+        """Which tokens (sorted positions) may follow a character boundary whole: their bytes
+        are valid UTF-8 from there (they may end inside a character); where a mixed-level
+        generation takes whole tokens."""
+        decoder = codecs.getincrementaldecoder("utf-8")
+        ok = np.ones(self.size, dtype=bool)
+        for k, piece in enumerate(self.pieces):
+            try:
+                decoder().decode(piece, final=False)
+            except UnicodeDecodeError:
+                ok[k] = False
+        return ok
 
     def exact(self, piece: bytes) -> tuple[int, int]:
         """The sorted positions lo..hi of the tokens whose bytes are exactly `piece` (duplicates,
@@ -325,6 +341,40 @@ class ByteView:
         if total <= 0:
             raise ValueError("the byte view holds no mass (every path was dropped)")
         return masses / total
+
+    def boundary(self) -> TokenPath | None:
+        """The one path where the view holds one and the text ends where its tokens end (no
+        bytes pending): a whole token may follow there (`take_token`); else None."""
+        if len(self.paths) == 1 and self.paths[0].start == len(self.text):
+            return self.paths[0]
+        return None
+
+    def token_probs(self, out: np.ndarray) -> np.ndarray:
+        """At a boundary: the one path's next-token distribution into `out` (size + 1 float64:
+        the byte tokens in sorted order, then the end tokens together), the tokens that would
+        not follow a character boundary whole (`ByteVocab.whole`) given 0, renormalised."""
+        path = self.boundary()
+        assert path is not None and path.row is not None, "at a boundary only, its row given"
+        row, size = path.row, self.vocab.size
+        np.multiply(row.probs, row.scale, out=out[:size])
+        out[:size] *= self.vocab.whole
+        out[size] = row.end
+        out /= out.sum()
+        return out
+
+    def take_token(self, k: int) -> Advance:
+        """At a boundary: append the token at sorted position `k` whole. Its bytes join the text
+        and it makes the one new path (its row needed); no other tokenisation of its bytes is
+        held (a mixed-level generation's token step, where r is the token's own distribution)."""
+        path = self.boundary()
+        assert path is not None and path.row is not None, "at a boundary only, its row given"
+        piece = self.vocab.pieces[k]
+        log_p = path.log_mass + math.log(max(path.row.prob(k), FORCED))
+        child = TokenPath(path.tokens + (int(self.vocab.order[k]),), len(self.text) + len(piece), log_p, 0, self.vocab.size, parent=path)
+        self.text += piece
+        self.paths = [child]
+        self.rows += 1
+        return Advance([child], [path])
 
     def advance(self, byte: int, force: bool = False) -> Advance:
         """Append `byte` (not END) to the text; returns the paths that need a row and those let go.

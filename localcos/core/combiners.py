@@ -356,13 +356,18 @@ class Gated(Combiner):
             raise ConfigError(f"lead must be a model index from 0 to {n_models - 1}, got {lead}", param="lead")
         return Gated(inner, self.gate, lead)
 
+    def shut(self, top: float | np.ndarray) -> bool | np.ndarray:
+        """The gate's one rule: the lead decides alone where its top probability `top` (at
+        temperature 1: of a token, of a byte symbol, of a whole token at the mixed level) is at
+        least `gate`; elsewhere the gate opens."""
+        return top >= self.gate
+
     def opens(self, lead_logits: np.ndarray) -> np.ndarray:
-        """Where the gate opens, for rows of the lead's logits ([positions, vocab]): its top
-        probability at temperature 1 below `gate`."""
+        """Where the gate opens, for rows of the lead's logits ([positions, vocab])."""
         z = np.asarray(lead_logits, dtype=np.float32)
         top = z.max(axis=-1, keepdims=True)
         mass = np.exp(z - top).sum(axis=-1, dtype=np.float64)  # 1 / (the top probability)
-        return mass * self.gate > 1.0
+        return ~self.shut(1.0 / mass)
 
     def combine(self, logits: Sequence[np.ndarray | None], temperature: float) -> np.ndarray:
         assert self.lead is not None, "bind() the combiner first"

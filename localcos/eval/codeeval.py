@@ -5,7 +5,8 @@ same loaded models; each completion runs in the sandbox (`eval.sandbox`) with th
 test (passed: the test's check returned). Results go to a JSON-lines file as they come, one line per (configuration, problem), so a
 run stopped by Ctrl-C resumes where it stopped; the summary reads that file: pass@1 with its
 Wilson interval, and each configuration against a baseline problem by problem (won, lost, the
-exact McNemar p), with its speed relative to the baseline's.
+exact McNemar p and, for the several configurations compared, Holm's corrected p), with its
+speed relative to the baseline's and the share of its time outside llama.cpp.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..config import OPTIONS, Settings
 from ..errors import ConfigError
 from ..files import storage_error
 from .codetasks import STOPS, CodeTask
-from .paired import Paired, paired, wilson
+from .paired import Paired, holm, paired, wilson
 from .sandbox import CONTAINED, Limits, run_program
 
 RESULTS_FORMAT = 2  # 2: verdicts from the nonce (1 counted any exit status 0 as passed)
@@ -104,8 +105,9 @@ def parse_config(text: str, base: Settings, n_params: Sequence[int], byte_level:
     return config
 
 
-def default_configs(base: Settings, names: Sequence[str], n_params: Sequence[int], byte_level: bool = False) -> list[EvalConfig]:
-    """Each model alone (at the byte level on its own tokens, as it runs by itself), then the
+def default_configs(base: Settings, names: Sequence[str], n_params: Sequence[int], byte_level: bool = False, preset: str | None = None) -> list[EvalConfig]:
+    """Each model alone (at the byte level on its own tokens, as it runs by itself), then, for a
+    `preset`, the preset as configured ("is it better than its models on my task?"), else the
     weighted ensemble and, for two models, contrastive decoding."""
     n, counts = len(names), tuple(n_params)
     configs = [
@@ -113,6 +115,8 @@ def default_configs(base: Settings, names: Sequence[str], n_params: Sequence[int
                                                        "method": "ensemble"}), counts, own_tokens=byte_level)  # fmt: skip
         for i, name in enumerate(names)
     ]
+    if preset is not None:
+        return configs + [EvalConfig(preset, base, counts)]
     configs.append(EvalConfig("WE", base.with_values({"combine": "we", "weights": ""}), counts))
     if n == 2:
         configs.append(EvalConfig("CD", base.with_values({"combine": "cd"}), counts))
@@ -122,11 +126,13 @@ def default_configs(base: Settings, names: Sequence[str], n_params: Sequence[int
 @dataclass(frozen=True)
 class Generated:
     """A completion: its text, its length in what max_tokens counts (tokens, or characters at
-    the byte level), and the seconds it took to decode (after the prompt)."""
+    the byte level), the seconds it took to decode (after the prompt) and of them the seconds
+    inside llama.cpp."""
 
     text: str
     length: int
     seconds: float
+    llama_seconds: float
 
 
 class ResultsFile:
@@ -242,7 +248,7 @@ def run_eval(
             out = generate(task.prompt, replace(config, settings=with_stops(config.settings)))
             outcome = run_program(task.program(out.text), limits, sandbox)
             results.add(config, {"task_id": task.task_id, "passed": outcome.passed, "result": outcome.result, "length": out.length,
-                                 "seconds": round(out.seconds, 4), "completion": out.text})  # fmt: skip
+                                 "seconds": round(out.seconds, 4), "llama_seconds": round(out.llama_seconds, 4), "completion": out.text})  # fmt: skip
             report(f"{progress.step(ran=True)} {task.task_id} {config.name}: {outcome.result}")
 
 
@@ -264,6 +270,8 @@ class ConfigSummary:
     seconds: float
     against: Paired | None  # None for the baseline itself
     speed: float | None  # its length per second over the baseline's, on the problems both ran
+    host: float | None = None  # the share of its decoding time outside llama.cpp
+    p_holm: float | None = None  # the McNemar p corrected for every configuration compared with the baseline (Holm)
 
     @property
     def pass_at_1(self) -> float:
@@ -281,9 +289,10 @@ class ConfigSummary:
         lo, hi = self.interval
         out: dict[str, Any] = {"config": self.name, "problems": self.n, "passed": self.passed, "pass_at_1": self.pass_at_1,
                                "interval_95": [lo, hi], "per_second": self.per_second, "speed_vs_baseline": self.speed}  # fmt: skip
+        out["host_share"] = self.host
         if self.against is not None:
             a = self.against
-            out["vs_baseline"] = {"problems": a.n, "won": a.won, "lost": a.lost, "difference": a.difference, "p_mcnemar": a.p}
+            out["vs_baseline"] = {"problems": a.n, "won": a.won, "lost": a.lost, "difference": a.difference, "p_mcnemar": a.p, "p_holm": self.p_holm}
         return out
 
 
@@ -305,9 +314,14 @@ def summarize(results: ResultsFile, tasks: Sequence[CodeTask], configs: Sequence
         both = [(r, b) for r, b in zip(mine, base) if r is not None and b is not None]
         against = None if c.name == baseline else paired([r["passed"] for r, _ in both], [b["passed"] for _, b in both])
         speed = _rate([r for r, _ in both]) / _rate([b for _, b in both]) if both and _rate([b for _, b in both]) else None
+        timed = [r for r in ran if "llama_seconds" in r]
+        seconds = sum(r["seconds"] for r in timed)
+        host = (seconds - sum(r["llama_seconds"] for r in timed)) / seconds if seconds > 0 else None
         out.append(ConfigSummary(c.name, len(ran), sum(r["passed"] for r in ran), sum(r["length"] for r in ran),
-                                 sum(r["seconds"] for r in ran), against, speed))  # fmt: skip
-    return baseline, out
+                                 sum(r["seconds"] for r in ran), against, speed, host))  # fmt: skip
+    compared = [s for s in out if s.against is not None]
+    corrected = dict(zip((s.name for s in compared), holm([s.against.p for s in compared])))  # type: ignore[union-attr]
+    return baseline, [replace(s, p_holm=corrected.get(s.name)) for s in out]
 
 
 def _rate(records: Iterable[dict[str, Any]]) -> float:
@@ -318,14 +332,16 @@ def _rate(records: Iterable[dict[str, Any]]) -> float:
 
 def table(baseline: str, summaries: Sequence[ConfigSummary], unit: str) -> list[list[str]]:
     """The rows people read: a header, then one row per configuration."""
-    rows = [["configuration", "problems", "pass@1", "95% interval", "vs baseline", "won", "lost", "p (McNemar)", f"{unit}/s", "speed"]]
+    compared = sum(s.against is not None for s in summaries)
+    rows = [["configuration", "problems", "pass@1", "95% interval", "vs baseline", "won", "lost", "p (McNemar)", f"p (Holm, {compared})",
+             f"{unit}/s", "speed", "host"]]  # fmt: skip
     for s in summaries:
         lo, hi = s.interval
         a = s.against
         rows.append([
             s.name + (" (baseline)" if s.name == baseline else ""), str(s.n), f"{100 * s.pass_at_1:.1f}%", f"{100 * lo:.1f}-{100 * hi:.1f}",
             "" if a is None else f"{100 * a.difference:+.1f}", "" if a is None else str(a.won), "" if a is None else str(a.lost),
-            "" if a is None else f"{a.p:.3g}", "-" if s.per_second is None else f"{s.per_second:.1f}",
-            "" if s.speed is None or a is None else f"{s.speed:.2f}x",
+            "" if a is None else f"{a.p:.3g}", "" if s.p_holm is None else f"{s.p_holm:.3g}", "-" if s.per_second is None else f"{s.per_second:.1f}",
+            "" if s.speed is None or a is None else f"{s.speed:.2f}x", "-" if s.host is None else f"{100 * s.host:.0f}%",
         ])  # fmt: skip
     return rows

@@ -55,3 +55,18 @@ def paired(results: Sequence[bool], baseline: Sequence[bool]) -> Paired:
     won = sum(a and not b for a, b in zip(results, baseline))
     lost = sum(b and not a for a, b in zip(results, baseline))
     return Paired(len(results), won, lost)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of p values from several comparisons (each configuration
+    against one baseline): the k-th smallest is multiplied by (m - k + 1), kept at least the one
+    before and at most 1. A difference is significant at level a after the correction where the
+    adjusted p is below a, whatever the number of comparisons."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    out = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out

@@ -45,7 +45,7 @@ BUILTIN = _builtin_models_toml()
 
 _MODEL_KEYS = {"repo", "file", "path", "packages", "member", "sha256", "description", "n_gpu_layers", "rpc"}
 # The generation settings a preset fills (each an option of the settings layer, by the same name).
-PRESET_SETTINGS = ("combine", "weights", "mu", "plausibility", "expert", "gate", "lead", "method", "gamma")
+PRESET_SETTINGS = ("combine", "weights", "mu", "plausibility", "expert", "gate", "lead", "method", "gamma", "level")
 _ENSEMBLE_KEYS = {"description", "models", "chat_template", *PRESET_SETTINGS}
 
 
@@ -87,6 +87,7 @@ class EnsembleEntry:
     lead: int | None = None
     method: str | None = None
     gamma: int | tuple[int, ...] | str | None = None
+    level: str | None = None  # token, byte or mixed (default: auto)
     chat_template: str | None = None
     description: str = ""
     source: str = ""
@@ -386,7 +387,7 @@ class _Parser:
         for key in ("mu", "plausibility", "gate"):
             if key in body and not _is_number(body[key]):
                 raise self.fail("ensembles", name, key, "must be a number")
-        for key in ("combine", "method", "chat_template", "description"):
+        for key in ("combine", "method", "level", "chat_template", "description"):
             if key in body and not isinstance(body[key], str):
                 raise self.fail("ensembles", name, key, "must be a string")
         for key in ("expert", "lead"):
@@ -413,6 +414,7 @@ class _Parser:
             lead=body.get("lead"),
             method=body.get("method"),
             gamma=gamma,
+            level=body.get("level"),
             chat_template=body.get("chat_template"),
             description=body.get("description", ""),
             source=str(self.path),

@@ -88,9 +88,9 @@ class LoadedModels:
         from ..backend import set_verbose
         from ..errors import ConfigError
 
-        if spec.level == "byte":
-            raise ConfigError("the byte level runs in `localcos generate` (and runtime.bytelevel.ByteModels) so far; "
-                              "leave out level byte here", param="level")  # fmt: skip
+        if spec.level in ("byte", "mixed"):
+            raise ConfigError(f"the {spec.level} level runs in `localcos generate` (and runtime.bytelevel.ByteModels) so far; "
+                              f"leave out level {spec.level} here", param="level")  # fmt: skip
         if spec.verbose:
             set_verbose(True)
         parallel = (spec.parallel or 1) + extra_slots

@@ -48,11 +48,12 @@ class ByteRun:
     temperature: float
     chars: int
     seconds: float
+    llama_seconds: float  # of `seconds`, inside llama.cpp
     stats: ByteStats | None = None  # None: a model alone (token path)
 
     def to_dict(self) -> dict:
         out = {"config": self.config.label, "prompt": self.prompt, "task": self.task, "temperature": self.temperature,
-               "chars": self.chars, "seconds": self.seconds}  # fmt: skip
+               "chars": self.chars, "seconds": self.seconds, "llama_seconds": self.llama_seconds}  # fmt: skip
         if self.stats is not None:
             out["stats"] = self.stats.to_dict()
         return out
@@ -82,13 +83,13 @@ def run_byte_benchmark(
                 if progress:
                     progress(len(runs), total, f"T={t:g} {task} {config.label}")
                 if config.alone is not None:
-                    text, seconds = alone[config.alone].generate_chars(prompt, max_tokens=max_chars, temperature=t, seed=seed + i, method=ENSEMBLE)
-                    runs.append(ByteRun(config, i, task, t, len(text), seconds))
+                    text, own = alone[config.alone].generate_chars(prompt, max_tokens=max_chars, temperature=t, seed=seed + i, method=ENSEMBLE)
+                    runs.append(ByteRun(config, i, task, t, len(text), own.seconds, own.llama_seconds))
                     continue
                 plan = models.plan(models.prompts(prompt), GenerationConfig(method=config.method, max_tokens=max_chars, temperature=t,
                                                                             byte_gamma=config.gamma))  # fmt: skip
                 c = run_to_end(models.start(plan, completion_rng(seed, i)))
-                runs.append(ByteRun(config, i, task, t, c.stats.chars, c.stats.seconds, c.stats))
+                runs.append(ByteRun(config, i, task, t, c.stats.chars, c.stats.seconds, c.stats.llama_seconds, c.stats))
     if progress:
         progress(total, total, "done")
     return runs
@@ -108,6 +109,7 @@ class ByteRow:
     ensemble_steps: int = 0  # cos: rounds without a draft
     calls_per_char: list[float] = field(default_factory=list)
     most_paths: list[int] = field(default_factory=list)
+    host: float | None = None  # the share of its time outside llama.cpp
 
 
 def summarize_bytes(runs: Sequence[ByteRun]) -> list[ByteRow]:
@@ -124,9 +126,11 @@ def summarize_bytes(runs: Sequence[ByteRun]) -> list[ByteRow]:
             per_prompt = [_speed(group) / _speed(base[p]) for p, group in _by_prompt(mine).items() if p in base and _speed(base[p]) > 0]
             stats = [r.stats for r in mine if r.stats is not None]
             total = ByteStats.aggregate(stats) if stats else ByteStats()
+            seconds = sum(r.seconds for r in mine)
             rows.append(ByteRow(
                 t, label, speed, speed / base_speed if base_speed else None, min(per_prompt) if per_prompt else None,
                 total.accepted, total.drafted, total.ensemble_steps, [c / max(total.chars, 1) for c in total.calls], total.most_paths,
+                (seconds - sum(r.llama_seconds for r in mine)) / seconds if seconds > 0 else None,
             ))  # fmt: skip
     return rows
 
@@ -154,7 +158,8 @@ def _speed(runs: Sequence[ByteRun]) -> float:
 
 
 def format_byte_table(rows: Sequence[ByteRow], names: Sequence[str]) -> str:
-    header = f"{'T':>4}  {'configuration':<14}{'chars/s':>9}{'x ens':>8}{'worst':>8}{'accepted':>12}{'no draft':>10}  calls/char, most paths ({', '.join(names)})"
+    header = (f"{'T':>4}  {'configuration':<14}{'chars/s':>9}{'x ens':>8}{'worst':>8}{'host':>7}{'accepted':>12}{'no draft':>10}  "
+              f"calls/char, most paths ({', '.join(names)})")  # fmt: skip
     lines = [header, "-" * len(header)]
     for r in rows:
         ratio = "-" if r.vs_ensemble is None else f"{r.vs_ensemble:.2f}x"
@@ -162,5 +167,6 @@ def format_byte_table(rows: Sequence[ByteRow], names: Sequence[str]) -> str:
         accepted = f"{r.accepted}/{r.drafted}" if r.drafted else "-"
         steps = str(r.ensemble_steps) if r.config.startswith("cos") else "-"
         per_model = "; ".join(f"{c:.2f}, {p}" for c, p in zip(r.calls_per_char, r.most_paths)) or "token path"
-        lines.append(f"{r.temperature:>4g}  {r.config:<14}{r.chars_per_second:>9.1f}{ratio:>8}{worst:>8}{accepted:>12}{steps:>10}  {per_model}")
+        host = "-" if r.host is None else f"{100 * r.host:.0f}%"
+        lines.append(f"{r.temperature:>4g}  {r.config:<14}{r.chars_per_second:>9.1f}{ratio:>8}{worst:>8}{host:>7}{accepted:>12}{steps:>10}  {per_model}")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
 import numpy as np
 
 from ...core.bytelevel import END, SYMBOLS, ByteView, Utf8State, ViewState
-from ...core.combiners import BoundCombiner
+from ...core.combiners import BoundCombiner, Gated
 from ...core.decoding import Origin
 from ...core.sampling import Sampler
 from ...core.speedmodel import ByteAutoGamma, CallProfile, Costs
@@ -36,6 +36,7 @@ class Member(Protocol):
     missed: int  # rows a draft's replay asked for that were not evaluated ahead
     price: CallProfile | None  # its calls' cost by rows; None: its calls are not priced
     spent: float  # its calls priced at `price`
+    llama_seconds: float  # seconds in its model's llama.cpp calls so far
 
     @property
     def longest(self) -> int: ...
@@ -57,6 +58,7 @@ class _Round:
     symbols: list[int]
     next_proposer: int | None = None
     gates: list[bool | None] = field(default_factory=list)
+    whole: bool = False  # the mixed level's token step: the symbols are one token's bytes
 
 
 class ByteGeneration:
@@ -82,6 +84,11 @@ class ByteGeneration:
         constraint: structured output over the 257 symbols (`grammar.byte_symbols`): its mask
             applies to r and to every draft distribution at the same position, so cos stays exact
             for the constrained r (as at the token level).
+        switch: the mixed level's gate (`Gated`, bound): where the lead's view is one
+            tokenisation ending with the text on a character boundary and the gate is shut for
+            its likeliest whole token, the next unit is a whole token of the lead's own
+            distribution (one row; the others skip its bytes); elsewhere the byte level's step
+            (docs/algorithm.md, section 12). None: the byte level at every byte.
 
     Lazy members: at the ensemble's step a model r does not ask for (one it does not use; with a
     gate, any but the lead where the gate stays shut) is not evaluated; it takes the bytes it
@@ -107,8 +114,12 @@ class ByteGeneration:
         cancelled: Callable[[], bool] | None = None,
         names: Sequence[str] = (),
         constraint: Matcher | None = None,
+        switch: Gated | None = None,
     ) -> None:
         self.members = list(members)
+        self.switch = switch
+        self.token_bytes = 0  # bytes decoded as whole tokens (the mixed level)
+        self._token_probs = np.empty(0)  # the lead's whole-token distribution, reused every token
         self.constraint = constraint
         self.names = list(names)
         self.cancelled = cancelled
@@ -187,7 +198,8 @@ class ByteGeneration:
         """The members' distributions r asks for here (None for the others): every model it
         uses; with a gate, the lead's, and the others' only where the gate opens (a lazy member
         catches up first)."""
-        dists = [None if lazy else m.view.distribution() for m, lazy in zip(self.members, self.lazy)]
+        # (a model r uses at every byte catches up on the whole tokens the mixed level skipped it over)
+        dists = [None if lazy else self._caught_up(i) if self.behind[i] else m.view.distribution() for i, (m, lazy) in enumerate(zip(self.members, self.lazy))]
         if self.combiner.gate is not None and self._gate_opens(dists):
             for i, used in enumerate(self.combiner.used):
                 if used and dists[i] is None:
@@ -245,6 +257,37 @@ class ByteGeneration:
                     self._advance(i, member, symbol)
         return _Round([symbol], gates=[self._gate_opens(dists)])
 
+    def _token_step(self, utf8: Utf8State) -> _Round | None:
+        """The mixed level's step where it applies (see `switch`): a whole token of the lead's
+        distribution over the tokens that may follow a character boundary whole, and END; None
+        where the byte level's step applies."""
+        assert self.switch is not None and self.switch.lead is not None
+        lead = self.switch.lead
+        view = self.members[lead].view
+        if utf8.need or view.boundary() is None:
+            return None
+        if len(self._token_probs) != view.vocab.size + 1:
+            self._token_probs = np.empty(view.vocab.size + 1)
+        q = view.token_probs(self._token_probs)
+        if self.ignore_end:
+            q[-1] = 0.0
+            q /= q.sum()
+        if not self.switch.shut(float(q.max())):
+            return None
+        t = self.sampler.softmax_temperature
+        if t != 1.0:
+            np.power(q, 1.0 / t, out=q)
+            q /= q.sum()
+        k = int(np.argmax(q)) if self.sampler.greedy else self.sampler.draw(self.sampler.finalize(q), self.rng)
+        if k == view.vocab.size:
+            return _Round([END], gates=[None])
+        piece = view.vocab.pieces[k]
+        self.members[lead].take_token(k)
+        for i in range(len(self.members)):
+            if i != lead:
+                self.behind[i] += piece
+        return _Round(list(piece), gates=[None] * len(piece), whole=True)
+
     def _gate_opens(self, dists: Sequence[np.ndarray | None]) -> bool | None:
         """With a gated combiner: whether the gate opens at a position (the lead's top symbol
         probability below it); None without one."""
@@ -253,8 +296,7 @@ class ByteGeneration:
             return None
         lead = dists[gate.lead]
         assert lead is not None
-        with np.errstate(divide="ignore"):
-            return bool(gate.opens(np.log(lead)[None, :])[0])
+        return not gate.shut(float(lead.max()))
 
     def _spent(self) -> float | None:
         """The members' calls so far, priced at their profiles (None: a member that does not
@@ -347,8 +389,9 @@ class ByteGeneration:
         for member, prompt, behind in zip(self.members, self.prompts, self.behind):
             member.start(prompt)
             behind.clear()
-        self.drafted = self.accepted = self.gate_symbols = self.gate_opened = 0
+        self.drafted = self.accepted = self.gate_symbols = self.gate_opened = self.token_bytes = 0
         t0 = time.perf_counter()
+        llama0 = sum(m.llama_seconds for m in self.members)
         utf8 = Utf8State()
         data = bytearray()
         text = TextAssembler(_one_byte, self.stop)  # the token level's UTF-8 assembly, stop search and hold-back
@@ -370,7 +413,10 @@ class ByteGeneration:
                     proposer, gamma = self.auto.choose([proposer] if passed else None)
                 else:
                     gamma = int(self.gamma)
-            if gamma:
+            token = self._token_step(utf8) if self.switch is not None else None
+            if token is not None:
+                step = token
+            elif gamma:
                 for i in range(len(self.members)):  # a draft is scored by every model where it stands
                     self._catch_up(i)
                 # the plan's estimate of this round, and the members' priced calls before it
@@ -391,6 +437,7 @@ class ByteGeneration:
                     self.gate_symbols += 1
                     self.gate_opened += opened
                 data.append(symbol)
+                self.token_bytes += step.whole
                 utf8.push(symbol)
                 if text.push(symbol):
                     finish = "stop"
@@ -413,6 +460,7 @@ class ByteGeneration:
             chars=len(text.text),
             seconds=time.perf_counter() - t0,
             prompt_seconds=t0 - t_prompt,
+            llama_seconds=sum(m.llama_seconds for m in self.members) - llama0,
             calls=[m.calls for m in self.members],
             rows=[m.view.rows for m in self.members],
             most_paths=[m.view.most_paths for m in self.members],
@@ -429,6 +477,7 @@ class ByteGeneration:
             ensemble_steps=self.ensemble_steps,
             gate_symbols=self.gate_symbols,
             gate_opened=self.gate_opened,
+            token_bytes=self.token_bytes if self.switch is not None else None,
         )
         self.completion = ByteCompletion(text.text, bytes(data), finish, stats)
         return self.completion

@@ -37,7 +37,7 @@ def uses_byte_level(spec: "LoadSpec") -> bool:
     """Whether the models of `spec` decode at the byte level: asked for, or (auto) their
     tokenizers differ (read from their vocabularies only, before anything loads)."""
     if spec.level != "auto":
-        return spec.level == "byte"
+        return spec.level in ("byte", "mixed")
     models = [Model(p, vocab_only=True) for p in spec.paths]
     try:
         return not shares_tokenizer(models)

@@ -93,6 +93,16 @@ class ByteMember:
             return None
         return self._place(change)
 
+    @property
+    def llama_seconds(self) -> float:
+        """Seconds in its model's llama.cpp calls so far (the model's own count)."""
+        return self.model.stats.seconds
+
+    def take_token(self, k: int) -> None:
+        """At a boundary of the view (`ByteView.boundary`): append the token at sorted position
+        `k` whole, its row from one call on the path's own sequence."""
+        self._step(self.view.take_token(k))
+
     def _step(self, change: Advance) -> None:
         """The new paths' rows, then the paths the view folds away let go of their sequences."""
         self._evaluate(self._place(change))

@@ -12,7 +12,7 @@ from ...backend import Model
 from ...backend.model import MAX_SEQUENCES
 from ...config.specs import GenerationConfig
 from ...core.bytelevel import check_prune
-from ...core.combiners import BoundCombiner
+from ...core.combiners import BoundCombiner, Gated
 from ...core.hostmem import keep_freed_memory
 from ...core.speedmodel import CallProfile, Costs
 from ...errors import ConfigError
@@ -40,10 +40,12 @@ class ByteModels:
     cache, and its byte vocabulary."""
 
     def __init__(
-        self, models: Sequence[Model], combiner: BoundCombiner, *, max_paths: int, prune: float, profiles: Sequence[CallProfile] | None = None
+        self, models: Sequence[Model], combiner: BoundCombiner, *, max_paths: int, prune: float, profiles: Sequence[CallProfile] | None = None,
+        mixed: bool = False,
     ) -> None:
         keep_freed_memory()  # every row's vocabulary-sized arrays come and go (see core.hostmem)
         self.models = list(models)
+        self.mixed = mixed  # the mixed level: whole tokens of the lead where it is sure (`ByteGeneration`'s switch)
         self.combiner = combiner
         # each model's call cost by rows (`runtime.profile`): what --byte-gamma auto plans with
         self.costs = Costs(list(profiles) if profiles is not None else [call_profile(m) for m in self.models])
@@ -84,7 +86,7 @@ class ByteModels:
             bound = combiner.bind(len(models), [m.n_params for m in models])
             for m in models:
                 byte_vocab(m)
-            return cls(models, bound, max_paths=spec.byte_paths, prune=spec.byte_prune, profiles=profiles)
+            return cls(models, bound, max_paths=spec.byte_paths, prune=spec.byte_prune, profiles=profiles, mixed=spec.level == "mixed")
         except BaseException:
             for m in models:
                 m.close()
@@ -148,7 +150,7 @@ class ByteModels:
         once here for every front end: its method ensemble or cos; `combiner` bound to the
         models (default the loaded one); token-counted drafts (gamma), a proposer, lookup on
         and a prompt longer than a model's context are refused (`ConfigError`, naming `param`)."""
-        config = config.for_models(len(self.models))
+        config = config.for_models(len(self.models), "mixed" if self.mixed else "byte")
         method = config.method
         if config.gamma != "auto":
             raise ConfigError("gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
@@ -163,7 +165,22 @@ class ByteModels:
             if len(p) >= m.n_ctx:
                 raise ConfigError(f"the prompt is {len(p)} tokens for {m.name}, which holds {m.n_ctx}", param=param)
         bound = self.combiner if combiner is None else combiner.bind(len(self.models), [m.n_params for m in self.models])
-        return BytePlan(tuple(tuple(p) for p in prompts), config, bound, method)
+        return BytePlan(tuple(tuple(p) for p in prompts), config, bound, method, self._switch(bound, config, param))
+
+    def _switch(self, bound: BoundCombiner, config: GenerationConfig, param: str) -> Gated | None:
+        """The mixed level's gate, the gated combination's: the lead decides whole tokens alone
+        where the gate is shut for its likeliest."""
+        if not self.mixed:
+            return None
+        gated = bound.combiner
+        if not isinstance(gated, Gated):
+            raise ConfigError("--level mixed needs --gate G: whole tokens of the lead where its likeliest has probability G or more, "
+                              "the byte level elsewhere", param="gate")  # fmt: skip
+        if config.method != "ensemble" or config.constraint is not None:
+            what = "a JSON schema or grammar" if config.constraint is not None else f"--method {config.method}"
+            raise ConfigError(f"{what}: not available at the mixed level (it decodes with the ensemble's step: --method ensemble)",
+                              param="method" if config.constraint is None else param)  # fmt: skip
+        return gated
 
     def cancelled_completion(self, plan: BytePlan) -> ByteCompletion:
         """The completion of a generation cancelled before it started."""
@@ -178,7 +195,8 @@ class ByteModels:
         return ByteGeneration(self.members, plan.prompts, plan.combiner, config.sampler(), rng, max_chars=config.max_tokens,
                               stop=config.stop, n_ctx=self.n_ctx, ignore_end=config.ignore_eos, method=plan.method,
                               gamma=config.byte_gamma, costs=self.costs, cancelled=cancelled, names=self.names,
-                              constraint=None if config.constraint is None else Matcher(byte_symbols(), config.constraint))  # fmt: skip
+                              constraint=None if config.constraint is None else Matcher(byte_symbols(), config.constraint),
+                              switch=plan.switch)  # fmt: skip
 
     @contextmanager
     def pruning(self, prune: float) -> Iterator[None]:

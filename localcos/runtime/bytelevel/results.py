@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ...config.specs import GenerationConfig
-from ...core.combiners import BoundCombiner
+from ...core.combiners import BoundCombiner, Gated
 
 
 @dataclass
@@ -18,6 +18,7 @@ class ByteStats:
     chars: int = 0
     seconds: float = 0.0
     prompt_seconds: float = 0.0
+    llama_seconds: float = 0.0  # of `seconds`, inside llama.cpp (every model's calls)
     calls: list[int] = field(default_factory=list)  # llama_decode calls per model
     rows: list[int] = field(default_factory=list)  # path rows evaluated per model
     most_paths: list[int] = field(default_factory=list)
@@ -34,6 +35,7 @@ class ByteStats:
     ensemble_steps: int = 0  # cos: rounds where no model drafted (--byte-gamma auto's choice, or no room)
     gate_symbols: int = 0  # with a gated combiner: symbols it decided
     gate_opened: int = 0  # of them, where the gate opened (the models were combined)
+    token_bytes: int | None = None  # the mixed level: bytes decoded as the lead's whole tokens (the rest byte by byte)
     completions: int = 1
     finish_reasons: dict[str, int] = field(default_factory=dict)  # of several completions (`aggregate`)
 
@@ -52,12 +54,14 @@ class ByteStats:
                 reasons[reason] = reasons.get(reason, 0) + count
         return cls(
             bytes=sum(s.bytes for s in stats), chars=sum(s.chars for s in stats), seconds=sum(s.seconds for s in stats),
-            prompt_seconds=sum(s.prompt_seconds for s in stats), calls=total("calls"), rows=total("rows"),
+            prompt_seconds=sum(s.prompt_seconds for s in stats), llama_seconds=sum(s.llama_seconds for s in stats), calls=total("calls"),
+            rows=total("rows"),
             most_paths=[max(values) for values in zip(*(s.most_paths for s in stats))], restarts=total("restarts"),
             dropped=total("dropped"), folded=total("folded"), finish_reason=stats[0].finish_reason if len(reasons) == 1 else "", method=stats[0].method, combiner=stats[0].combiner, names=stats[0].names,
             drafted=sum(s.drafted for s in stats), accepted=sum(s.accepted for s in stats), missed=total("missed"),
             ensemble_steps=sum(s.ensemble_steps for s in stats), gate_symbols=sum(s.gate_symbols for s in stats),
             gate_opened=sum(s.gate_opened for s in stats),
+            token_bytes=None if stats[0].token_bytes is None else sum(s.token_bytes or 0 for s in stats),
             completions=sum(s.completions for s in stats), finish_reasons=reasons,
         )  # fmt: skip
 
@@ -65,13 +69,19 @@ class ByteStats:
     def chars_per_second(self) -> float:
         return self.chars / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def host_fraction(self) -> float | None:
+        """The share of the decoding time outside llama.cpp (the byte views, combining, sampling)."""
+        return (self.seconds - self.llama_seconds) / self.seconds if self.seconds > 0 else None
+
     def to_dict(self) -> dict:
         return {
-            "level": "byte",
+            "level": "byte" if self.token_bytes is None else "mixed",
             "bytes": self.bytes,
             "chars": self.chars,
             "seconds": round(self.seconds, 4),
             "prompt_seconds": round(self.prompt_seconds, 4),
+            "llama_seconds": round(self.llama_seconds, 4),
             "chars_per_second": round(self.chars_per_second, 2),
             "calls_per_char": [round(c / max(self.chars, 1), 3) for c in self.calls],
             "calls": self.calls,
@@ -87,6 +97,7 @@ class ByteStats:
             **({"drafted": self.drafted, "accepted": self.accepted, "missed_rows": self.missed, "ensemble_steps": self.ensemble_steps}
                if self.method == "cos" else {}),
             **({"gate_symbols": self.gate_symbols, "gate_opened": self.gate_opened} if self.gate_symbols else {}),
+            **({"token_bytes": self.token_bytes} if self.token_bytes is not None else {}),
         }
 
     def summary(self, names: Sequence[str]) -> str:
@@ -96,7 +107,10 @@ class ByteStats:
         )
         drafts = f"; {self.accepted}/{self.drafted} draft symbols accepted, {self.ensemble_steps} ensemble steps" if self.method == "cos" else ""
         gate = f"; gate open {self.gate_opened}/{self.gate_symbols}" if self.gate_symbols else ""
-        return f"byte level: {self.chars} chars in {self.seconds:.2f} s ({self.chars_per_second:.1f} chars/s); {per_model}{drafts}{gate}"
+        level = "byte level"
+        if self.token_bytes is not None:
+            level = f"mixed level ({self.token_bytes}/{self.bytes} bytes as whole tokens)"
+        return f"{level}: {self.chars} chars in {self.seconds:.2f} s ({self.chars_per_second:.1f} chars/s); {per_model}{drafts}{gate}"
 
 
 @dataclass
@@ -127,6 +141,7 @@ class BytePlan:
     config: GenerationConfig
     combiner: BoundCombiner
     method: str  # "ensemble" or "cos"
+    switch: Gated | None = None  # the mixed level's gate; see `ByteGeneration`
 
     @property
     def prompt(self) -> tuple[int, ...]:

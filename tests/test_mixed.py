@@ -1,0 +1,243 @@
+"""The mixed level (docs/algorithm.md, section 12): whole tokens of the lead where its likeliest
+whole token has at least the gate's probability and its view is one tokenisation at a character
+boundary, the byte level elsewhere. Sampled exactly (the process's law enumerated by brute force
+on fakes), greedy its argmax at every step, and on llama.cpp models with real tokenizers the
+token level's text at gate 0 and the byte level's at gate 1."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from bytefakes import VOCAB_A, VOCAB_B, BruteForce, FakeMember, TinyModel, complete_utf8, valid_utf8_prefix
+from localcos import WeightedEnsemble
+from localcos.core.combiners import Gated
+from localcos.core.bytelevel import END, SYMBOLS
+from localcos.core.sampling import Sampler
+from localcos.runtime.bytelevel import combine_symbols
+from localcos.runtime.bytelevel.generation import ByteGeneration, run_to_end
+from statcheck import assert_matches
+
+PROMPT = (0, 1)
+LENGTH = 4  # characters per sampled string
+
+
+def _chars(s: bytes) -> int:
+    """Complete characters in s (what max_chars counts)."""
+    try:
+        return len(s.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return len(s[: e.start].decode("utf-8"))
+
+
+def _held(model: TinyModel, context: tuple[int, ...], rel: bytes) -> list[tuple[tuple[int, ...], int]]:
+    """The tokenisations an exact byte view started at `context` holds after `rel`, by brute
+    force: (tokens, bytes they cover); a path that stops short of the end of rel is held while
+    some token it may take next begins with the rest and reaches past it."""
+    out = []
+
+    def walk(tokens: tuple[int, ...], pos: int) -> None:
+        p = model.probs(context + tokens)
+        rest = rel[pos:]
+        if not rest:
+            out.append((tokens, pos))
+            return
+        if any(p[t] > 0 and len(piece) > len(rest) and piece.startswith(rest) for t, piece in enumerate(model.pieces)):
+            out.append((tokens, pos))
+        for t, piece in enumerate(model.pieces):
+            if piece and p[t] > 0 and rest.startswith(piece):
+                walk(tokens + (t,), pos + len(piece))
+
+    walk((), 0)
+    return out
+
+
+def _whole_tokens(model: TinyModel, context: tuple[int, ...]) -> np.ndarray:
+    """q of the token step: over token ids, then END (the end tokens together), the tokens that
+    would not follow a character boundary whole given nothing."""
+    p = model.probs(context)
+    q = np.zeros(len(model.pieces) + 1)
+    for t, piece in enumerate(model.pieces):
+        if piece and valid_utf8_prefix(piece):
+            q[t] = p[t]
+    q[-1] = sum(p[t] for t in model.end_tokens)
+    return q / q.sum()
+
+
+def mixed_step(models: list[TinyModel], bound, lead: int, gate: float, base: tuple[int, ...], rel: bytes, s: bytes):
+    """The rule's next step from a state (the lead's tokens `base` at its last token step, the
+    bytes `rel` since, the text `s`), by brute force: ("token", the lead's tokens now, q over
+    token ids then END) or ("byte", r over the 257 symbols, UTF-8 applied)."""
+    held = _held(models[lead], PROMPT + base, rel)
+    if complete_utf8(s) and len(held) == 1 and held[0][1] == len(rel):  # one tokenisation, at a boundary
+        tokens = base + held[0][0]
+        q = _whole_tokens(models[lead], PROMPT + tokens)
+        if q.max() >= gate:
+            return "token", tokens, q
+    dists = [BruteForce(models[lead], PROMPT + base).next_symbol(rel) if i == lead else BruteForce(m, PROMPT).next_symbol(s)
+             for i, m in enumerate(models)]  # fmt: skip
+    r = combine_symbols(bound, dists, 1.0)
+    allowed = np.array([valid_utf8_prefix(s + bytes([b])) for b in range(256)] + [complete_utf8(s)])
+    r = np.where(allowed, r, 0.0)
+    return "byte", base, r / r.sum()
+
+
+def mixed_distribution(models: list[TinyModel], combiner, lead: int, gate: float, length: int) -> dict[tuple[bytes, bool], float]:
+    """The law of the mixed level's output, (bytes, ended) -> probability, every step of
+    `mixed_step` enumerated."""
+    bound = combiner.bind(len(models), [1, 2])
+    out: dict[tuple[bytes, bool], float] = {}
+
+    def record(s: bytes, ended: bool, mass: float) -> None:
+        out[(s, ended)] = out.get((s, ended), 0.0) + mass
+
+    def walk(base: tuple[int, ...], rel: bytes, s: bytes, mass: float) -> None:
+        kind, tokens, p = mixed_step(models, bound, lead, gate, base, rel, s)
+        if p[-1] > 0:
+            record(s, True, mass * p[-1])
+        units = models[lead].pieces if kind == "token" else [bytes([b]) for b in range(256)]
+        for t, piece in enumerate(units):
+            if p[t] > 0:
+                emit(tokens + (t,) if kind == "token" else tokens, b"" if kind == "token" else rel + piece, s, piece, mass * p[t])
+
+    def emit(base: tuple[int, ...], rel: bytes, s: bytes, piece: bytes, mass: float) -> None:
+        for b in piece:  # a token's bytes count characters one by one, as the generation does
+            s += bytes([b])
+            if _chars(s) >= length:
+                record(s, False, mass)
+                return
+        walk(base, rel, s, mass)
+
+    walk((), b"", b"", 1.0)
+    return out
+
+
+def sample(models, combiner, lead: int, gate: float, n: int, seed: int, temperature: float = 1.0):
+    members = [FakeMember(m) for m in models]
+    bound = combiner.bind(len(models), [1, 2])
+    switch = Gated(WeightedEnsemble(), gate, lead=lead).fit(len(models), [1, 2][: len(models)])  # the level's gate, fitted
+    rng = np.random.default_rng(seed)
+    counts: Counter = Counter()
+    token_bytes = 0
+    for _ in range(n):
+        gen = ByteGeneration(members, [PROMPT] * len(models), bound, Sampler(temperature=temperature), rng, max_chars=LENGTH,
+                             switch=switch)  # fmt: skip
+        c = run_to_end(gen)
+        counts[(c.data, c.finish_reason == "stop")] += 1
+        token_bytes += c.stats.token_bytes
+    return counts, token_bytes
+
+
+CASES = {
+    # one model: its own tokens where sure, its bytes elsewhere
+    "alone": ([VOCAB_A], WeightedEnsemble(), 0, 0.4),
+    # two tokenizers: the lead's tokens where sure; where not, the byte level's gated mixture
+    "two-tokenizers": ([VOCAB_A, VOCAB_B], Gated(WeightedEnsemble([0.5, 0.5]), 0.4, lead=0), 0, 0.4),
+    # the switch alone (every byte step mixes both models): where a step is a token step changes
+    # the law here, so this case checks the switch's rule itself (one model's text law is its
+    # own whichever steps it takes, and a gate shut for tokens is shut for their first byte)
+    "switch-only": ([VOCAB_A, VOCAB_B], WeightedEnsemble([0.5, 0.5]), 0, 0.4),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_mixed_level_samples_its_process_exactly(case):
+    models, combiner, lead, gate = CASES[case]
+    exact = mixed_distribution(models, combiner, lead, gate, LENGTH)
+    assert abs(sum(exact.values()) - 1) < 1e-9
+    counts, token_bytes = sample(models, combiner, lead, gate, 4000, seed=61)
+    total_bytes = sum(len(data) * c for (data, _), c in counts.items())
+    assert 0 < token_bytes < total_bytes, "both kinds of step must be exercised"
+    keys = sorted(exact)
+    index = {k: i for i, k in enumerate(keys)}
+    unknown = [k for k in counts if k not in index]
+    assert not unknown, f"outcomes of probability 0: {unknown[:3]}"
+    assert_matches(Counter({index[k]: c for k, c in counts.items()}), np.array([exact[k] for k in keys]), f"mixed level, {case}")
+
+
+def test_greedy_takes_each_steps_argmax():
+    for case, (models, combiner, lead, gate) in CASES.items():
+        counts, token_bytes = sample(models, combiner, lead, gate, 1, seed=1, temperature=0)
+        ((data, ended),) = counts
+        assert _greedy_reference(models, combiner, lead, gate) == (data, ended), case
+
+
+def _greedy_reference(models, combiner, lead, gate):
+    """Every step's argmax, by the brute-force rule (`mixed_step`)."""
+    bound = combiner.bind(len(models), [1, 2])
+    base, rel, s = (), b"", b""
+    while True:
+        kind, tokens, p = mixed_step(models, bound, lead, gate, base, rel, s)
+        k = int(np.argmax(p))
+        if k == len(p) - 1:
+            return s, True
+        piece = models[lead].pieces[k] if kind == "token" else bytes([k])
+        base, rel = (tokens + (k,), b"") if kind == "token" else (tokens, rel + piece)
+        for b in piece:
+            s += bytes([b])
+            if _chars(s) >= LENGTH:
+                return s, False
+
+
+def test_the_mixed_level_needs_a_gate_and_the_ensembles_step(real_models):
+    from localcos import ByteEnsemble, Contrastive
+    from localcos.errors import ConfigError
+
+    qwen, llama = real_models["qwen2"], real_models["llama3"]
+    with ByteEnsemble.load([qwen, llama], Contrastive(mu=0.1, expert=0), n_ctx=256, level="mixed") as ens:
+        with pytest.raises(ConfigError, match="--level mixed needs --gate G"):
+            ens.generate("x", max_tokens=4)
+        gated = Gated(Contrastive(mu=0.1, expert=0), 0.5)
+        with pytest.raises(ConfigError, match="--method cos: not available at the mixed level"):
+            ens.generate("x", max_tokens=4, combiner=gated, method="cos")
+        out = ens.generate("The river", max_tokens=24, combiner=gated, temperature=0)
+        assert out.stats.token_bytes is not None and out.stats.to_dict()["level"] == "mixed"
+
+
+def _generate(models, *args):
+    proc = subprocess.run([sys.executable, "-m", "localcos", "generate", "--models", ",".join(map(str, models)), "--prompt", "The river runs",
+                           "--temperature", "0", "--max-tokens", "60", "--ignore-eos", "--json", "--ctx", "256", *args],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    stats = out["stats"]
+    return out["completions"][0]["text"], stats[0] if isinstance(stats, list) else stats  # the byte level: one per completion
+
+
+def test_on_llama_cpp_models_gate_near_0_is_the_leads_tokens_and_gate_1_its_bytes(real_models):
+    """One model with a real tokenizer: at gate ~0 every step at a boundary takes a whole token,
+    which is the model's own greedy text on its tokens; at gate 1 (the lead never certain) every
+    step is a byte step, the byte level's greedy text; in between both kinds of step happen."""
+    qwen = real_models["qwen2"]
+    own, _ = _generate([qwen])  # the token level
+    tokens, stats0 = _generate([qwen], "--level", "mixed", "--gate", "1e-9")
+    assert stats0["level"] == "mixed" and stats0["token_bytes"] == stats0["bytes"] > 0
+    assert len(tokens) == 60 and own.startswith(tokens)  # max_tokens: the token level's tokens, the others' characters
+    byte_text, _ = _generate([qwen], "--level", "byte")
+    bytes_only, stats1 = _generate([qwen], "--level", "mixed", "--gate", "1")
+    assert stats1["token_bytes"] == 0 and bytes_only == byte_text
+    _, stats = _generate([qwen], "--level", "mixed", "--gate", "0.3")
+    assert 0 < stats["token_bytes"] < stats["bytes"]
+    # a second tokenizer consulted only at byte steps
+    mixed, both = _generate([qwen, real_models["llama3"]], "--level", "mixed", "--gate", "0.3", "--combine", "we")
+    assert 0 < both["token_bytes"] < both["bytes"] and both["calls"][1] < both["calls"][0]
+
+
+def test_bench_and_score_at_the_mixed_level(real_models, tmp_path):
+    qwen = str(real_models["qwen2"])
+    proc = subprocess.run([sys.executable, "-m", "localcos", "bench", "--models", qwen, "--level", "mixed", "--gate", "0.3", "--limit-prompts", "1",
+                           "--max-tokens", "24", "--temperature", "0", "--json", str(tmp_path / "b.json")],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert report["level"] == "mixed" and [r["config"] for r in report["summary"]] == ["ensemble", "alone-0"]  # the model on its own tokens beside
+    assert all(0 <= r["host"] < 1 for r in report["summary"]) and "host" in proc.stdout
+    score = subprocess.run([sys.executable, "-m", "localcos", "score", "--models", qwen, "--level", "mixed", "--gate", "0.3", "--file", __file__],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    lines = score.stderr.strip().splitlines()
+    assert score.returncode == 2 and len(lines) == 1 and "--level mixed is a way of decoding" in lines[0]
