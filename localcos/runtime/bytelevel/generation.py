@@ -198,8 +198,11 @@ class ByteGeneration:
         """The members' distributions r asks for here (None for the others): every model it
         uses; with a gate, the lead's, and the others' only where the gate opens (a lazy member
         catches up first)."""
-        # (a model r uses at every byte catches up on the whole tokens the mixed level skipped it over)
-        dists = [None if lazy else self._caught_up(i) if self.behind[i] else m.view.distribution() for i, (m, lazy) in enumerate(zip(self.members, self.lazy))]
+        # a model r uses at every byte first catches up on the whole tokens the mixed level took
+        dists = [
+            None if lazy else self._caught_up(i) if self.behind[i] else m.view.distribution()
+            for i, (m, lazy) in enumerate(zip(self.members, self.lazy))
+        ]
         if self.combiner.gate is not None and self._gate_opens(dists):
             for i, used in enumerate(self.combiner.used):
                 if used and dists[i] is None:
@@ -271,14 +274,20 @@ class ByteGeneration:
         q = view.token_probs(self._token_probs)
         if self.ignore_end:
             q[-1] = 0.0
-            q /= q.sum()
+            total = q.sum()
+            if total <= 0:  # all its mass on the end: the byte level's step decides
+                return None
+            q /= total
         if not self.switch.shut(float(q.max())):
             return None
-        t = self.sampler.softmax_temperature
-        if t != 1.0:
-            np.power(q, 1.0 / t, out=q)
-            q /= q.sum()
-        k = int(np.argmax(q)) if self.sampler.greedy else self.sampler.draw(self.sampler.finalize(q), self.rng)
+        if self.sampler.greedy:
+            k = int(np.argmax(q))
+        else:
+            t = self.sampler.softmax_temperature
+            if t != 1.0:
+                np.power(q, 1.0 / t, out=q)
+                q /= q.sum()
+            k = self.sampler.draw(self.sampler.finalize(q) if self.sampler.transforms else q, self.rng)
         if k == view.vocab.size:
             return _Round([END], gates=[None])
         piece = view.vocab.pieces[k]
