@@ -23,6 +23,7 @@ import struct
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
@@ -137,9 +138,10 @@ class GGUFInfo:
             name = self.tensor_types.most_common(1)[0][0]
         return name or "?"
 
-    @property
+    @cached_property
     def tokenizer_fingerprint(self) -> str:
-        """SHA-256 over the token texts (as the backend's `vocab_fingerprint`), shortened."""
+        """SHA-256 over the token texts (as the backend's `vocab_fingerprint`), shortened
+        (computed once: a pass over every token)."""
         h = hashlib.sha256()
         for t in self.tokens:
             h.update(t)
