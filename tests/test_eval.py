@@ -270,12 +270,13 @@ def test_the_default_baseline_is_the_model_alone_that_passed_most(models, tmp_pa
     passes = {"a alone": [1, 0, 0, 0], "b alone": [1, 1, 1, 0], "WE": [1, 1, 1, 1], "CD": [0, 0, 0, 0]}
     for config in configs:
         for task, passed in zip(tasks, passes[config.name]):
-            results.add(config, {"task_id": task.task_id, "passed": bool(passed), "result": "", "length": 10, "seconds": 1.0, "completion": ""})
+            results.add(config, {"task_id": task.task_id, "passed": bool(passed), "result": "", "length": 10, "seconds": 1.0, "llama_seconds": 0.9, "completion": ""})
     baseline, summaries = summarize(results, tasks, configs, None)
     assert baseline == "b alone"  # not WE, which passed more but is no model alone; not the first listed
     by = {s.name: s.against for s in summaries}
     assert (by["a alone"].won, by["a alone"].lost) == (0, 2) and (by["WE"].won, by["WE"].lost) == (1, 0)
     assert by["b alone"] is None
+    assert all(s.host == pytest.approx(0.1) for s in summaries)  # 0.1 s of every 1 s outside llama.cpp
 
 
 def test_holm_corrects_each_comparisons_p_for_the_number_made():

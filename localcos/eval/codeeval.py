@@ -314,11 +314,9 @@ def summarize(results: ResultsFile, tasks: Sequence[CodeTask], configs: Sequence
         both = [(r, b) for r, b in zip(mine, base) if r is not None and b is not None]
         against = None if c.name == baseline else paired([r["passed"] for r, _ in both], [b["passed"] for _, b in both])
         speed = _rate([r for r, _ in both]) / _rate([b for _, b in both]) if both and _rate([b for _, b in both]) else None
-        timed = [r for r in ran if "llama_seconds" in r]
-        seconds = sum(r["seconds"] for r in timed)
-        host = (seconds - sum(r["llama_seconds"] for r in timed)) / seconds if seconds > 0 else None
-        out.append(ConfigSummary(c.name, len(ran), sum(r["passed"] for r in ran), sum(r["length"] for r in ran),
-                                 sum(r["seconds"] for r in ran), against, speed, host))  # fmt: skip
+        seconds = sum(r["seconds"] for r in ran)
+        host = (seconds - sum(r["llama_seconds"] for r in ran)) / seconds if seconds > 0 else None
+        out.append(ConfigSummary(c.name, len(ran), sum(r["passed"] for r in ran), sum(r["length"] for r in ran), seconds, against, speed, host))
     compared = [s for s in out if s.against is not None]
     corrected = dict(zip((s.name for s in compared), holm([s.against.p for s in compared])))  # type: ignore[union-attr]
     return baseline, [replace(s, p_holm=corrected.get(s.name)) for s in out]
