@@ -103,8 +103,9 @@ def _ollama_model(name: str, root: Path, manifest: Path, check: bool = True) -> 
     (a listing reads its header itself)."""
     where = f"{OLLAMA}{name}"
     try:
-        if manifest.stat().st_size > _MAX_MANIFEST:
-            raise StoreError(f"{where}: its manifest {manifest} is not an Ollama manifest ({manifest.stat().st_size} bytes)")
+        size = manifest.stat().st_size
+        if size > _MAX_MANIFEST:
+            raise StoreError(f"{where}: its manifest {manifest} is not an Ollama manifest ({size} bytes)")
         data = json.loads(manifest.read_text(encoding="utf-8"))
     except OSError as e:
         raise StoreError(f"{where}: cannot read its manifest {manifest}: {e.strerror}") from None
@@ -118,17 +119,11 @@ def _ollama_model(name: str, root: Path, manifest: Path, check: bool = True) -> 
     blob = root / "blobs" / digest.replace(":", "-")
     if not blob.exists():
         raise StoreError(f"{where}: the blob its manifest names, {blob}, is missing; pull it again with `ollama pull {name}`")
-    if check:
-        from ..backend import check_model_file
-
-        try:
-            check_model_file(blob)
-        except ModelFileError as e:
-            raise unusable(where, blob, e) from None
     note = ""
     if any(isinstance(x, dict) and x.get("mediaType") == _TEMPLATE_LAYER for x in layers):  # type: ignore[union-attr]
         note = "Ollama's template layer is not used: the GGUF's own chat template is"
-    return Found(where, blob, "Ollama", note)
+    found = Found(where, blob, "Ollama", note)
+    return _checked(found) if check else found
 
 
 def ollama_model(name: str) -> Found:
@@ -193,11 +188,11 @@ def lmstudio_model(name: str) -> Found:
         if len(parts) == 3:
             path = folder / parts[2]
             if path.is_file():
-                return _checked_lmstudio(f"{LMSTUDIO}{name}", path)
+                return _checked(Found(f"{LMSTUDIO}{name}", path, "LM Studio"))
             continue
         files = [f for f in sorted(_entries(folder)) if _is_model_file(f)] if folder.is_dir() else []
         if len(files) == 1:
-            return _checked_lmstudio(f"{LMSTUDIO}{name}", files[0])
+            return _checked(Found(f"{LMSTUDIO}{name}", files[0], "LM Studio"))
         if files:
             raise ModelNotAvailableError(f"{LMSTUDIO}{name} holds {len(files)} GGUF files; name one: "
                                          + ", ".join(f"{LMSTUDIO}{name}/{f.name}" for f in files))  # fmt: skip
@@ -205,14 +200,15 @@ def lmstudio_model(name: str) -> Found:
     raise ModelNotAvailableError(f"unknown LM Studio model {name!r}{_near(name, known)}")
 
 
-def _checked_lmstudio(name: str, path: Path) -> Found:
+def _checked(found: Found) -> Found:
+    """`found`, once its file is checked to be a whole GGUF file (the bounded header reader)."""
     from ..backend import check_model_file
 
     try:
-        check_model_file(path)
+        check_model_file(found.path)
     except ModelFileError as e:
-        raise unusable(name, path, e) from None
-    return Found(name, path, "LM Studio")
+        raise unusable(found.name, found.path, e) from None
+    return found
 
 
 def unusable(name: str, path: Path, why: object) -> StoreError:
