@@ -15,7 +15,7 @@ Words, the same in code, JSON and the README:
   lookup_proposed, lookup_accepted
                  of the draft tokens: those looked up in the context (no model call)
   calls          llama_decode calls, per model
-  gate_tokens, gate_opened
+  gate_decided, gate_opened
                  with a gated combiner: tokens committed, and those where the gate opened (the
                  models were combined; elsewhere r was the lead model's own distribution)
 """
@@ -55,7 +55,7 @@ class GenerationStats:
     bonus: int = 0
     lookup_proposed: int = 0
     lookup_accepted: int = 0
-    gate_tokens: int = 0
+    gate_decided: int = 0
     gate_opened: int = 0
     gamma: list[int] | None = None  # proposal length per model (None: ensemble, or chosen online)
     proposer: int | None = None
@@ -107,7 +107,7 @@ class GenerationStats:
     @property
     def gate_open_rate(self) -> float | None:
         """Of the tokens a gated combiner decided, the share where the gate opened."""
-        return self.gate_opened / self.gate_tokens if self.gate_tokens else None
+        return self.gate_opened / self.gate_decided if self.gate_decided else None
 
     @property
     def mean_accepted(self) -> float | None:
@@ -153,7 +153,7 @@ class GenerationStats:
                 reasons[k] = reasons.get(k, 0) + v
         counters = (
             "completions", "tokens", "seconds", "prompt_tokens", "prompt_seconds", "proposed", "accepted", "rejected", "verifications",
-            "bonus", "lookup_proposed", "lookup_accepted", "gate_tokens", "gate_opened",
+            "bonus", "lookup_proposed", "lookup_accepted", "gate_decided", "gate_opened",
         )  # fmt: skip
         totals = {k: sum(getattr(s, k) for s in stats) for k in counters}
         ensemble = None if any(s.ensemble_llama_seconds is None for s in stats) else sum(s.ensemble_llama_seconds or 0.0 for s in stats)
@@ -192,8 +192,8 @@ class GenerationStats:
             parts.append(f"mean accepted {self.mean_accepted:.2f}")
         if self.lookup_proposed:
             parts.append(f"looked up {self.lookup_accepted}/{self.lookup_proposed}")
-        if self.gate_tokens:
-            parts.append(f"gate open {self.gate_opened}/{self.gate_tokens}")
+        if self.gate_decided:
+            parts.append(f"gate open {self.gate_opened}/{self.gate_decided}")
         parts.append("calls " + "/".join(str(c) for c in self.calls))
         if self.host_fraction is not None:
             parts.append(f"host {self.host_fraction:.0%}")

@@ -78,7 +78,7 @@ def test_the_cross_family_preset_contrasts_at_the_byte_level_where_its_gate_open
     result = json.loads(out.stdout)
     (stats,) = result["stats"]
     assert stats["level"] == "byte" and "cd" in result["combiner"] and "gate" in result["combiner"]
-    assert 0 < stats["gate_opened"] < stats["gate_symbols"]  # the amateur where the 1.5B is unsure, the 1.5B alone elsewhere
+    assert 0 < stats["gate_opened"] < stats["gate_decided"]  # the amateur where the 1.5B is unsure, the 1.5B alone elsewhere
     code = [line for line in result["completions"][0]["text"].splitlines() if line.strip() and not line.strip().startswith("#")]
     assert any("text" in line for line in code), result["completions"][0]["text"]  # a body that uses its argument
 

@@ -69,6 +69,56 @@ def test_task_files_are_checked_line_by_line(tmp_path):
             select(tasks, bad)
 
 
+def test_mbpp_files_are_read_as_released_and_become_functions_to_complete(tmp_path):
+    """MBPP's two releases (mbpp.jsonl: `text` and `test_setup_code`; sanitized-mbpp.json: one
+    JSON array, `prompt` and `test_imports`) load as they are: the signature of the function the
+    asserts call with the description and the first assert in its docstring, nothing of the
+    reference's body; the reference's body completes it and passes in the sandbox, a wrong one fails."""
+    helper_first = 'import re\r\ndef helper(x):\r\n\treturn x\r\ndef split_words(text, sep = " "):\r\n\treturn re.split(sep, helper(text))'
+    jsonl = [
+        {"text": "Write a function to split a string at a separator.", "code": helper_first, "task_id": 11, "test_setup_code": "",
+         "test_list": ['assert split_words("a b") == ["a", "b"]', 'assert split_words("a,b", ",") == ["a", "b"]'],
+         "challenge_test_list": []},
+        {"text": 'Write a function with a """quoted""" name and a \\ backslash.', "code": "def f(n):\n    return n * 2", "task_id": 12,
+         "test_setup_code": "K = 2", "test_list": ["assert f (3) == 3 * K"], "challenge_test_list": []},
+    ]  # fmt: skip
+    (tmp_path / "mbpp.jsonl").write_text("".join(json.dumps(d) + "\n" for d in jsonl))
+    sanitized = [{"source_file": "x", "task_id": 13, "prompt": "Write a function to find the square root.", "code": "import math\ndef root(x):\n    return math.sqrt(x)",
+                  "test_imports": ["import math"], "test_list": ["assert math.isclose(root(4.0), 2.0)"]}]  # fmt: skip
+    (tmp_path / "sanitized-mbpp.json").write_text(json.dumps(sanitized, indent=2))
+
+    _, tasks = load_tasks(str(tmp_path / "mbpp.jsonl"))
+    _, more = load_tasks(str(tmp_path / "sanitized-mbpp.json"))
+    split, doubled, root = tasks + more
+    assert [t.task_id for t in (split, doubled, root)] == ["MBPP/11", "MBPP/12", "MBPP/13"]
+    assert [t.entry_point for t in (split, doubled, root)] == ["split_words", "f", "root"]
+    assert split.prompt == (
+        "def split_words(text, sep=' '):\n"
+        '    """Write a function to split a string at a separator.\n'
+        '    For example: assert split_words("a b") == ["a", "b"]\n    """\n'
+    )
+    assert "re.split" not in split.prompt and "helper" not in split.prompt
+    assert root.prompt.startswith("import math\ndef root(x):") and doubled.prompt.startswith("K = 2\ndef f(n):")
+    bodies = {split: "    import re\n    return re.split(sep, text)\n", doubled: "    return n * 2\n", root: "    return math.sqrt(x)\n"}
+    for task, body in bodies.items():
+        assert run_program(task.program(body)).passed, task.task_id
+        assert not run_program(task.program("    return None\n")).passed, task.task_id
+    assert '\'\'\'quoted\'\'\'' in doubled.prompt and "\\\\ backslash" in doubled.prompt
+    assert CodeTask.program(doubled, "    return n * 2\n").count('"""') == 2  # the docstring closes where it should
+
+    for record, message in (
+        ({**jsonl[0], "test_list": []}, "an MBPP record needs text"),
+        ({**jsonl[0], "code": "def (:"}, "its reference code does not parse"),
+        ({**jsonl[0], "test_list": ["assert other(1) == 1"]}, "its first assert calls none of the reference's functions"),
+    ):
+        (tmp_path / "bad.jsonl").write_text(json.dumps(record) + "\n")
+        with pytest.raises(ConfigError, match=f"bad.jsonl:1: {message}"):
+            load_tasks(str(tmp_path / "bad.jsonl"))
+    (tmp_path / "bad.json").write_text("[1]")
+    with pytest.raises(ConfigError, match=r"bad.json\[0\]: expected an object"):
+        load_tasks(str(tmp_path / "bad.json"))
+
+
 def test_pass_rates_get_wilson_intervals_and_pairs_an_exact_mcnemar_p():
     from scipy.stats import binomtest  # the reference
 

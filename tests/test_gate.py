@@ -77,7 +77,7 @@ def test_gated_joint_law_of_continuations(case, method, gamma):
     combiner, settings, _ = GATED[case]
     models = [FakeModel(seed=80 + i, n_params=1000 * (i + 1)) for i in range(2)]
     outs = joint_test(models, combiner, method, gamma, settings, seed=zlib.crc32(f"{case}/{method}/{gamma}".encode()))
-    tokens = sum(o.stats.gate_tokens for o in outs)
+    tokens = sum(o.stats.gate_decided for o in outs)
     opened = sum(o.stats.gate_opened for o in outs)
     assert tokens == sum(len(o.token_ids) + (o.finish_reason == "stop") for o in outs) and 0.05 * tokens < opened < 0.95 * tokens
 
@@ -90,7 +90,7 @@ def test_a_member_the_gate_never_asks_is_never_evaluated():
         ens = Ensemble(models, Gated(WeightedEnsemble(), gate))
         out = ens.generate([1, 2], method="ensemble", max_tokens=30, seed=0, ignore_eos=True)
         assert (out.stats.models[0].calls > 0) == other_runs and out.stats.models[1].calls == 29
-        assert out.stats.gate_opened == (30 if other_runs else 0) and out.stats.gate_tokens == 30
+        assert out.stats.gate_opened == (30 if other_runs else 0) and out.stats.gate_decided == 30
 
 
 @pytest.mark.parametrize("method, gamma", [("ensemble", None), ("sd", 3), ("naive-cos", 2), ("cos", 2)])
@@ -101,7 +101,7 @@ def test_lazy_members_give_the_eager_text_on_fakes(method, gamma):
     full = Ensemble(models, eager(gated.bind(2, [100, 1000]).combiner)).generate(
         [1, 2], method=method, gamma=gamma, max_tokens=60, temperature=0, ignore_eos=True)  # fmt: skip
     assert lazy.token_ids == full.token_ids
-    assert 0 < lazy.stats.gate_opened < lazy.stats.gate_tokens
+    assert 0 < lazy.stats.gate_opened < lazy.stats.gate_decided
     if method == "ensemble":  # the other model catches up only where the gate opens
         assert lazy.stats.models[0].calls <= lazy.stats.gate_opened < full.stats.models[0].calls
 
@@ -124,7 +124,7 @@ def test_lazy_members_give_the_eager_text_on_synthetic_models(models, names, inn
         tokens = ens.tokenize(prompt)
     assert_same_or_near_tie(lazy.token_ids, full.token_ids, paths, bound, tokens, "lazy members")
     other = 1 - bound.gate.lead
-    assert 0 < lazy.stats.gate_opened < lazy.stats.gate_tokens == 64
+    assert 0 < lazy.stats.gate_opened < lazy.stats.gate_decided == 64
     assert lazy.stats.models[other].calls <= lazy.stats.gate_opened < full.stats.models[other].calls == 63
 
 
@@ -150,7 +150,7 @@ def test_lazy_byte_level_members_give_the_eager_text_on_fakes(temperature, seed)
         outs[name] = (run_to_end(gen), members[0].calls)
     (lazy, lazy_calls), (full, full_calls) = outs["lazy"], outs["eager"]
     assert lazy.data == full.data and len(lazy.text) == 40
-    assert 0 < lazy.stats.gate_opened < lazy.stats.gate_symbols == len(lazy.data)
+    assert 0 < lazy.stats.gate_opened < lazy.stats.gate_decided == len(lazy.data)
     assert lazy_calls < full_calls
 
 
@@ -182,5 +182,5 @@ def test_lazy_byte_level_members_give_the_eager_text_across_real_tokenizers(real
             lazy = ens.generate(prompt, max_tokens=60, temperature=0.0, method="ensemble", ignore_eos=True)
             full = ens.generate(prompt, max_tokens=60, temperature=0.0, method="ensemble", ignore_eos=True, combiner=eager_r)
         assert lazy.text == full.text and len(lazy.text) == 60
-        assert (lazy.stats.gate_opened > 0) == opens and lazy.stats.gate_opened < lazy.stats.gate_symbols
+        assert (lazy.stats.gate_opened > 0) == opens and lazy.stats.gate_opened < lazy.stats.gate_decided
         assert 0 < lazy.stats.rows[0] < full.stats.rows[0] if opens else lazy.stats.calls[0] == 0 < full.stats.calls[0]

@@ -236,7 +236,7 @@ def test_greedy_byte_level_cos_equals_the_byte_level_ensemble_across_tokenizers(
         (stats,) = result["stats"]
         assert stats["method"] == method and ("+gate(0.6" in stats["combiner"]) == bool(gate)
         if gate:  # the gate decided every byte, and opened at some of them only
-            assert stats["gate_symbols"] == stats["bytes"] and 0 < stats["gate_opened"] < stats["bytes"], stats
+            assert stats["gate_decided"] == stats["bytes"] and 0 < stats["gate_opened"] < stats["bytes"], stats
         texts[method] = result["completions"][0]["text"]
     assert len(texts["cos"]) == 48
     assert texts["cos"] == texts["ensemble"]

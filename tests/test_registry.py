@@ -88,7 +88,7 @@ def test_a_preset_gates_its_combination_and_the_command_line_overrides_it(tmp_pa
 
     spec = resolve({"preset": "g", "config": str(f)}).combine
     combiner = spec.combiner()
-    assert isinstance(combiner, Gated) and isinstance(combiner.inner, Contrastive) and (combiner.gate, combiner.lead) == (0.4, 0)
+    assert isinstance(combiner, Gated) and isinstance(combiner.inner, Contrastive) and (combiner.threshold, combiner.lead) == (0.4, 0)
     assert resolve({"preset": "g", "config": str(f), "gate": "0.9"}).combine.gate == 0.9
     out_of_range = write(tmp_path, f'[models.m]\npath = "{models["base"]}"\n\n[ensembles.g]\nmodels = ["m", "m"]\ngate = 1.5\n', "bad.toml")
     with pytest.raises(ConfigError, match="must be <= 1"):

@@ -219,7 +219,7 @@ def test_a_request_gates_its_combination(server):
     client = server.client()
     out = client.completions.create(model="duo", prompt=PROMPTS[1], max_tokens=32, temperature=0, extra_body={"gate": 0.4, "lead": 0})
     stats = out.model_extra["localcos"]
-    assert stats["combiner"] == "we(0.5,0.5)+gate(0.4,lead=0)" and stats["gate_tokens"] == 32 and 0 < stats["gate_opened"] < 32
+    assert stats["combiner"] == "we(0.5,0.5)+gate(0.4,lead=0)" and stats["gate_decided"] == 32 and 0 < stats["gate_opened"] < 32
     # the ensemble's step: where the lead decides alone, the other model is not evaluated
     out = client.completions.create(model="duo", prompt=PROMPTS[1], max_tokens=32, temperature=0, extra_body={"gate": 0.4, "lead": 0, "method": "ensemble"})
     stats = out.model_extra["localcos"]

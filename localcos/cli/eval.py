@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "command again to resume after Ctrl-C.",
     )
     what = p.add_argument_group("what to evaluate")
-    what.add_argument("--task", default="humaneval", help="humaneval (default), or a .jsonl / .jsonl.gz file of the same shape")
+    what.add_argument("--task", default="humaneval", help="humaneval (default), a .jsonl / .jsonl.gz file of the same shape, or MBPP's mbpp.jsonl or sanitized-mbpp.json as released")
     what.add_argument("--problems", help="N (the first N problems) or A:B (problems A to B-1); default all")
     what.add_argument("--variant", action="append", metavar="NAME=FLAGS",
                       help="a configuration: combination and generation flags of localcos generate over this command's, e.g. "

