@@ -172,9 +172,14 @@ def test_eval_runs_each_variant_on_each_problem_and_resumes(models, task_file, t
     cd = next(c for c in summary["configs"] if c["config"] == "CD")
     assert cd["passed"] == 1 and cd["problems"] == 3 and cd["vs_baseline"] == {"problems": 3, "won": 0, "lost": 0, "difference": 0.0, "p_mcnemar": 1.0, "p_holm": 1.0}
     assert "pass@1" in proc.stdout and "95% interval" in proc.stdout and "33.3%" in proc.stdout
-    # the same command again: nothing is run again
+    # the same command again: nothing is run again, no model loads, the same summary
     again = run(*args)
     assert again.returncode == 0 and "resuming: 12 done" in again.stderr and len(results.read_text().splitlines()) == 13
+    assert again.stdout == proc.stdout
+    # a finished run's summary loads no model: the same command with loading made to fail
+    no_load = "import sys, localcos.cli.eval as e; e._loaded.__enter__ = None; from localcos.cli import main; sys.exit(main(sys.argv[1:]))"
+    summary_only = subprocess.run([sys.executable, "-c", no_load, *args], capture_output=True, text=True, timeout=120)
+    assert summary_only.returncode == 0 and summary_only.stdout == proc.stdout, summary_only.stderr
     # a line cut short by an interruption runs again; another variant runs beside the kept ones
     results.write_text("\n".join(results.read_text().splitlines()[:-1] + ['{"config": "CD", "task_id"']) + "\n")
     more = run(*args[:-4], "--variant", "CD=--combine cd", "--variant", "gated=--combine we --gate 0.3", "--baseline", "CD")

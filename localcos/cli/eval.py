@@ -95,25 +95,33 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     settings = resolve(args, DEFAULTS)
     byte_level = decodes_bytes(settings)
-    # which model is the expert or the lead where the flags leave it open: the larger, as the run binds it
-    n_params = [read_info(path, tokens=False).n_params for path in settings.load.paths]
-    configs = [parse_config(text, settings, n_params, byte_level) for text in args.variant] if args.variant else None
-    if configs is not None and len({c.name for c in configs}) < len(configs):
-        raise ConfigError("--variant: two configurations have the same name", param="variant")
+    # the models' headers, read before anything loads: which model is the expert or the lead where
+    # the flags leave it open (the larger, as the run binds it), and the names configurations take
+    infos = [read_info(path, tokens=False) for path in settings.load.paths]
+    n_params = [info.n_params for info in infos]
+    # as the loaded models name themselves: the file at the byte level, the GGUF's name at the token level
+    names = [info.path.name if byte_level else str(info.metadata.get("general.name") or info.path.name) for info in infos]
+    if args.variant:
+        configs = [parse_config(text, settings, n_params, byte_level) for text in args.variant]
+        if len({c.name for c in configs}) < len(configs):
+            raise ConfigError("--variant: two configurations have the same name", param="variant")
+    else:
+        configs = default_configs(settings, names, n_params, byte_level, preset=args.preset)
+    if args.baseline is not None and args.baseline not in {c.name for c in configs}:
+        raise ConfigError(f"--baseline {args.baseline!r} is not one of the configurations ({', '.join(c.name for c in configs)})", param="baseline")
     results_path = args.results or f"localcos-eval-{task_name.split('.')[0]}.jsonl"
-    with _loaded(settings, byte_level) as loaded:
-        names = loaded.names
-        configs = configs or default_configs(settings, names, n_params, byte_level, preset=args.preset)
-        loaded.load_alone(sorted({c.member for c in configs if c.own_tokens}))
-        if args.baseline is not None and args.baseline not in {c.name for c in configs}:
-            raise ConfigError(f"--baseline {args.baseline!r} is not one of the configurations ({', '.join(c.name for c in configs)})", param="baseline")
-        results = ResultsFile(results_path, {"task": task_name, "models": [str(p) for p in settings.load.paths], "sandbox": args.sandbox})
-        held = sum(results.get(c.name, t.task_id) is not None for c in configs for t in tasks)
-        say(f"localcos: {len(tasks)} problems x {len(configs)} configurations; results in {results_path}"
-            + (f" (resuming: {held} done)" if held else ""))  # fmt: skip
-        t0 = time.monotonic()
-        run_eval(tasks, configs, loaded.generate, results, limits, args.sandbox, report=say)
-        seconds = time.monotonic() - t0
+    results = ResultsFile(results_path, {"task": task_name, "models": [str(p) for p in settings.load.paths], "sandbox": args.sandbox})
+    for config in configs:
+        results.check(config)
+    held = sum(results.get(c.name, t.task_id) is not None for c in configs for t in tasks)
+    say(f"localcos: {len(tasks)} problems x {len(configs)} configurations; results in {results_path}"
+        + (f" (resuming: {held} done)" if held else ""))  # fmt: skip
+    t0 = time.monotonic()
+    if held < len(tasks) * len(configs):  # a finished run's summary loads no model
+        with _loaded(settings, byte_level) as loaded:
+            loaded.load_alone(sorted({c.member for c in configs if c.own_tokens}))
+            run_eval(tasks, configs, loaded.generate, results, limits, args.sandbox, report=say)
+    seconds = time.monotonic() - t0
     baseline, summaries = summarize(results, tasks, configs, args.baseline)
     unit = "chars" if byte_level else "tokens"
     rows = table(baseline, summaries, unit)
