@@ -60,6 +60,9 @@ class Home:
         (snapshot / "tiny.gguf").symlink_to(self.files["base"])
         (self.hub / "models--owner--tiny-repo" / "refs").mkdir()
         (self.hub / "models--owner--tiny-repo" / "refs" / "main").write_text("a" * 40)
+        older = self.hub / "models--owner--tiny-repo" / "snapshots" / ("b" * 40)  # not main's: hf: names never load it
+        older.mkdir()
+        (older / "old.gguf").symlink_to(self.files["sibling"])
 
     def env(self, **more: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("OLLAMA_MODELS", "XDG_CONFIG_HOME", "HF_HOME", "HF_HUB_CACHE")}

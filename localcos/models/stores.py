@@ -220,23 +220,26 @@ def unusable(name: str, path: Path, why: object) -> StoreError:
 
 
 def hub_cache_files() -> list[Found]:
-    """GGUF files in the Hugging Face hub cache, as `hf:OWNER/REPO/FILE` (the newest snapshot
-    that has each file)."""
+    """GGUF files in the Hugging Face hub cache, as `hf:OWNER/REPO/FILE`: those of the snapshot
+    the repository's main revision points to, the one an `hf:` name resolves to (files only in an
+    older snapshot are not what the name would load)."""
     from huggingface_hub import constants
 
     root = Path(constants.HF_HUB_CACHE)
-    out: dict[str, Found] = {}
+    out: list[Found] = []
     for repo in _folders(root):
         if not repo.name.startswith("models--"):
             continue
         owner_repo = repo.name[len("models--") :].replace("--", "/", 1)
-        snapshots = sorted(_folders(repo / "snapshots"), key=lambda p: p.stat().st_mtime)
-        for snapshot in snapshots:
-            for file in snapshot.rglob("*.gguf"):
-                if _is_model_file(file):
-                    name = f"hf:{owner_repo}/{file.relative_to(snapshot).as_posix()}"
-                    out[name] = Found(name, file, "Hugging Face cache")
-    return sorted(out.values(), key=lambda f: f.name)
+        try:
+            snapshot = repo / "snapshots" / (repo / "refs" / "main").read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            continue  # no main revision cached: no hf: name resolves here
+        for file in sorted(snapshot.rglob("*.gguf")):
+            if _is_model_file(file):
+                name = f"hf:{owner_repo}/{file.relative_to(snapshot).as_posix()}"
+                out.append(Found(name, file, "Hugging Face cache"))
+    return sorted(out, key=lambda f: f.name)
 
 
 # --- all of them --------------------------------------------------------------------------------------------
