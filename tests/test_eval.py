@@ -210,11 +210,14 @@ def test_a_byte_level_run_has_each_model_alone_on_its_own_tokens(real_models, ta
         assert by[(name, "t/add")]["completion"] == text[:20] and by[(name, "t/add")]["length"] == len(text[:20])
     assert "level" not in by[("WE", "t/add")]["settings"]
     # asked for by name: --level token for one model alone; a combination cannot be on one model's tokens
-    more = run(*args[:-2], "--variant", "mine=--combine we --weights 1,0 --level token", "--variant", "bytes=--combine we --weights 1,0")
+    # and --level mixed: at a gate near 0 the lead's whole tokens at every step, its own text
+    more = run(*args[:-2], "--variant", "mine=--combine we --weights 1,0 --level token", "--variant", "bytes=--combine we --weights 1,0",
+               "--variant", "mixed=--combine we --weights 1,0 --gate 1e-9 --level mixed")  # fmt: skip
     assert more.returncode == 0, more.stderr
     records = [json.loads(line) for line in results.read_text().splitlines()[1:]]
-    mine = {r["task_id"]: r for r in records if r["config"] == "mine"}
-    assert mine["t/add"]["completion"] == by[(f"{qwen.name} alone", "t/add")]["completion"]
+    mine, mixed = ({r["task_id"]: r for r in records if r["config"] == name} for name in ("mine", "mixed"))
+    assert mine["t/add"]["completion"] == by[(f"{qwen.name} alone", "t/add")]["completion"] == mixed["t/add"]["completion"]
+    assert mixed["t/add"]["settings"]["level"] == "mixed"
     assert all("level" not in r["settings"] for r in records if r["config"] == "bytes")
     bad = run(*args[:-2], "--variant", "x=--combine we --level token")
     assert bad.returncode == 2 and "--variant x: --level token runs one model alone on its own tokens" in bad.stderr
@@ -312,6 +315,30 @@ def test_a_configuration_names_the_model_the_run_binds_it_to(models):
     with pytest.raises(ConfigError, match="--level token runs one model alone"):
         parse_config("x=--combine we --weights 0,1 --gate 0.5 --level token", settings, n_params, byte_level=True)
 
+
+
+def test_a_variant_decodes_at_the_level_it_names(models):
+    # in a run at the byte level, each configuration at the level its variant names: the run's own
+    # by default, --level mixed or byte otherwise (recorded, so a resumed run never mixes levels);
+    # a level the run's models cannot take is refused in one line
+    from localcos.config import resolve
+    from localcos.eval.codeeval import default_configs, parse_config
+
+    settings = resolve({"models": f"{models['base']},{models['sibling']}"})
+    n_params = [1, 2]
+    mixed_run = parse_config("x=--gate 0.5", settings, n_params, byte_level=True, mixed=True)
+    byte_run = parse_config("x=--gate 0.5", settings, n_params, byte_level=True)
+    assert mixed_run.mixed and not byte_run.mixed and mixed_run.identity["level"] == "mixed" and "level" not in byte_run.identity
+    named = parse_config("x=--gate 0.5 --level mixed", settings, n_params, byte_level=True)
+    assert named.mixed and named.identity["level"] == "mixed" and named.identity["method"] == "ensemble"  # the mixed level's method
+    assert not parse_config("x=--gate 0.5 --level byte", settings, n_params, byte_level=True, mixed=True).mixed
+    alone = parse_config("x=--combine we --weights 0,1 --level token", settings, n_params, byte_level=True, mixed=True)
+    assert alone.own_tokens and not alone.mixed and alone.identity["level"] == "token"
+    for level in ("byte", "mixed"):
+        with pytest.raises(ConfigError, match=f"--level {level}: this run decodes at the token level"):
+            parse_config(f"x=--gate 0.5 --level {level}", settings, n_params)
+    configs = default_configs(settings, ["a", "b"], n_params, byte_level=True, preset="p", mixed=True)
+    assert [(c.own_tokens, c.mixed) for c in configs] == [(True, False), (True, False), (False, True)]
 
 def test_the_default_baseline_is_the_model_alone_that_passed_most(models, tmp_path):
     from localcos.config import resolve

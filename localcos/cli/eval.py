@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     settings = resolve(args, DEFAULTS)
     byte_level = decodes_bytes(settings)
+    mixed = settings.load.level == "mixed"  # the run's level; a variant may name another (--level byte)
     # the models' headers, read before anything loads: which model is the expert or the lead where
     # the flags leave it open (the larger, as the run binds it), and the names configurations take
     infos = [read_info(path, tokens=False) for path in settings.load.paths]
@@ -102,11 +103,11 @@ def run(args: argparse.Namespace) -> int:
     # as the loaded models name themselves: the file at the byte level, the GGUF's name at the token level
     names = [info.path.name if byte_level else str(info.metadata.get("general.name") or info.path.name) for info in infos]
     if args.variant:
-        configs = [parse_config(text, settings, n_params, byte_level) for text in args.variant]
+        configs = [parse_config(text, settings, n_params, byte_level, mixed) for text in args.variant]
         if len({c.name for c in configs}) < len(configs):
             raise ConfigError("--variant: two configurations have the same name", param="variant")
     else:
-        configs = default_configs(settings, names, n_params, byte_level, preset=args.preset)
+        configs = default_configs(settings, names, n_params, byte_level, preset=args.preset, mixed=mixed)
     if args.baseline is not None and args.baseline not in {c.name for c in configs}:
         raise ConfigError(f"--baseline {args.baseline!r} is not one of the configurations ({', '.join(c.name for c in configs)})", param="baseline")
     results_path = args.results or f"localcos-eval-{task_name.split('.')[0]}.jsonl"
@@ -191,7 +192,7 @@ class _loaded:
             from ..runtime.bytelevel import run_to_end
             from ..runtime.generation import completion_rng
 
-            plan = self.models.plan(self.models.prompts(prompt), settings.generation, combiner=settings.combiner())
+            plan = self.models.plan(self.models.prompts(prompt), settings.generation, combiner=settings.combiner(), mixed=config.mixed)
             b = run_to_end(self.models.start(plan, completion_rng(settings.generation.seed, 0)))
             return Generated(b.text, b.stats.chars, b.stats.seconds, b.stats.llama_seconds)
         c = self.models.generate(prompt, config=settings.generation, combiner=settings.combiner())

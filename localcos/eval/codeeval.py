@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from ..config import OPTIONS, Settings
+from ..config import OPTIONS, Settings, default_method
 from ..errors import ConfigError
 from ..files import storage_error
 from .codetasks import STOPS, CodeTask
@@ -42,6 +42,7 @@ class EvalConfig:
     settings: Settings
     n_params: tuple[int, ...]  # the models' parameter counts: the combiner is fitted to them as it runs
     own_tokens: bool = False
+    mixed: bool = False  # in a run at the byte level: this configuration decodes at the mixed level
 
     @property
     def member(self) -> int | None:
@@ -59,14 +60,17 @@ class EvalConfig:
         """Every combination and generation option's value, as text: what the results file
         records, so a resumed run never mixes two settings under one name."""
         values = {opt.name: opt.format(self.settings.value(opt.name)) for opt in OPTIONS.values() if opt.target in _CONFIG_TARGETS}
-        return {**values, "level": "token"} if self.own_tokens else values
+        if self.own_tokens or self.mixed:
+            return {**values, "level": "token" if self.own_tokens else "mixed"}
+        return values
 
 
-def parse_config(text: str, base: Settings, n_params: Sequence[int], byte_level: bool = False) -> EvalConfig:
+def parse_config(text: str, base: Settings, n_params: Sequence[int], byte_level: bool = False, mixed: bool = False) -> EvalConfig:
     """A configuration from `--variant NAME=FLAGS`: the combination and generation flags of
     `localcos generate` (`--combine cd --mu 0.2 --gate 0.5`), over the run's own settings, each
-    checked by its option's parser. In a run at the byte level (`byte_level`), `--level token`
-    runs a configuration whose r is one model's on that model's own tokens."""
+    checked by its option's parser. In a run at the byte level (`byte_level`; `mixed`: the run's
+    own level is the mixed one), `--level token` runs a configuration whose r is one model's on
+    that model's own tokens, and `--level byte` or `--level mixed` the level it names."""
     name, sep, flags = text.partition("=")
     name = name.strip()
     if not sep or not name:
@@ -95,17 +99,23 @@ def parse_config(text: str, base: Settings, n_params: Sequence[int], byte_level:
             continue
         values[opt.name] = [*values.get(opt.name, []), words[i + 1]] if opt.repeat else words[i + 1]
         i += 2
-    config = EvalConfig(name, base.with_values(values), tuple(n_params), own_tokens=byte_level and level == "token")
-    if level == "byte" and not byte_level:
-        raise ConfigError(f"--variant {name}: --level byte: this run decodes at the token level (its models share a tokenizer); "
-                          "give the run itself --level byte", param="variant")  # fmt: skip
+    if level in ("byte", "mixed") and not byte_level:
+        raise ConfigError(f"--variant {name}: --level {level}: this run decodes at the token level (its models share a tokenizer); "
+                          f"give the run itself --level {level}", param="variant")  # fmt: skip
+    in_bytes = level in ("byte", "mixed")
+    if in_bytes and "method" not in values and "method" not in base.given:  # the default method of the level it names
+        values["method"] = default_method(len(n_params), level)
+    config = EvalConfig(name, base.with_values(values), tuple(n_params), own_tokens=byte_level and level == "token",
+                        mixed=level == "mixed" if in_bytes else mixed and level != "token")  # fmt: skip
     if config.own_tokens and not config.alone:
         raise ConfigError(f"--variant {name}: --level token runs one model alone on its own tokens: give it all the weight "
                           "(e.g. --combine we --weights 0,1)", param="variant")  # fmt: skip
     return config
 
 
-def default_configs(base: Settings, names: Sequence[str], n_params: Sequence[int], byte_level: bool = False, preset: str | None = None) -> list[EvalConfig]:
+def default_configs(
+    base: Settings, names: Sequence[str], n_params: Sequence[int], byte_level: bool = False, preset: str | None = None, mixed: bool = False
+) -> list[EvalConfig]:
     """Each model alone (at the byte level on its own tokens, as it runs by itself), then, for a
     `preset`, the preset as configured ("is it better than its models on my task?"), else the
     weighted ensemble and, for two models, contrastive decoding."""
@@ -116,10 +126,10 @@ def default_configs(base: Settings, names: Sequence[str], n_params: Sequence[int
         for i, name in enumerate(names)
     ]
     if preset is not None:
-        return configs + [EvalConfig(preset, base, counts)]
-    configs.append(EvalConfig("WE", base.with_values({"combine": "we", "weights": ""}), counts))
+        return configs + [EvalConfig(preset, base, counts, mixed=mixed)]
+    configs.append(EvalConfig("WE", base.with_values({"combine": "we", "weights": ""}), counts, mixed=mixed))
     if n == 2:
-        configs.append(EvalConfig("CD", base.with_values({"combine": "cd"}), counts))
+        configs.append(EvalConfig("CD", base.with_values({"combine": "cd"}), counts, mixed=mixed))
     return configs
 
 

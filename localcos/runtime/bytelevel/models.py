@@ -145,12 +145,15 @@ class ByteModels:
         *,
         combiner: "Combiner | None" = None,
         param: str = "prompt",
+        mixed: bool | None = None,
     ) -> BytePlan:
         """A byte-level completion of `prompts` (each model's own tokens) under `config`, checked
         once here for every front end: its method ensemble or cos; `combiner` bound to the
         models (default the loaded one); token-counted drafts (gamma), a proposer, lookup on
-        and a prompt longer than a model's context are refused (`ConfigError`, naming `param`)."""
-        config = config.for_models(len(self.models), "mixed" if self.mixed else "byte")
+        and a prompt longer than a model's context are refused (`ConfigError`, naming `param`).
+        `mixed`: at the mixed level or the byte level (default: the level the models loaded for)."""
+        mixed = self.mixed if mixed is None else mixed
+        config = config.for_models(len(self.models), "mixed" if mixed else "byte")
         method = config.method
         if config.gamma != "auto":
             raise ConfigError("gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
@@ -165,13 +168,11 @@ class ByteModels:
             if len(p) >= m.n_ctx:
                 raise ConfigError(f"the prompt is {len(p)} tokens for {m.name}, which holds {m.n_ctx}", param=param)
         bound = self.combiner if combiner is None else combiner.bind(len(self.models), [m.n_params for m in self.models])
-        return BytePlan(tuple(tuple(p) for p in prompts), config, bound, method, self._switch(bound, config, param))
+        return BytePlan(tuple(tuple(p) for p in prompts), config, bound, method, self._switch(bound, config, param) if mixed else None)
 
-    def _switch(self, bound: BoundCombiner, config: GenerationConfig, param: str) -> Gated | None:
+    def _switch(self, bound: BoundCombiner, config: GenerationConfig, param: str) -> Gated:
         """The mixed level's gate, the gated combination's: the lead decides whole tokens alone
         where the gate is shut for its likeliest."""
-        if not self.mixed:
-            return None
         gated = bound.combiner
         if not isinstance(gated, Gated):
             raise ConfigError("--level mixed needs --gate G: whole tokens of the lead where its likeliest has probability G or more, "
