@@ -6,6 +6,7 @@ few other tools they quote (pip, pytest, llama-bench, ssh). Renaming an option f
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shlex
 from pathlib import Path
@@ -148,6 +149,10 @@ def test_every_command_of_the_tour_runs(real_models, tmp_path):
     names = {"coder-0.5b": qwen, "coder-1.5b": sibling, "smollm2-135m": llama}
     notes = tmp_path / "notes.py"
     notes.write_text("def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n" * 8)
+    # MBPP's sanitized file as released (one problem of its shape), where the tour names it
+    mbpp = [{"source_file": "x", "task_id": 11, "prompt": "Write a function to add two numbers.", "code": "def add(a, b):\n    return a + b",
+             "test_imports": [], "test_list": ["assert add(1, 2) == 3"]}]  # fmt: skip
+    (tmp_path / "sanitized-mbpp.json").write_text(json.dumps(mbpp))
     ran = set()
     for line in tour:
         words = shlex.split(line.split(" #", 1)[0])
