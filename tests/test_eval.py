@@ -391,3 +391,83 @@ def test_eval_of_a_preset_compares_it_with_each_of_its_models_alone(models, real
     by = {r["config"]: r for r in records}
     assert by["plus"]["settings"]["gate"] == "0.3" and by[names[0]]["settings"]["level"] == "token"  # the model alone on its own tokens
     assert "p (Holm, 1)" in proc.stdout and "host" in proc.stdout
+
+
+# --- the results file never mixes two runs ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_results_file_is_refused_by_a_run_that_would_write_or_judge_otherwise(models, task_file, tmp_path):
+    # the level, the byte level's options and the limits are the run's: a file written under others
+    # is refused in one line before any model loads (it was reused, its speeds in tokens/s beside chars/s)
+    pair = f"{models['base']},{models['sibling']}"
+    results = tmp_path / "r.jsonl"
+    first = ["eval", "--models", pair, "--task", str(task_file), "--run-code", "--max-tokens", "4", "--problems", "1", "--timeout", "2",
+             "--results", str(results), "--variant", "WE=--combine we"]  # fmt: skip
+    assert run(*first).returncode == 0
+    header = json.loads(results.read_text().splitlines()[0])
+    assert (header["localcos_eval"], header["level"], header["timeout"], header["memory_mb"]) == (3, "token", 2.0, 1024)
+    for extra, message in (
+        (["--level", "byte"], "holds results for level 'token', not 'byte'"),
+        (["--timeout", "3"], "holds results for timeout 2.0, not 3.0"),
+        (["--memory-mb", "512"], "holds results for memory_mb 1024, not 512"),
+        (["--sandbox", "none"], "holds results for sandbox 'namespaces', not 'none'"),
+    ):
+        proc = run(*first[:-6], *first[-4:], *extra, "--timeout", extra[1] if extra[0] == "--timeout" else "2")
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and message in lines[-1], (extra, proc.stderr)
+    # at the byte level, its options too
+    byte_results = tmp_path / "b.jsonl"
+    byte_run = [*first[:-4], "--results", str(byte_results), "--variant", "WE=--combine we", "--level", "byte"]
+    assert run(*byte_run).returncode == 0, run(*byte_run).stderr
+    proc = run(*byte_run, "--byte-prune", "0.1")
+    assert proc.returncode == 2 and "holds results for byte_prune 0.01, not 0.1" in proc.stderr
+
+
+@pytest.mark.slow
+def test_two_models_of_one_name_each_get_a_row_of_their_own(models, task_file, tmp_path):
+    # a copy of one model under another file name: the same general.name, two models
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(Path(models["base"]).read_bytes())
+    results = tmp_path / "r.jsonl"
+    proc = run("eval", "--models", f"{models['base']},{copy}", "--task", str(task_file), "--run-code", "--max-tokens", "4",
+               "--problems", "1", "--results", str(results), "--method", "ensemble")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    configs = [json.loads(line)["config"] for line in results.read_text().splitlines()[1:]]
+    assert configs[:2] == [f"{models['base']} alone", f"{copy} alone"] and len(configs) == len(set(configs))
+    from localcos.eval.codeeval import unique_names
+
+    assert unique_names(["a", "b", "a"], ["x/a.gguf", "y.gguf", "z/a.gguf"]) == ["x/a.gguf", "b", "z/a.gguf"]
+    assert unique_names(["a", "a"], ["a.gguf", "a.gguf"]) == ["a.gguf (model 0)", "a.gguf (model 1)"]
+
+
+def test_a_cut_last_line_is_repaired_before_appending_and_a_foreign_line_is_refused(models, tmp_path):
+    from localcos.config import resolve
+    from localcos.eval.codeeval import ResultsFile, default_configs
+
+    settings = resolve({"models": f"{models['base']},{models['sibling']}"})
+    config = default_configs(settings, ["a", "b"], [1, 1])[0]
+    header = {"task": "t", "models": ["a", "b"], "level": "token", "sandbox": "namespaces", "timeout": 10.0, "memory_mb": 1024}
+    record = {"passed": True, "result": "passed", "length": 3, "seconds": 1.0, "llama_seconds": 0.5, "completion": "x\u2028y"}
+    path = tmp_path / "r.jsonl"
+    results = ResultsFile(path, header)
+    results.add(config, {"task_id": "t/0", **record})
+    with open(path, "a") as f:
+        f.write('{"config": "a alone", "task_id": "t/1", "pas')  # Ctrl-C or a full disk, mid-line
+    again = ResultsFile(path, header)
+    assert list(again.records) == [("a alone", "t/0")]
+    again.add(config, {"task_id": "t/1", **record})
+    lines = path.read_text().split("\n")
+    assert lines[-1] == "" and [json.loads(line)["task_id"] for line in lines[1:-1]] == ["t/0", "t/1"]
+    assert list(ResultsFile(path, header).records) == [("a alone", "t/0"), ("a alone", "t/1")]
+    # valid JSON that is no record: one line naming the line, no traceback
+    valid = json.dumps({"config": "a alone", "settings": config.identity, "task_id": "t/0", **record})
+    for foreign in ("[1, 2]", '{"config": "a alone"}', "{not json"):
+        path.write_text(json.dumps({"localcos_eval": 3, **header}) + "\n" + foreign + "\n" + valid + "\n")
+        with pytest.raises(ConfigError, match=r"r.jsonl:2: not a localcos eval record"):
+            ResultsFile(path, header)
+    # format 2 did not record the level or the limits: read for a finished run's summary, never resumed
+    path.write_text(json.dumps({"localcos_eval": 2, "task": "t", "models": ["a", "b"], "sandbox": "namespaces"}) + "\n")
+    legacy = ResultsFile(path, header)
+    with pytest.raises(ConfigError, match="did not record the level, the limits"):
+        legacy.add(config, {"task_id": "t/0", **record})

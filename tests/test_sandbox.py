@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -47,6 +48,14 @@ class World:
             st = path.lstat()
             data = path.read_bytes() if stat.S_ISREG(st.st_mode) else b""
             out[str(path)] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, data)
+        return out
+
+    def devices(self) -> dict[str, tuple]:
+        """The host's device nodes a program sees (bound read-only into its root): their owner, mode and times."""
+        out = {}
+        for path in ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"):
+            st = os.stat(path)
+            out[path] = (st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns, st.st_ctime_ns)
         return out
 
     def connections(self) -> int:
@@ -123,10 +132,53 @@ HOSTILE = {
         "time.sleep(0.2)"
     ),
     "forks forever": "import os\nwhile True:\n    os.fork()",
+    # process 1 of its PID namespace leaves the launcher's process group, and the switch of user
+    # cleared its parent-death signal: it must still be gone when run_program returns
+    "process 1 leaves its group and sleeps": (
+        "import os, sys\nos.setsid()\nos.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(30)', '{marker}'])"
+    ),
     "signals a process outside": "import os, signal\nos.kill({pid}, signal.SIGKILL)",
     "signals through a pidfd": "import os, signal\nfd = os.pidfd_open({pid})\nsignal.pidfd_send_signal(fd, signal.SIGKILL)",
     "signals every process": "import os, signal\nos.kill(-1, signal.SIGKILL)",
     "connects to 127.0.0.1": "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'x')",
+    # sockets of any family but AF_UNIX are refused: the network namespace isolates IP only, and
+    # AF_VSOCK is the way to a virtual machine's host (only creating one is tried: never connect)
+    "creates a vsock socket": "import socket\nsocket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)",
+    "creates a netlink socket": "import socket\nsocket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)",
+    "creates a packet socket": "import socket\nsocket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)",
+    "creates an IP socket": "import socket\nsocket.socket(socket.AF_INET6, socket.SOCK_DGRAM)",
+    "makes a socket pair of another family": "import socket\nsocket.socketpair(socket.AF_INET)",
+    # memory held outside the address space's limit, and after the program's end
+    "holds System V shared memory": (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmget.restype = ctypes.c_int\n"
+        "for _ in range(3):\n    i = libc.shmget(0, 512 << 20, 0o1600)\n    if i < 0:\n        raise OSError(ctypes.get_errno(), 'shmget')\n"
+        "    libc.shmat.restype = ctypes.c_void_p\n    at = libc.shmat(i, None, 0)\n    ctypes.memset(at, 1, 512 << 20)\n    libc.shmdt(ctypes.c_void_p(at))"
+    ),
+    "holds System V messages and semaphores": (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "for name in ('msgget', 'semget'):\n    if getattr(libc, name)(0, 1, 0o1600) < 0:\n        raise OSError(ctypes.get_errno(), name)"
+    ),
+    "holds a POSIX message queue": (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nrt = ctypes.CDLL('librt.so.1', use_errno=True)\n"
+        "if rt.mq_open(b'/q', 0o102, 0o600, None) < 0:\n    raise OSError(ctypes.get_errno(), 'mq_open')"
+    ),
+    "holds a memfd": "import os\nfd = os.memfd_create('x')\nos.ftruncate(fd, 16 << 20)",
+    "fills its folder with empty files": "for i in range(300000):\n    open('f%d' % i, 'w').close()",
+    "mounts a file system in a user namespace of its own": (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "if libc.unshare(0x10000000 | 0x20000) != 0:\n    raise OSError(ctypes.get_errno(), 'unshare')\n"
+        "assert libc.mount(b'none', b'/sandbox', b'tmpfs', 0, b'size=8g') == 0"
+    ),
+    "forks into a namespace of its own": (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "if libc.syscall(56 if os.uname().machine == 'x86_64' else 220, 0x10000000 | 17, 0, 0, 0, 0) < 0:\n"
+        "    raise OSError(ctypes.get_errno(), 'clone')"
+    ),
+    "changes the times of /dev/null": "import os\nopen('/dev/null', 'w').write('x')\nos.utime('/dev/null', (0, 0))",
+    # the launcher's channel: the program cannot reach it, whatever descriptor it writes to
+    "forges a setup failure": (
+        "import os\nfor fd in range(3, 256):\n    try:\n        os.write(fd, b'setup: anything\\n')\n    except OSError:\n        pass\nos._exit(125)"
+    ),
     "runs native code": (
         "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.unlink(b'{outside}/keep')\nlibc.kill({pid}, 9)\n"
         "libc.mkdir(b'{outside}/dir', 0o777)\nassert libc.unlink(b'{outside}/keep') == 0, ctypes.get_errno()"
@@ -152,8 +204,9 @@ def hostile(name: str, world: World) -> str:
     return HOSTILE[name].format(outside=world.outside, pid=world.process.pid, port=world.port, marker=world.marker)
 
 
-def assert_contained(world: World, before: dict, outcome, name: str) -> None:
+def assert_contained(world: World, before: dict, outcome, name: str, devices: dict | None = None) -> None:
     assert world.state() == before, f"{name}: something outside changed"
+    assert devices is None or world.devices() == devices, f"{name}: a device node's metadata changed"
     assert world.connections() == 0, f"{name}: a connection came in"
     assert world.process.poll() is None, f"{name}: the process outside was killed"
     assert not world.survivors(), f"{name}: processes outlived the program: {world.survivors()}"
@@ -165,11 +218,26 @@ HARMLESS_INSIDE = {"leaves a process behind with setsid"}
 # what some are told, in one line: the way out does not exist, is refused, or a limit ended it
 SAYS = {
     "writes outside": "FileNotFoundError",
-    "connects to 127.0.0.1": "Network is unreachable",
+    "connects to 127.0.0.1": "Operation not permitted",
+    "creates a vsock socket": "PermissionError: [Errno 1] Operation not permitted",
+    "creates a netlink socket": "PermissionError: [Errno 1] Operation not permitted",
+    "creates a packet socket": "PermissionError: [Errno 1] Operation not permitted",
+    "creates an IP socket": "PermissionError: [Errno 1] Operation not permitted",
+    "makes a socket pair of another family": "PermissionError: [Errno 1] Operation not permitted",
+    "holds System V shared memory": "PermissionError: [Errno 1] shmget",
+    "holds System V messages and semaphores": "PermissionError: [Errno 1] msgget",
+    "holds a POSIX message queue": "PermissionError: [Errno 1] mq_open",
+    "holds a memfd": "PermissionError: [Errno 1] Operation not permitted",
+    "fills its folder with empty files": "No space left on device",
+    "mounts a file system in a user namespace of its own": "PermissionError: [Errno 1] unshare",
+    "forks into a namespace of its own": "PermissionError: [Errno 1] clone",
+    "changes the times of /dev/null": "Read-only file system",
+    "forges a setup failure": "exited with status 125 before its last statement returned",
     "signals a process outside": "ProcessLookupError",
     "reads /etc/shadow": "FileNotFoundError: [Errno 2] No such file or directory: '/etc/shadow'",
     "hangs": "timed out after 2s",
     "sleeps": "timed out after 2s",
+    "process 1 leaves its group and sleeps": "timed out after 2s",
     "allocates gigabytes": "out of memory (more than 512 MiB)",
     "fills a file": "File too large",
     "prints invalid UTF-8": "failed: \ufffd\ufffd bad",
@@ -178,11 +246,11 @@ SAYS = {
 
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_a_hostile_program_is_contained(world, name):
-    before = world.state()
+    before, devices = world.state(), world.devices()
     outcome = run_program(hostile(name, world), LIMITS)
     assert outcome.passed == (name in HARMLESS_INSIDE), (name, outcome.result)
     assert SAYS.get(name, "") in outcome.result, (name, outcome.result)
-    assert_contained(world, before, outcome, name)
+    assert_contained(world, before, outcome, name, devices)
 
 
 def test_nothing_changes_after_a_grace_period_for_late_writers(world):
@@ -254,10 +322,22 @@ def test_a_correct_completion_passes_and_a_wrong_one_says_why():
 # --- where the boundary cannot be built: a refusal, or an opt-in by name -------------------------------
 
 
+def launcher_with(tmp_path: Path, old: str, new: str) -> str:
+    """A copy of the launcher with `old` (which must occur) replaced by `new`: a system that
+    fails where the real one would not."""
+    from localcos.eval import sandbox
+
+    source = Path(sandbox._LAUNCHER).read_text()
+    assert old in source
+    path = tmp_path / "launcher.py"
+    path.write_text(source.replace(old, new))
+    return str(path)
+
+
 def test_where_namespaces_are_refused_run_code_refuses_in_one_line_and_none_is_an_explicit_opt_in(monkeypatch, tmp_path):
     # a system that refuses user namespaces, as a kernel or a container may: the launcher's unshare fails
-    monkeypatch.setattr("localcos.eval.sandbox._LAUNCHER", __import__("localcos.eval.sandbox", fromlist=["_LAUNCHER"])._LAUNCHER.replace(
-        "check(libc.unshare(", "check(-1 if ctypes.set_errno(1) is not None else libc.unshare("))  # fmt: skip
+    refused = launcher_with(tmp_path, "self.check(libc.unshare(", "self.check(-1 if ctypes.set_errno(1) is not None else libc.unshare(")
+    monkeypatch.setattr("localcos.eval.sandbox._LAUNCHER", refused)
     unavailable.cache_clear()
     try:
         why = unavailable(CONTAINED)
@@ -271,6 +351,84 @@ def test_where_namespaces_are_refused_run_code_refuses_in_one_line_and_none_is_a
         assert not run_program(TASK.program("    import os\n    os._exit(0)\n"), LIMITS, UNCONTAINED).passed
     finally:
         unavailable.cache_clear()
+
+
+# --- what a program leaves, and why it ended ----------------------------------------------------------
+
+
+def test_held_shared_memory_is_refused_and_the_hosts_is_where_it_was(world):
+    def shmem() -> int:
+        return next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("Shmem:")) << 10
+
+    before = shmem()
+    outcome = run_program(hostile("holds System V shared memory", world), Limits(seconds=5.0, memory_mb=1024))
+    assert not outcome.passed and "shmget" in outcome.result
+    assert shmem() - before < 256 << 20  # it tried 1.5 GiB; what other tests hold meanwhile is far less
+
+
+def find_process(name: str, timeout: float = 20.0) -> int:
+    """The process whose name (/proc/PID/comm) is `name`, waited for (bounded)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+                    return int(pid)
+            except OSError:
+                continue
+        time.sleep(0.02)
+    raise AssertionError(f"no process named {name}")
+
+
+def test_a_program_killed_from_outside_says_by_which_signal():
+    # as the OOM killer would: SIGKILL to process 1 from outside its namespace
+    from concurrent.futures import ThreadPoolExecutor
+
+    name = f"lcos-{os.getpid() % 100000}"
+    program = f"import ctypes, time\nctypes.CDLL(None).prctl(15, {name.encode()!r}, 0, 0, 0)\ntime.sleep(30)"
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(run_program, program, Limits(seconds=30.0))
+        os.kill(find_process(name), signal.SIGKILL)
+        outcome = running.result(timeout=30)
+    assert outcome.result == "killed by SIGKILL", outcome.result
+
+
+def test_the_cpu_limit_is_named_as_the_reason():
+    spin = "while True:\n    pass"
+    outcome = run_program(spin, Limits(seconds=10.0, cpu_seconds=1))
+    assert outcome.result == "killed by SIGKILL: the CPU limit (more than 1s of CPU)", outcome.result
+    assert outcome.seconds < 6
+    # a process it starts gets SIGXCPU at the limit (process 1 of a PID namespace ignores it)
+    child = "import subprocess, sys\nr = subprocess.run([sys.executable, '-c', 'while True: pass'])\nraise SystemExit(f'child ended by {-r.returncode}')"
+    assert f"child ended by {int(signal.SIGXCPU)}" in run_program(child, Limits(seconds=10.0, cpu_seconds=1)).result
+
+
+def test_a_setup_step_that_fails_once_is_tried_again_and_twice_is_the_systems_failure(monkeypatch, tmp_path):
+    run_program("pass")  # the boundary checked once, with the real launcher
+    flag = tmp_path / "failed-once"
+    once = launcher_with(tmp_path, "        source = self.build_root()\n",
+                         f"        if not os.path.exists({str(flag)!r}):\n            open({str(flag)!r}, 'w').close()\n"
+                         "            raise OSError(11, 'Resource temporarily unavailable')\n        source = self.build_root()\n")  # fmt: skip
+    monkeypatch.setattr("localcos.eval.sandbox._LAUNCHER", once)
+    outcome = run_program("pass", LIMITS)
+    assert outcome.passed and flag.exists()
+    always = launcher_with(tmp_path, "        source = self.build_root()\n", "        raise OSError(11, 'Resource temporarily unavailable')\n")
+    monkeypatch.setattr("localcos.eval.sandbox._LAUNCHER", always)
+    with pytest.raises(SandboxUnavailable, match="could not be built for a program, twice: BlockingIOError: .*Resource temporarily unavailable"):
+        run_program("pass", LIMITS)
+
+
+def test_a_launcher_that_cannot_start_leaves_no_descriptor_open(monkeypatch):
+    run_program("pass")
+
+    def refuse(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+
+    before = sorted(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr("localcos.eval.sandbox.subprocess.Popen", refuse)
+    with pytest.raises(OSError, match="Too many open files"):
+        run_program("pass", LIMITS)
+    assert sorted(os.listdir("/proc/self/fd")) == before
 
 
 # --- through `localcos eval`: every program in a task file, one line per problem, eval goes on --------
@@ -298,5 +456,9 @@ def test_eval_contains_every_hostile_program_of_a_task_file_and_counts_no_early_
     assert header["sandbox"] == "namespaces" and len(records) == len(tasks)
     assert not [r["task_id"] for r in records if r["passed"] and r["task_id"].startswith("early/")]
     assert all("\n" not in r["result"] and "SECRET" not in r["result"] for r in records)
+    # a program that writes a setup failure to every descriptor fails alone, and the problems after it ran
+    by = {r["task_id"]: r for r in records}
+    assert by["hostile/forges a setup failure"]["result"] == SAYS["forges a setup failure"]
+    assert list(by).index("hostile/forges a setup failure") < len(records) - 1
     time.sleep(2.0)  # late writers
     assert_contained(world, before, type("O", (), {"result": ""})(), "eval")

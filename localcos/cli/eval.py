@@ -37,11 +37,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "WROTE, and only with --run-code: on Linux each program runs behind a boundary the kernel enforces (user, "
         "mount, PID, network and IPC namespaces: an unprivileged user with no capabilities, a read-only view of "
         "the Python installation and nothing else, a temporary folder of its own as the one place it may write, no "
-        "network, every process it starts killed when it ends), with a timeout and memory, CPU, file-size and "
-        "process limits; where that boundary cannot be built, --run-code refuses, and --sandbox none runs the "
+        "network, every process it starts killed when it ends, itself included; a system-call filter: Unix sockets "
+        "only, no namespaces, System V or POSIX IPC, memfd or io_uring), with a timeout and limits on each process's "
+        "memory, CPU time, file size, open files and on its processes (16); memory is bounded per process, not for "
+        "the program as a whole. Where that boundary cannot be built, --run-code refuses, and --sandbox none runs the "
         "programs with the limits only, NOT contained. A program passes only when the test's check returned. "
         "Results are appended to --results as they come: run the same "
-        "command again to resume after Ctrl-C.",
+        "command again to resume after Ctrl-C; a file written with another level, byte-level options, sandbox, "
+        "--timeout or --memory-mb is refused, never mixed.",
     )
     what = p.add_argument_group("what to evaluate")
     what.add_argument("--task", default="humaneval", help="humaneval (default), a .jsonl / .jsonl.gz file of the same shape, or MBPP's mbpp.jsonl or sanitized-mbpp.json as released")
@@ -54,8 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--baseline", metavar="NAME", help="the configuration the others are compared with (default: the best model alone)")
     run_group = p.add_argument_group("running the programs")
     run_group.add_argument("--run-code", action="store_true", help="allow running the programs the models write (sandboxed; required)")
-    run_group.add_argument("--timeout", default="10", metavar="S", help="seconds each program may run (default 10)")
-    run_group.add_argument("--memory-mb", default="1024", metavar="MB", help="address space each program may use (default 1024)")
+    run_group.add_argument("--timeout", default="10", metavar="S",
+                           help="seconds each program may run, wall clock (default 10; each of its processes also gets this "
+                           "much CPU time, rounded up, plus one second)")  # fmt: skip
+    run_group.add_argument("--memory-mb", default="1024", metavar="MB",
+                           help="address space of each of a program's processes, in MiB (default 1024; a program may start "
+                           "16 processes; its folder holds 64 MiB more, in memory)")  # fmt: skip
     run_group.add_argument("--sandbox", default="namespaces", metavar="KIND",
                            help="namespaces (default: contained by the kernel, Linux), or none: the programs run as your user "
                            "with the limits only, able to read, write and connect anywhere you can (say so only in a "
@@ -74,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..backend.gguf_file import read_info
     from ..config.parse import parse_float, parse_int
-    from ..eval.codeeval import ResultsFile, default_configs, parse_config, run_eval, summarize, table
+    from ..eval.codeeval import ResultsFile, default_configs, parse_config, run_eval, summarize, table, unique_names
     from ..eval.codetasks import load_tasks, select
     from ..eval.sandbox import SANDBOXES, UNCONTAINED, Limits, require
     from ..runtime.bytelevel import decodes_bytes
@@ -101,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     infos = [read_info(path, tokens=False) for path in settings.load.paths]
     n_params = [info.n_params for info in infos]
     # as the loaded models name themselves: the file at the byte level, the GGUF's name at the token level
-    names = [info.path.name if byte_level else str(info.metadata.get("general.name") or info.path.name) for info in infos]
+    names = unique_names([info.path.name if byte_level else str(info.metadata.get("general.name") or info.path.name) for info in infos],
+                         [str(info.path) for info in infos])  # fmt: skip
     if args.variant:
         configs = [parse_config(text, settings, n_params, byte_level, mixed) for text in args.variant]
         if len({c.name for c in configs}) < len(configs):
@@ -111,10 +119,17 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline is not None and args.baseline not in {c.name for c in configs}:
         raise ConfigError(f"--baseline {args.baseline!r} is not one of the configurations ({', '.join(c.name for c in configs)})", param="baseline")
     results_path = args.results or f"localcos-eval-{task_name.split('.')[0]}.jsonl"
-    results = ResultsFile(results_path, {"task": task_name, "models": [str(p) for p in settings.load.paths], "sandbox": args.sandbox})
+    level = "mixed" if mixed else "byte" if byte_level else "token"
+    header = {"task": task_name, "models": [str(p) for p in settings.load.paths], "level": level, "sandbox": args.sandbox,
+              "timeout": limits.seconds, "memory_mb": limits.memory_mb}  # fmt: skip
+    if byte_level:
+        header |= {"byte_paths": settings.load.byte_paths, "byte_prune": settings.load.byte_prune}
+    results = ResultsFile(results_path, header)
     for config in configs:
         results.check(config)
     held = sum(results.get(c.name, t.task_id) is not None for c in configs for t in tasks)
+    if held < len(tasks) * len(configs):
+        results.check_resumable()
     say(f"localcos: {len(tasks)} problems x {len(configs)} configurations; results in {results_path}"
         + (f" (resuming: {held} done)" if held else ""))  # fmt: skip
     t0 = time.monotonic()
