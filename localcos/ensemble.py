@@ -86,6 +86,13 @@ class Ensemble(LoadedModels):
         )  # fmt: skip
         return cls.from_spec(spec, combiner, progress=progress, max_logit_rows=max_logit_rows)
 
+    @classmethod
+    def member(cls, spec: LoadSpec, i: int, *, progress: Callable[[int, int, str], None] | None = None) -> "Ensemble":
+        """Model i of `spec` alone, with its own settings, decoding on its own tokens: how a
+        model of a byte-level run decodes by itself (eval's "alone" configurations, the bench's
+        model alone beside the byte level)."""
+        return cls.from_spec(spec.member(i), progress=progress)
+
     # --- scoring -----------------------------------------------------------------------------------
     def score(self, text: str | Sequence[int], *, combiner: Combiner | None = None, members: bool = True) -> Scores:
         """Log-probabilities (temperature 1) of every token of `text` after the first, each given
@@ -152,23 +159,6 @@ class Ensemble(LoadedModels):
         """Like `generate`, but returns a `Stream` that yields text pieces as they become final."""
         return Stream(self, plan(self, prompt, _token_config(config, settings), combiner))
 
-    def generate_chars(
-        self, prompt: str | Sequence[int], *, config: GenerationConfig | None = None, **settings: object
-    ) -> tuple[str, GenerationStats]:
-        """A completion of at most `max_tokens` *characters*, as the byte level counts them, on
-        these models' own tokens: stopped at the token that reaches the count, its text cut
-        there (a model alone beside a byte-level run, in one unit). Returns the text and the
-        statistics of its decoding."""
-        config = _token_config(config, settings)
-        stream = self.stream(prompt, config=config)
-        written = 0
-        for piece in stream:
-            written += len(piece)
-            if written >= config.max_tokens:
-                stream.cancel()
-        assert stream.completion is not None, "a stream run to its end has its completion"
-        return stream.completion.text[: config.max_tokens], stream.completion.stats
-
 
 def _config(config: GenerationConfig | None, settings: dict[str, object]) -> GenerationConfig:
     """`config` (default: the defaults) with the keyword settings over it."""
@@ -189,7 +179,7 @@ class ByteEnsemble(ByteModels):
 
         from localcos import ByteEnsemble, Contrastive
         with ByteEnsemble.load(["smollm2.gguf", "qwen-coder.gguf"], Contrastive(mu=0.1, expert=1)) as ens:
-            out = ens.generate("def add(a, b):", max_tokens=80, temperature=0)  # max_tokens: characters
+            out = ens.generate("def add(a, b):", max_tokens=80, temperature=0)  # max_tokens: the lead's tokens
             print(out.text, out.stats.summary(ens.names))
 
     Each model reads the prompt in its own tokens; `chat_prompts` renders a conversation in each
@@ -238,7 +228,8 @@ class ByteEnsemble(ByteModels):
     ) -> ByteCompletion:
         """One completion of `prompt` (text, or each model's prompt tokens: `chat_prompts`).
         Settings as `Ensemble.generate`'s; method "cos" (the default) or "ensemble", byte_gamma
-        (bytes a proposer drafts, or "auto"); max_tokens counts characters."""
+        (bytes a proposer drafts, or "auto"); max_tokens counts the lead model's tokens (the gate's
+        lead, cd's expert, else the largest model), as it would count them alone."""
         return self.generate_many(prompt, 1, config=config, combiner=combiner, **settings)[0]
 
     def generate_many(

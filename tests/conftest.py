@@ -59,6 +59,12 @@ SPECS: dict[str, ModelSpec] = {
 NEAR_TIE = 0.02
 
 
+def within_budget(tokens: int, max_tokens: int) -> bool:
+    """A byte-level text cut by --max-tokens: the lead's tokens, counted at a character's end (a
+    character of up to four bytes may carry the count past the budget by its bytes but one)."""
+    return max_tokens <= tokens <= max_tokens + 3
+
+
 def fresh_scores(paths, combiner, tokens):
     """log r after `tokens`, from fresh contexts (to judge a divergence); `combiner` bound."""
     rows = []

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from localcos.core.level import Level
 from localcos.errors import ConfigError
 from localcos.eval.codetasks import CodeTask, load_tasks, select
 from localcos.eval.paired import mcnemar_exact, paired, wilson
@@ -177,7 +178,7 @@ def test_eval_runs_each_variant_on_each_problem_and_resumes(models, task_file, t
     assert again.returncode == 0 and "resuming: 12 done" in again.stderr and len(results.read_text().splitlines()) == 13
     assert again.stdout == proc.stdout
     # a finished run's summary loads no model: the same command with loading made to fail
-    no_load = "import sys, localcos.cli.eval as e; e._loaded.__enter__ = None; from localcos.cli import main; sys.exit(main(sys.argv[1:]))"
+    no_load = "import sys, localcos.eval.models as m; m.EvalModels.__init__ = None; from localcos.cli import main; sys.exit(main(sys.argv[1:]))"
     summary_only = subprocess.run([sys.executable, "-c", no_load, *args], capture_output=True, text=True, timeout=120)
     assert summary_only.returncode == 0 and summary_only.stdout == proc.stdout, summary_only.stderr
     # a line cut short by an interruption runs again; another variant runs beside the kept ones
@@ -201,13 +202,16 @@ def test_a_byte_level_run_has_each_model_alone_on_its_own_tokens(real_models, ta
     records = [json.loads(line) for line in results.read_text().splitlines()[1:]]
     by = {(r["config"], r["task_id"]): r for r in records}
     assert len(records) == 2 * 4 and json.loads((tmp_path / "s.json").read_text())["unit"] == "chars"
+    from localcos.backend.gguf_file import read_info
+
     for path in (qwen, llama):
-        name = f"{path.name} alone"
+        name = f"{read_info(path, tokens=False).label} alone"  # the model's name, as at the token level
         assert by[(name, "t/add")]["settings"]["level"] == "token"
         own = run("generate", "--models", str(path), "--prompt", TASKS[1]["prompt"], "--temperature", "0", "--max-tokens", "20", "--json")
         assert own.returncode == 0, own.stderr
         text = json.loads(own.stdout)["completions"][0]["text"]
-        assert by[(name, "t/add")]["completion"] == text[:20] and by[(name, "t/add")]["length"] == len(text[:20])
+        # --max-tokens: its own 20 tokens, as it writes alone (the same length at every level)
+        assert by[(name, "t/add")]["completion"] == text and by[(name, "t/add")]["length"] == len(text)
     assert "level" not in by[("WE", "t/add")]["settings"]
     # asked for by name: --level token for one model alone; a combination cannot be on one model's tokens
     # and --level mixed: at a gate near 0 the lead's whole tokens at every step, its own text
@@ -216,7 +220,7 @@ def test_a_byte_level_run_has_each_model_alone_on_its_own_tokens(real_models, ta
     assert more.returncode == 0, more.stderr
     records = [json.loads(line) for line in results.read_text().splitlines()[1:]]
     mine, mixed = ({r["task_id"]: r for r in records if r["config"] == name} for name in ("mine", "mixed"))
-    assert mine["t/add"]["completion"] == by[(f"{qwen.name} alone", "t/add")]["completion"] == mixed["t/add"]["completion"]
+    assert mine["t/add"]["completion"] == by[(f"{read_info(qwen, tokens=False).label} alone", "t/add")]["completion"] == mixed["t/add"]["completion"]
     assert mixed["t/add"]["settings"]["level"] == "mixed"
     assert all("level" not in r["settings"] for r in records if r["config"] == "bytes")
     bad = run(*args[:-2], "--variant", "x=--combine we --level token")
@@ -301,7 +305,7 @@ def test_a_configuration_names_the_model_the_run_binds_it_to(models):
     # whatever order the models come in, as the run binds the combiner to their parameter counts
     from localcos.backend.gguf_file import read_info
     from localcos.config import resolve
-    from localcos.eval.codeeval import parse_config
+    from localcos.eval.configs import parse_config
 
     paths = [models["larger"], models["base"]]
     n_params = [read_info(p, tokens=False).n_params for p in paths]
@@ -313,7 +317,7 @@ def test_a_configuration_names_the_model_the_run_binds_it_to(models):
     assert gated.member is None and not gated.alone  # the larger leads; the smaller where the gate opens
     assert parse_config("x=--combine we --weights 1,0 --gate 0.5", settings, n_params).member == 0
     with pytest.raises(ConfigError, match="--level token runs one model alone"):
-        parse_config("x=--combine we --weights 0,1 --gate 0.5 --level token", settings, n_params, byte_level=True)
+        parse_config("x=--combine we --weights 0,1 --gate 0.5 --level token", settings, n_params, Level.BYTE)
 
 
 
@@ -322,27 +326,29 @@ def test_a_variant_decodes_at_the_level_it_names(models):
     # by default, --level mixed or byte otherwise (recorded, so a resumed run never mixes levels);
     # a level the run's models cannot take is refused in one line
     from localcos.config import resolve
-    from localcos.eval.codeeval import default_configs, parse_config
+    from localcos.eval.configs import default_configs, parse_config
 
     settings = resolve({"models": f"{models['base']},{models['sibling']}"})
     n_params = [1, 2]
-    mixed_run = parse_config("x=--gate 0.5", settings, n_params, byte_level=True, mixed=True)
-    byte_run = parse_config("x=--gate 0.5", settings, n_params, byte_level=True)
+    mixed_run = parse_config("x=--gate 0.5", settings, n_params, Level.MIXED)
+    byte_run = parse_config("x=--gate 0.5", settings, n_params, Level.BYTE)
     assert mixed_run.mixed and not byte_run.mixed and mixed_run.identity["level"] == "mixed" and "level" not in byte_run.identity
-    named = parse_config("x=--gate 0.5 --level mixed", settings, n_params, byte_level=True)
+    named = parse_config("x=--gate 0.5 --level mixed", settings, n_params, Level.BYTE)
     assert named.mixed and named.identity["level"] == "mixed" and named.identity["method"] == "ensemble"  # the mixed level's method
-    assert not parse_config("x=--gate 0.5 --level byte", settings, n_params, byte_level=True, mixed=True).mixed
-    alone = parse_config("x=--combine we --weights 0,1 --level token", settings, n_params, byte_level=True, mixed=True)
+    assert not parse_config("x=--gate 0.5 --level byte", settings, n_params, Level.MIXED).mixed
+    alone = parse_config("x=--combine we --weights 0,1 --level token", settings, n_params, Level.MIXED)
     assert alone.own_tokens and not alone.mixed and alone.identity["level"] == "token"
     for level in ("byte", "mixed"):
         with pytest.raises(ConfigError, match=f"--level {level}: this run decodes at the token level"):
             parse_config(f"x=--gate 0.5 --level {level}", settings, n_params)
-    configs = default_configs(settings, ["a", "b"], n_params, byte_level=True, preset="p", mixed=True)
+    configs = default_configs(settings, ["a", "b"], n_params, Level.MIXED, preset="p")
     assert [(c.own_tokens, c.mixed) for c in configs] == [(True, False), (True, False), (False, True)]
 
 def test_the_default_baseline_is_the_model_alone_that_passed_most(models, tmp_path):
     from localcos.config import resolve
-    from localcos.eval.codeeval import ResultsFile, default_configs, summarize
+    from localcos.eval.configs import default_configs
+    from localcos.eval.results import ResultsFile
+    from localcos.eval.summary import summarize
 
     paths = [models["base"], models["sibling"]]
     settings = resolve({"models": ",".join(map(str, paths))})
@@ -435,7 +441,7 @@ def test_two_models_of_one_name_each_get_a_row_of_their_own(models, task_file, t
     assert proc.returncode == 0, proc.stderr
     configs = [json.loads(line)["config"] for line in results.read_text().splitlines()[1:]]
     assert configs[:2] == [f"{models['base']} alone", f"{copy} alone"] and len(configs) == len(set(configs))
-    from localcos.eval.codeeval import unique_names
+    from localcos.eval.configs import unique_names
 
     assert unique_names(["a", "b", "a"], ["x/a.gguf", "y.gguf", "z/a.gguf"]) == ["x/a.gguf", "b", "z/a.gguf"]
     assert unique_names(["a", "a"], ["a.gguf", "a.gguf"]) == ["a.gguf (model 0)", "a.gguf (model 1)"]
@@ -443,7 +449,8 @@ def test_two_models_of_one_name_each_get_a_row_of_their_own(models, task_file, t
 
 def test_a_cut_last_line_is_repaired_before_appending_and_a_foreign_line_is_refused(models, tmp_path):
     from localcos.config import resolve
-    from localcos.eval.codeeval import ResultsFile, default_configs
+    from localcos.eval.configs import default_configs
+    from localcos.eval.results import ResultsFile
 
     settings = resolve({"models": f"{models['base']},{models['sibling']}"})
     config = default_configs(settings, ["a", "b"], [1, 1])[0]
@@ -471,3 +478,35 @@ def test_a_cut_last_line_is_repaired_before_appending_and_a_foreign_line_is_refu
     legacy = ResultsFile(path, header)
     with pytest.raises(ConfigError, match="did not record the level, the limits"):
         legacy.add(config, {"task_id": "t/0", **record})
+
+
+def test_a_variant_reads_its_flags_as_the_command_line_does(models):
+    from localcos.config import resolve
+    from localcos.eval.configs import parse_config
+
+    settings = resolve({"models": f"{models['base']},{models['sibling']}"})
+    joined = parse_config("x=--combine=cd --mu=0.2 --stop=a --stop b --ignore-eos", settings, [1, 2])
+    spaced = parse_config("x=--combine cd --mu 0.2 --stop a --stop=b --ignore-eos", settings, [1, 2])
+    assert joined.identity == spaced.identity
+    assert joined.settings.combine.mu == 0.2 and joined.settings.generation.stop == ("a", "b") and joined.settings.generation.ignore_eos
+    for text, message in (("x=--mu", "--variant x: --mu needs a value"), ("x=--mu --gate 0.5", "--variant x: --mu needs a value"),
+                          ("x=--ctx=64", "--variant x: --ctx=64 is not a combination or generation option"),
+                          ("x=--mu=2e9", "--mu must be <= 1e+06")):  # fmt: skip
+        with pytest.raises(ConfigError, match=message.replace("+", r"\+")):
+            parse_config(text, settings, [1, 2])
+
+
+@pytest.mark.slow
+def test_the_mixed_levels_rules_refuse_before_any_model_loads(models, task_file, tmp_path):
+    # --level mixed needs a gate, and takes the ensemble's step: refused in one line by the settings
+    # layer, with loading made to fail (it is never reached) and no results file written
+    no_load = "import sys, localcos.eval.models as m; m.EvalModels.__init__ = None; from localcos.cli import main; sys.exit(main(sys.argv[1:]))"
+    results = tmp_path / "r.jsonl"
+    base = ["eval", "--models", f"{models['base']},{models['sibling']}", "--task", str(task_file), "--run-code", "--results", str(results)]
+    for extra, message in ((["--level", "mixed"], "--level mixed needs --gate G"),
+                           (["--level", "mixed", "--gate", "0.5", "--variant", "x=--method cos"], "--method cos: not available at the mixed level"),
+                           (["--level", "byte", "--variant", "x=--level mixed"], "--level mixed needs --gate G")):  # fmt: skip
+        proc = subprocess.run([sys.executable, "-c", no_load, *base, *extra], capture_output=True, text=True, timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], (extra, proc.stderr)
+        assert not results.exists()

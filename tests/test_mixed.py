@@ -14,8 +14,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from conftest import within_budget
 from bytefakes import VOCAB_A, VOCAB_B, BruteForce, FakeMember, TinyModel, complete_utf8, valid_utf8_prefix
-from localcos import WeightedEnsemble
+from localcos import Contrastive, WeightedEnsemble
+from localcos.core.level import Level
 from localcos.core.combiners import Gated
 from localcos.core.bytelevel import END, SYMBOLS
 from localcos.core.sampling import Sampler
@@ -119,14 +121,13 @@ def mixed_distribution(models: list[TinyModel], combiner, lead: int, gate: float
 
 def sample(models, combiner, lead: int, gate: float, n: int, seed: int, temperature: float = 1.0):
     members = [FakeMember(m) for m in models]
-    bound = combiner.bind(len(models), [1, 2])
-    switch = Gated(WeightedEnsemble(), gate, lead=lead).fit(len(models), [1, 2][: len(models)])  # the level's gate, fitted
+    bound = combiner.bind(len(models), [1, 2])  # gated, as the mixed level's combination is: its gate decides whole tokens too
     rng = np.random.default_rng(seed)
     counts: Counter = Counter()
     token_bytes = 0
     for _ in range(n):
         gen = ByteGeneration(members, [PROMPT] * len(models), bound, Sampler(temperature=temperature), rng, max_chars=LENGTH,
-                             switch=switch)  # fmt: skip
+                             level=Level.MIXED)  # fmt: skip
         c = run_to_end(gen)
         counts[(c.data, c.finish_reason == "stop")] += 1
         token_bytes += c.stats.token_bytes
@@ -135,13 +136,11 @@ def sample(models, combiner, lead: int, gate: float, n: int, seed: int, temperat
 
 CASES = {
     # one model: its own tokens where sure, its bytes elsewhere
-    "alone": ([VOCAB_A], WeightedEnsemble(), 0, 0.4),
+    "alone": ([VOCAB_A], Gated(WeightedEnsemble(), 0.4, lead=0), 0, 0.4),
     # two tokenizers: the lead's tokens where sure; where not, the byte level's gated mixture
     "two-tokenizers": ([VOCAB_A, VOCAB_B], Gated(WeightedEnsemble([0.5, 0.5]), 0.4, lead=0), 0, 0.4),
-    # the switch alone (every byte step mixes both models): where a step is a token step changes
-    # the law here, so this case checks the switch's rule itself (one model's text law is its
-    # own whichever steps it takes, and a gate shut for tokens is shut for their first byte)
-    "switch-only": ([VOCAB_A, VOCAB_B], WeightedEnsemble([0.5, 0.5]), 0, 0.4),
+    # the other tokenizer leads (its whole tokens, its gate), contrasted with the first where unsure
+    "the other leads": ([VOCAB_A, VOCAB_B], Gated(Contrastive(mu=0.5, expert=1), 0.4, lead=1), 1, 0.4),
 }
 
 
@@ -217,15 +216,19 @@ def test_on_llama_cpp_models_gate_near_0_is_the_leads_tokens_and_gate_1_its_byte
     own, _ = _generate([qwen])  # the token level
     tokens, stats0 = _generate([qwen], "--level", "mixed", "--gate", "1e-9")
     assert stats0["level"] == "mixed" and stats0["token_bytes"] == stats0["bytes"] > 0
-    assert len(tokens) == 60 and own.startswith(tokens)  # max_tokens: the token level's tokens, the others' characters
+    # max_tokens: the same length at every level, the lead's tokens: every step a whole token, its own text cut where it cuts alone
+    assert tokens == own and stats0["tokens"] == 60
     byte_text, _ = _generate([qwen], "--level", "byte")
     bytes_only, stats1 = _generate([qwen], "--level", "mixed", "--gate", "1")
     assert stats1["token_bytes"] == 0 and bytes_only == byte_text
     _, stats = _generate([qwen], "--level", "mixed", "--gate", "0.3")
     assert 0 < stats["token_bytes"] < stats["bytes"]
-    # a second tokenizer consulted only at byte steps
+    # a second tokenizer consulted only at byte steps: never where every step is a whole token
     mixed, both = _generate([qwen, real_models["llama3"]], "--level", "mixed", "--gate", "0.3", "--combine", "we")
-    assert 0 < both["token_bytes"] < both["bytes"] and both["calls"][1] < both["calls"][0]
+    assert 0 < both["token_bytes"] < both["bytes"] and both["calls"][1] > 0
+    # (a context the skipped bytes cannot fill: a lazy member takes them where they could reach its end)
+    _, tokens_only = _generate([qwen, real_models["llama3"]], "--level", "mixed", "--gate", "1e-9", "--combine", "we", "--ctx", "1024")
+    assert tokens_only["token_bytes"] == tokens_only["bytes"] > 0 and tokens_only["calls"][1] == 0
 
 
 def test_bench_and_score_at_the_mixed_level(real_models, tmp_path):

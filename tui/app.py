@@ -22,7 +22,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from localcos.chat import ChatFormatter, Conversation, OwnTemplates
 from localcos.ensemble import Ensemble
 from localcos.runtime import Completion, Stream
-from localcos.runtime.bytelevel import ByteCompletion, ByteModels, ByteStream, uses_byte_level
+from localcos.runtime.bytelevel import ByteCompletion, ByteModels, ByteStream, level_of
 from localcos.errors import LocalcosError, StorageError
 from localcos.files import write_text
 from localcos.config import Settings
@@ -39,7 +39,7 @@ def load_for(settings: Settings) -> Loader:
     of different tokenizers) the byte-level models, each rendering the chat in its own template."""
 
     def loader(progress: Callable[[int, int, str], None]) -> tuple[Ensemble | ByteModels, ChatFormatter | OwnTemplates]:
-        if uses_byte_level(settings.load):
+        if level_of(settings.load).in_bytes:
             models = ByteModels.load(settings.load, settings.combiner(), progress=progress)
             try:
                 return models, OwnTemplates(models)
@@ -170,7 +170,8 @@ class ChatApp(App):
 
     # --- messages ---------------------------------------------------------------------------------
     def _add_message(self, role: str, text: str = "") -> MessageView:
-        view = MessageView(role, text, colouring=self.colouring)
+        speaker = self.ensemble.names[0] if self.ensemble is not None and len(self.ensemble.names) == 1 else "ensemble"
+        view = MessageView(role, text, colouring=self.colouring, speaker=speaker)
         messages = self.query_one("#messages", VerticalScroll)
         messages.mount(view)
         messages.scroll_end(animate=False)
@@ -234,8 +235,13 @@ class ChatApp(App):
         self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
         panel = self.query_one(StatsPanel)
         generated = len(view.tokens.plain) if self._unit == "chars" else view.n_tokens
-        panel.live = LiveReply(self.settings.generation.method, generated, event.seconds, self._unit)
+        panel.live = LiveReply(self.settings.generation.method, generated, event.seconds, self._unit, self._level)
         panel.context = self._context_used(None if self._unit == "chars" else view.n_tokens)
+
+    @property
+    def _level(self) -> str:
+        """The level replies decode at, as the stats name it."""
+        return self.ensemble.level.value if isinstance(self.ensemble, ByteModels) else "token"
 
     @property
     def _unit(self) -> str:

@@ -34,13 +34,18 @@ def origin_style(origin: Origin) -> str:
     return SAMPLE_STYLE
 
 
+# how a reply that did not end by itself says so
+NOTES = {"cancelled": "stopped", "error": "failed", "length": "cut at the length limit: --max-tokens"}
+
+
 class MessageView(Vertical):
     """One message. An assistant reply streams in as coloured tokens and becomes Markdown when
     it is complete (the colours stay available through the colouring toggle)."""
 
-    def __init__(self, role: str, text: str = "", *, colouring: bool = True) -> None:
+    def __init__(self, role: str, text: str = "", *, colouring: bool = True, speaker: str = "ensemble") -> None:
         super().__init__(classes=f"message {role}")
         self.role = role
+        self.speaker = speaker  # who an assistant's reply is from: the ensemble, or its one model
         self.text = text
         self.tokens = Text()
         self.complete = role != "assistant"
@@ -54,7 +59,7 @@ class MessageView(Vertical):
         yield Markdown(self.text if self.complete else "", classes="body markdown")
 
     def _label(self) -> str:
-        return {"user": "you", "assistant": "ensemble", "system": "system", "notice": "notice"}.get(self.role, self.role)
+        return {"user": "you", "assistant": self.speaker, "system": "system", "notice": "notice"}.get(self.role, self.role)
 
     def on_mount(self) -> None:
         self._show()
@@ -71,8 +76,11 @@ class MessageView(Vertical):
         self.text = text
         self.complete = True
         self.finish_reason = finish_reason
-        note = {"cancelled": "\n\n*(stopped)*", "error": "\n\n*(failed)*"}.get(finish_reason, "")
-        self.query_one(Markdown).update(text + note)
+        note = NOTES.get(finish_reason)
+        self.query_one(Markdown).update(text + (f"\n\n*({note})*" if note else ""))
+        if note:  # said in the coloured view too
+            self.tokens.append(f"\n({note})", style="dim italic")
+            self._render_tokens()
         self._show()
 
     def set_colouring(self, on: bool) -> None:
@@ -101,7 +109,8 @@ class LiveReply:
     method: str
     tokens: int  # generated so far, in `unit`
     seconds: float
-    unit: str = "tokens"  # or "chars" (the byte level)
+    unit: str = "tokens"  # or "chars" (the byte and mixed levels)
+    level: str = "token"  # the level it decodes at
 
 
 class StatsPanel(Static):
@@ -149,12 +158,12 @@ class StatsPanel(Static):
         s = self.stats if isinstance(self.stats, ByteStats) else None
         live = self.live
         if live is not None:
-            method, chars = live.method, live.tokens
+            method, chars, level = live.method, live.tokens, live.level
             cps = chars / live.seconds if live.seconds > 0 else None
         else:
-            method, chars, cps = (s.method, s.chars, s.chars_per_second) if s else ("-", 0, None)
+            method, chars, cps, level = (s.method, s.chars, s.chars_per_second, s.level.value) if s else ("-", 0, None, "-")
         lines = [
-            ("level", "byte"),
+            ("level", level),
             ("method", method),
             ("chars/s", _fmt(cps, ".1f")),
             ("chars", str(chars)),

@@ -89,6 +89,12 @@ def _megabytes(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
+def model_label(general_name: object, path: Path) -> str:
+    """A model's short name for people, the one rule: its GGUF's general.name, else its file's
+    name (`Model.label`, `GGUFInfo.label`)."""
+    return str(general_name) if general_name else path.name
+
+
 @dataclass
 class GGUFInfo:
     """A GGUF file's metadata (long arrays as lengths) and its tensors' shapes and types;
@@ -114,6 +120,11 @@ class GGUFInfo:
     @property
     def name(self) -> str:
         return str(self.metadata.get("general.name", self.path.stem))
+
+    @property
+    def label(self) -> str:
+        """The name the loaded model goes by (`Model.label`), read before it loads."""
+        return model_label(self.metadata.get("general.name"), self.path)
 
     @property
     def context_length(self) -> int | None:

@@ -32,7 +32,7 @@ import llama_cpp  # isort: skip
 import numpy as np
 
 from ..errors import ModelFileError
-from .gguf_file import check_model_file
+from .gguf_file import check_model_file, model_label
 from .slot import PROMPT_CHUNK, ModelStats, Slot, common_prefix
 
 MIN_CTX = 8
@@ -243,8 +243,8 @@ class Model:
 
     @property
     def label(self) -> str:
-        """A short name for people: the GGUF's general.name, else the file name."""
-        return self.meta("general.name") or self.name
+        """A short name for people (`gguf_file.model_label`)."""
+        return model_label(self.meta("general.name"), self.path)
 
     @property
     def chat_template(self) -> str | None:

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
+from ..core.level import Level
 from ..errors import ConfigError
 from ..tools.plotting import plot_speedups, require_matplotlib
 from .options import add_options, loading_progress, resolve
@@ -33,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--temperature", dest="temperatures", default="0,1", help="temperatures, comma-separated (default 0,1)")
     g.add_argument("--prompts", default="builtin", help="builtin, or a file of prompts separated by lines '---'")
     g.add_argument("--limit-prompts", default=None, help="use only the first N prompts")
-    g.add_argument("--max-tokens", default="64", help="tokens per generation (default 64; characters at the byte level)")
+    g.add_argument("--max-tokens", default="64", help="tokens per generation (default 64; at the byte and mixed levels the lead model's tokens)")
     g.add_argument("--repeat", default="1", help="runs per prompt and setting (default 1)")
     g.add_argument("--seed", default="0", help="seed of the first run (default 0)")
     g.add_argument("--per-task", action="store_true", help="also print a table per task")
@@ -60,15 +61,16 @@ def run(args: argparse.Namespace) -> int:
     from ..core.strategies import cheapest
     from ..ensemble import Ensemble
     from ..models.weights import type_name
-    from ..runtime.bytelevel import decodes_bytes
+    from ..runtime.bytelevel import decoding_level
     from ..runtime.profile import advice, cpu_name, describe
     from ..tools import bench
 
     if args.plot:
         require_matplotlib()
     settings = resolve(args, DEFAULTS)
-    if decodes_bytes(settings, also_given=["byte_gamma"] if args.byte_gammas is not None else []):  # the bench's own list
-        return _bench_bytes(args, settings)
+    level = decoding_level(settings, also_given=["byte_gamma"] if args.byte_gammas is not None else [])  # the bench's own list
+    if level.in_bytes:
+        return _bench_bytes(args, settings, level)
     methods = [parse_choice(m, "--methods", METHODS) for m in (args.methods or "ensemble,sd,naive-cos,cos").split(",")]
     gammas: list[int | str] = []
     for g in (args.gammas or "auto,1,3,5").split(","):
@@ -202,7 +204,7 @@ def _common(args: argparse.Namespace):
     return temperatures, max_tokens, repeat, seed, prompts[:limit] if limit else prompts
 
 
-def _bench_bytes(args: argparse.Namespace, settings) -> int:
+def _bench_bytes(args: argparse.Namespace, settings, level: Level) -> int:
     """The bench at the byte level: the byte-level ensemble and cos at each --byte-gamma, and the
     largest model alone (its own token path), in characters per second."""
     import json
@@ -223,27 +225,26 @@ def _bench_bytes(args: argparse.Namespace, settings) -> int:
     for bad, param, message in refused:
         if bad:
             raise ConfigError(message, param=param)
-    level = "mixed" if settings.load.level == "mixed" else "byte"
-    default_methods = "ensemble" if level == "mixed" else "ensemble,cos"  # the mixed level takes the ensemble's step
+    default_methods = "ensemble" if level is Level.MIXED else "ensemble,cos"  # the mixed level takes the ensemble's step
     methods = [parse_choice(m, "--methods", ("ensemble", "cos")) for m in (args.methods or default_methods).split(",")]
     gammas = [OPTIONS["byte_gamma"].check(g) for g in (args.byte_gammas or "auto,8").split(",")]
-    temperatures, max_chars, repeat, seed, prompts = _common(args)
+    temperatures, max_tokens, repeat, seed, prompts = _common(args)
     prompts = [p for p in prompts for _ in range(repeat)]
     with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress) as models:
         n_models = len(models.models)
         members = _members(args.alone, n_models)
         alone_ids = [bench.largest([m.n_params for m in models.models])] if members == "largest" else list(members)
-        alone = {i: Ensemble.from_spec(settings.load.member(i)) for i in alone_ids}
+        alone = {i: Ensemble.member(settings.load, i) for i in alone_ids}
         try:
             configs = bytebench.byte_configurations(methods, gammas, alone_ids)
-            runs = bytebench.run_byte_benchmark(models, alone, prompts, configs, temperatures, max_chars=max_chars, seed=seed)
+            runs = bytebench.run_byte_benchmark(models, alone, prompts, configs, temperatures, max_tokens=max_tokens, seed=seed)
         finally:
             for ens in alone.values():
                 ens.close()
         names = [Path(p).name for p in settings.load.paths]
         rows = bytebench.summarize_bytes(runs)
-        print(f"localcos bench ({level} level): {', '.join(names)} | combine {models.combiner.description} | {len(prompts)} prompts | "
-              f"max {max_chars} chars | --byte-paths {settings.load.byte_paths}, --byte-prune {settings.load.byte_prune:g} | {cpu_name()}")  # fmt: skip
+        print(f"localcos bench ({level.value} level): {', '.join(names)} | combine {models.combiner.description} | {len(prompts)} prompts | "
+              f"max {max_tokens} tokens | --byte-paths {settings.load.byte_paths}, --byte-prune {settings.load.byte_prune:g} | {cpu_name()}")  # fmt: skip
         print(bytebench.format_byte_table(rows, names))
         if alone_ids:
             print(f"\nalone-I: model I on its own token path ({', '.join(f'{i} = {names[i]}' for i in alone_ids)})")
@@ -255,7 +256,7 @@ def _bench_bytes(args: argparse.Namespace, settings) -> int:
         for name, profile in zip(names, models.costs.profiles):
             print(f"  {name}: {describe(profile)}")
     if args.json:
-        report = {"models": [str(p) for p in settings.load.paths], "level": level, "machine": bench.machine(),
+        report = {"models": [str(p) for p in settings.load.paths], "level": level.value, "machine": bench.machine(),
                   "summary": [r.__dict__ for r in rows], "runs": [r.to_dict() for r in runs]}  # fmt: skip
         write_text(args.json, json.dumps(report, indent=1))
     return 0

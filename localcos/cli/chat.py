@@ -23,10 +23,10 @@ def settings_for(args: argparse.Namespace):
     """The chat's settings from its command line (--demo: the synthetic demo pair)."""
     if args.demo and (args.models or args.preset):
         raise ConfigError("give --demo or --models/--preset, not both", param="demo")
-    from ..runtime.bytelevel import decodes_bytes
+    from ..runtime.bytelevel import decoding_level
 
     settings = resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
-    decodes_bytes(settings)  # an option the level chosen would not read is refused here
+    decoding_level(settings)  # an option the level chosen would not read is refused here
     return settings
 
 

@@ -8,7 +8,6 @@ import csv
 import json
 import sys
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import ConfigError
@@ -16,8 +15,11 @@ from ..files import atomic_write, write_text
 from .options import add_options, loading_progress, resolve, say
 
 if TYPE_CHECKING:
-    from ..ensemble import Ensemble
-    from ..eval.codeeval import EvalConfig, Generated
+    from ..config import Settings
+    from ..core.level import Level
+    from ..eval.configs import EvalConfig
+    from ..eval.results import ResultsFile
+    from ..eval.sandbox import Limits
 
 DEFAULTS = {"temperature": 0.0, "max_tokens": 512}
 
@@ -79,13 +81,44 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..backend.gguf_file import read_info
-    from ..config.parse import parse_float, parse_int
-    from ..eval.codeeval import ResultsFile, default_configs, parse_config, run_eval, summarize, table, unique_names
+    from ..eval.codeeval import run_eval
     from ..eval.codetasks import load_tasks, select
-    from ..eval.sandbox import SANDBOXES, UNCONTAINED, Limits, require
-    from ..runtime.bytelevel import decodes_bytes
+    from ..eval.models import EvalModels
+    from ..eval.summary import summarize
+    from ..runtime.bytelevel import decoding_level
     from ..tools.plotting import require_matplotlib
+
+    limits = _sandbox(args)
+    task_name, tasks = load_tasks(args.task)
+    tasks = select(tasks, args.problems)
+    if args.plot:
+        require_matplotlib()
+    settings = resolve(args, DEFAULTS)
+    run_level = decoding_level(settings)
+    names, configs = _configs(args, settings, run_level)
+    results_path = args.results or f"localcos-eval-{task_name.split('.')[0]}.jsonl"
+    results = _results(results_path, task_name, settings, run_level, args.sandbox, limits, configs)
+    held = sum(results.get(c.name, t.task_id) is not None for c in configs for t in tasks)
+    say(f"localcos: {len(tasks)} problems x {len(configs)} configurations; results in {results_path}"
+        + (f" (resuming: {held} done)" if held else ""))  # fmt: skip
+    t0 = time.monotonic()
+    if held < len(tasks) * len(configs):  # a finished run's summary loads no model
+        results.check_resumable()
+        with EvalModels(settings, run_level, progress=loading_progress) as models:
+            models.load_alone(sorted({c.member for c in configs if c.own_tokens}), say=say)  # type: ignore[type-var]
+            run_eval(tasks, configs, models.generate, results, limits, args.sandbox, report=say)
+    baseline, summaries = summarize(results, tasks, configs, args.baseline)
+    unit = "chars" if run_level.in_bytes else "tokens"
+    title = f"{task_name}: {len(tasks)} problems, {' + '.join(names)}, temperature {settings.generation.temperature:g}, max {settings.generation.max_tokens} {unit}"
+    _report(args, title, baseline, summaries, unit, {"task": task_name, "problems": len(tasks), "models": names, "sandbox": args.sandbox,
+                                                      "baseline": baseline, "unit": unit, "seconds": round(time.monotonic() - t0, 1)})  # fmt: skip
+    return 0
+
+
+def _sandbox(args: argparse.Namespace) -> "Limits":
+    """The programs' limits, once the sandbox asked for is known to run here (before any model loads)."""
+    from ..config.parse import parse_float, parse_int
+    from ..eval.sandbox import SANDBOXES, UNCONTAINED, Limits, require
 
     if not args.run_code:
         raise ConfigError("eval runs the code the models write: add --run-code to allow it (each program runs sandboxed in "
@@ -93,55 +126,53 @@ def run(args: argparse.Namespace) -> int:
     limits = Limits(seconds=parse_float(args.timeout, "--timeout", minimum=0.1), memory_mb=parse_int(args.memory_mb, "--memory-mb", minimum=64))
     if args.sandbox not in SANDBOXES:
         raise ConfigError(f"--sandbox takes {' or '.join(SANDBOXES)}, got {args.sandbox!r}", param="sandbox")
-    require(args.sandbox)  # before any model loads: one line saying what is missing
+    require(args.sandbox)  # one line saying what is missing
     if args.sandbox == UNCONTAINED:
         say("localcos: --sandbox none: the programs run NOT contained, as your user, with the limits only")
-    task_name, tasks = load_tasks(args.task)
-    tasks = select(tasks, args.problems)
-    if args.plot:
-        require_matplotlib()
-    settings = resolve(args, DEFAULTS)
-    byte_level = decodes_bytes(settings)
-    mixed = settings.load.level == "mixed"  # the run's level; a variant may name another (--level byte)
-    # the models' headers, read before anything loads: which model is the expert or the lead where
-    # the flags leave it open (the larger, as the run binds it), and the names configurations take
+    return limits
+
+
+def _configs(args: argparse.Namespace, settings: "Settings", run_level: "Level") -> "tuple[list[str], list[EvalConfig]]":
+    """The models' names (from their headers, read before anything loads: a finished run's
+    summary loads no model) and the configurations: the variants, or the defaults."""
+    from ..backend.gguf_file import read_info
+    from ..eval.configs import default_configs, parse_config, unique_names
+
     infos = [read_info(path, tokens=False) for path in settings.load.paths]
+    # which model is the expert or the lead where the flags leave it open: the larger, as the run binds it
     n_params = [info.n_params for info in infos]
-    # as the loaded models name themselves: the file at the byte level, the GGUF's name at the token level
-    names = unique_names([info.path.name if byte_level else str(info.metadata.get("general.name") or info.path.name) for info in infos],
-                         [str(info.path) for info in infos])  # fmt: skip
+    names = unique_names([info.label for info in infos], [str(info.path) for info in infos])
     if args.variant:
-        configs = [parse_config(text, settings, n_params, byte_level, mixed) for text in args.variant]
+        configs = [parse_config(text, settings, n_params, run_level) for text in args.variant]
         if len({c.name for c in configs}) < len(configs):
             raise ConfigError("--variant: two configurations have the same name", param="variant")
     else:
-        configs = default_configs(settings, names, n_params, byte_level, preset=args.preset, mixed=mixed)
+        configs = default_configs(settings, names, n_params, run_level, preset=args.preset)
     if args.baseline is not None and args.baseline not in {c.name for c in configs}:
         raise ConfigError(f"--baseline {args.baseline!r} is not one of the configurations ({', '.join(c.name for c in configs)})", param="baseline")
-    results_path = args.results or f"localcos-eval-{task_name.split('.')[0]}.jsonl"
-    level = "mixed" if mixed else "byte" if byte_level else "token"
-    header = {"task": task_name, "models": [str(p) for p in settings.load.paths], "level": level, "sandbox": args.sandbox,
+    return names, configs
+
+
+def _results(path: str, task: str, settings: "Settings", run_level: "Level", sandbox: str, limits: "Limits", configs: "list[EvalConfig]") -> "ResultsFile":
+    """The results file, opened (resumed) for this run: its header holds what the run shares."""
+    from ..eval.results import ResultsFile
+
+    header = {"task": task, "models": [str(p) for p in settings.load.paths], "level": run_level.value, "sandbox": sandbox,
               "timeout": limits.seconds, "memory_mb": limits.memory_mb}  # fmt: skip
-    if byte_level:
+    if run_level.in_bytes:
         header |= {"byte_paths": settings.load.byte_paths, "byte_prune": settings.load.byte_prune}
-    results = ResultsFile(results_path, header)
+    results = ResultsFile(path, header)
     for config in configs:
         results.check(config)
-    held = sum(results.get(c.name, t.task_id) is not None for c in configs for t in tasks)
-    if held < len(tasks) * len(configs):
-        results.check_resumable()
-    say(f"localcos: {len(tasks)} problems x {len(configs)} configurations; results in {results_path}"
-        + (f" (resuming: {held} done)" if held else ""))  # fmt: skip
-    t0 = time.monotonic()
-    if held < len(tasks) * len(configs):  # a finished run's summary loads no model
-        with _loaded(settings, byte_level) as loaded:
-            loaded.load_alone(sorted({c.member for c in configs if c.own_tokens}))
-            run_eval(tasks, configs, loaded.generate, results, limits, args.sandbox, report=say)
-    seconds = time.monotonic() - t0
-    baseline, summaries = summarize(results, tasks, configs, args.baseline)
-    unit = "chars" if byte_level else "tokens"
+    return results
+
+
+def _report(args: argparse.Namespace, title: str, baseline: str, summaries: list, unit: str, about: dict) -> None:
+    """The table on stdout; --json, --csv and --plot."""
+    from ..eval.sandbox import UNCONTAINED
+    from ..eval.summary import table
+
     rows = table(baseline, summaries, unit)
-    title = f"{task_name}: {len(tasks)} problems, {' + '.join(names)}, temperature {settings.generation.temperature:g}, max {settings.generation.max_tokens} {unit}"
     print(title)
     if args.sandbox == UNCONTAINED:
         print("the programs ran NOT contained (--sandbox none)")
@@ -150,9 +181,7 @@ def run(args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))))
     sys.stdout.flush()
     if args.json:
-        write_text(args.json, json.dumps({"task": task_name, "problems": len(tasks), "models": names, "sandbox": args.sandbox,
-                                          "baseline": baseline, "unit": unit,
-                                          "seconds": round(seconds, 1), "configs": [s.to_dict() for s in summaries]}, indent=1))  # fmt: skip
+        write_text(args.json, json.dumps({**about, "configs": [s.to_dict() for s in summaries]}, indent=1))
     if args.csv:
         with atomic_write(args.csv, newline="") as f:
             csv.writer(f).writerows(rows)
@@ -160,60 +189,3 @@ def run(args: argparse.Namespace) -> int:
         from ..tools.plotting import plot_eval
 
         plot_eval(args.plot, title, baseline, summaries)
-    return 0
-
-
-class _loaded:
-    """The models, loaded once for every configuration, and `generate(prompt, config)`. At the
-    byte level a model that also decodes alone on its own tokens (`load_alone`) is loaded a
-    second time as a token-level ensemble of one."""
-
-    def __init__(self, settings, byte_level: bool) -> None:
-        self.settings = settings
-        self.byte_level = byte_level
-        self.alone: dict[int, Ensemble] = {}  # model index -> that model alone, on its own tokens
-
-    def __enter__(self) -> "_loaded":
-        from ..ensemble import Ensemble
-
-        if self.byte_level:
-            from ..runtime.bytelevel import ByteModels
-
-            self.models = ByteModels.load(self.settings.load, self.settings.combiner(), progress=loading_progress)
-        else:
-            self.models = Ensemble.from_spec(self.settings.load, self.settings.combiner(), progress=loading_progress)
-        self.names = self.models.names
-        return self
-
-    def load_alone(self, members: Sequence[int]) -> None:
-        from ..ensemble import Ensemble
-
-        for i in members:
-            say(f"localcos: {self.names[i]} also alone, on its own tokens")
-            self.alone[i] = Ensemble.from_spec(self.settings.load.member(i))
-
-    def generate(self, prompt: str, config: EvalConfig) -> Generated:
-        """A completion of `prompt` under `config`; its length in tokens, or in characters when
-        the run is at the byte level (every configuration's speed in one unit)."""
-        from ..eval.codeeval import Generated
-
-        settings = config.settings
-        if config.own_tokens:  # max_tokens counts characters in a byte-level run
-            assert config.member is not None, "parse_config refuses --level token for a combination"
-            generation = replace(settings.generation, method="ensemble", gamma=None)
-            text, own = self.alone[config.member].generate_chars(prompt, config=generation)
-            return Generated(text, len(text), own.seconds, own.llama_seconds)
-        if self.byte_level:
-            from ..runtime.bytelevel import run_to_end
-            from ..runtime.generation import completion_rng
-
-            plan = self.models.plan(self.models.prompts(prompt), settings.generation, combiner=settings.combiner(), mixed=config.mixed)
-            b = run_to_end(self.models.start(plan, completion_rng(settings.generation.seed, 0)))
-            return Generated(b.text, b.stats.chars, b.stats.seconds, b.stats.llama_seconds)
-        c = self.models.generate(prompt, config=settings.generation, combiner=settings.combiner())
-        return Generated(c.text, len(c.token_ids), c.stats.seconds, c.stats.llama_seconds)
-
-    def __exit__(self, *exc: object) -> None:
-        for ens in self.alone.values():
-            ens.close()
-        self.models.close()

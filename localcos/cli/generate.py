@@ -51,9 +51,9 @@ def run(args: argparse.Namespace) -> int:
     config = settings.generation
     if config.seed is None:  # a seed the user can repeat: printed with the stats
         config = replace(config, seed=int.from_bytes(os.urandom(4), "little"))
-    from ..runtime.bytelevel import decodes_bytes
+    from ..runtime.bytelevel import decoding_level
 
-    if decodes_bytes(settings):
+    if decoding_level(settings).in_bytes:
         return _generate_bytes(args, settings, config, prompt, n)
     if settings.load.parallel is None and n > 1 and not any(settings.load.rpc):  # --n: decode them together
         settings = replace(settings, load=replace(settings.load, parallel=default_parallel(settings.load.n_ctx, n)))

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import re
 import socket
 import sys
 from typing import Any, Iterable, Mapping
 
 from ..errors import ConfigError
 from ..config import GROUPS, OPTIONS, Settings
+from ..config.flags import FlagParser, add_flags
 from ..config import resolve as resolve_settings
 
 EXIT_BAD_INPUT = 2
@@ -29,13 +29,9 @@ GROUP_TITLES = {
 }
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error in one line (status 2), like every other bad input,
-    and takes "-,HOST:PORT" as a value (--rpc's "this model here, that one there"), not a flag."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-,")
+class Parser(FlagParser):
+    """The command line's parser: a usage error is one line (status 2), like every other bad
+    input."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise SystemExit(fail(f"{message} (see {self.prog} --help)"))
@@ -107,25 +103,9 @@ def add_options(
 ) -> None:
     """Add the declared options of `groups` to `parser` (every value arrives as typed, and is
     checked by the settings layer). `defaults` are this command's own defaults, shown in help."""
-    defaults = defaults or {}
     skip = set(exclude)
     for group in groups:
-        g = parser.add_argument_group(GROUP_TITLES.get(group, group))
-        for opt in GROUPS[group]:
-            if opt.name in skip:
-                continue
-            default = defaults.get(opt.name, opt.default)
-            text = opt.help
-            if opt.format(default) and not opt.switch:
-                text += f" (default {opt.format(default)})"
-            kwargs: dict[str, Any] = {"dest": opt.name, "default": None, "help": text}
-            if opt.switch:
-                kwargs["action"] = "store_true"
-            else:
-                kwargs["metavar"] = "{" + ",".join(opt.choices) + "}" if opt.choices else (opt.metavar or opt.name.upper())
-                if opt.repeat:
-                    kwargs["action"] = "append"
-            g.add_argument(*opt.flags, **kwargs)
+        add_flags(parser.add_argument_group(GROUP_TITLES.get(group, group)), [o for o in GROUPS[group] if o.name not in skip], defaults)
 
 
 def option_values(args: argparse.Namespace) -> dict[str, Any]:

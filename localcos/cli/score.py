@@ -87,12 +87,14 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--sweep {s.name} needs --combine {' or '.join(wanted)} (it is {settings.combine.combine})", param="sweep")
     grid = [settings.with_values(point) for point in points]  # each point checked like an option
     labels = [label(point) for point in points]
-    from ..runtime.bytelevel import decodes_bytes
+    from ..core.level import Level
+    from ..runtime.bytelevel import decoding_level
 
-    if settings.load.level == "mixed":
+    level = decoding_level(settings)
+    if level is Level.MIXED:
         raise ConfigError("--level mixed is a way of decoding (whole tokens where the lead is sure); score reads the byte level's "
                           "probabilities of a given text: --level byte", param="level")  # fmt: skip
-    if decodes_bytes(settings):
+    if level.in_bytes:
         return _score_bytes(args, settings, text if args.file else None, None if args.file else items, grid, labels, sweep)
     with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, max_logit_rows=SCORING_LOGIT_ROWS) as ens:
         combiners = [s.combiner() for s in grid]

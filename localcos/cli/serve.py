@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from ..chat import ChatFormatter, OwnTemplates
     from ..config import default_parallel, resolve_server
     from ..ensemble import Ensemble
-    from ..runtime.bytelevel import ByteModels, decodes_bytes
+    from ..runtime.bytelevel import ByteModels, decoding_level
 
     try:
         import uvicorn
@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         settings = resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
-        byte_level = decodes_bytes(settings)
+        level = decoding_level(settings)
+        byte_level = level.in_bytes
         if byte_level:  # models of different tokenizers: one generation at a time (its paths take the sequences)
             ens: Ensemble | ByteModels = ByteModels.load(settings.load, settings.combiner(), progress=loading_progress)
             parallel = 1
@@ -90,10 +91,10 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(served, engine, api_key=api_key, policy=policy)
         shown = f"[{server.host}]" if ":" in server.host else server.host
         url = f"http://{shown}:{port}"
-        level = ", byte level: the models' tokenizers differ" if byte_level else ""
+        shown_level = f", {level.value} level" if byte_level else ""
         say(
             f"localcos serve: {alias} ({ens.combiner.description}, method {settings.generation.method}, "
-            f"{parallel} sequence{'s' if parallel > 1 else ''} at once{level}) at {url}/v1"
+            f"{parallel} sequence{'s' if parallel > 1 else ''} at once{shown_level}) at {url}/v1"
         )
         if formatter is None:
             say("  the models carry no chat template: /v1/chat/completions answers 400, /v1/completions works")

@@ -101,7 +101,7 @@ def resolve(
     generation = GenerationConfig(**_spec_values("generation", value)).for_models(n, load.level)
     if value("chat_template_model") is not None:
         chat_model = value("chat_template_model")
-    check_for_models(generation, n, combine=combine, chat_template_model=chat_model, json=json)
+    check_for_models(generation, n, combine=combine, chat_template_model=chat_model, json=json, level=load.level)
     return Settings(load, combine, generation, chat_template_model=chat_model, system=value("system"), name=title, given=frozenset(given))
 
 

@@ -250,13 +250,39 @@ def default_method(n_models: int, level: str = "auto") -> str:
     return "cos" if n_models > 1 and level != "mixed" else "ensemble"
 
 
+def check_level(level: str, generation: GenerationConfig, gated: bool) -> None:
+    """The mixed level's rules, written once (the settings layer checks them before any model
+    loads, the byte level's planning for every request): it needs a gate (`gated`: the gate
+    says where the lead decides whole tokens alone), decodes with the ensemble's step (its whole
+    tokens are not drafted) and takes no constraint (a grammar masks bytes, not the lead's
+    whole tokens)."""
+    if level != "mixed":
+        return
+    if not gated:
+        raise ConfigError("--level mixed needs --gate G: whole tokens of the lead where its likeliest has probability G or more, "
+                          "the byte level elsewhere", param="gate")  # fmt: skip
+    constraint = next((name for name in ("json_schema", "grammar", "json_object") if getattr(generation, name)), None)
+    if constraint is not None:
+        raise ConfigError("a JSON schema or grammar: not available at the mixed level (it decodes with the ensemble's step: "
+                          "--method ensemble)", param=constraint)  # fmt: skip
+    if generation.method not in (None, "ensemble"):
+        raise ConfigError(f"--method {generation.method}: not available at the mixed level (it decodes with the ensemble's step: "
+                          "--method ensemble)", param="method")  # fmt: skip
+
+
 def check_for_models(
-    generation: GenerationConfig, n: int, *, combine: CombineSpec | None = None, chat_template_model: int = 0, json: bool = False
+    generation: GenerationConfig,
+    n: int,
+    *,
+    combine: CombineSpec | None = None,
+    chat_template_model: int = 0,
+    json: bool = False,
+    level: str = "auto",
 ) -> None:
     """What the settings must satisfy for an ensemble of n models: model indices below n,
     methods that need two models, one gamma or one per model, the combination's fit (weights
-    per model, cd's two models). The settings layer calls this before loading anything, the
-    runtime's planning for every generation."""
+    per model, cd's two models), the level's own rules (`check_level`). The settings layer calls
+    this before loading anything, the runtime's planning for every generation."""
 
     def index(name: str, value: int | None) -> None:
         if value is not None and value >= n:
@@ -273,6 +299,7 @@ def check_for_models(
         index("expert", combine.expert)
         index("lead", combine.lead)
         combine.combiner().fit(n, [1] * n)
+        check_level(level, generation, combine.gate is not None)
 
 
 # --- serving -------------------------------------------------------------------------------------
@@ -343,7 +370,8 @@ class Settings:
         generation = replace(self.generation, **changes["generation"])
         new = replace(self, combine=combine, generation=generation, **changes["chat"])
         if check:
-            check_for_models(new.generation, len(new.load.paths), combine=new.combine, chat_template_model=new.chat_template_model, json=json)
+            check_for_models(new.generation, len(new.load.paths), combine=new.combine, chat_template_model=new.chat_template_model, json=json,
+                             level=new.load.level)  # fmt: skip
         return new
 
 

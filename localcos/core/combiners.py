@@ -126,6 +126,16 @@ class BoundCombiner:
         self.inner: BoundCombiner = BoundCombiner(self.gate.inner, n_models) if self.gate is not None else self
         self._shut_asks = tuple(u and (self.gate is None or i == self.gate.lead) for i, u in enumerate(self.used))
 
+    def lead_model(self, n_params: Sequence[int]) -> int:
+        """The model that leads: the gate's lead, the model r is alone, else `default_lead` (what
+        a byte-level text's length is counted in: its tokens)."""
+        if isinstance(self.combiner, Gated):
+            assert self.combiner.lead is not None
+            return self.combiner.lead
+        if self.single is not None:
+            return self.single
+        return default_lead(self.combiner, n_params)
+
     def asks(self, opened: bool) -> tuple[bool, ...]:
         """The models r needs at a position, the one rule of lazy members at every level: those it
         uses where the gate opens (`opened`) or where no gate stands; where a gate is shut, the
@@ -330,6 +340,14 @@ class CustomCombiner(Combiner):
             raise ConfigError(f"combiner {self.name} returned shape {out.shape}, expected {np.shape(like)}", param="combine")
 
 
+def default_lead(combiner: Combiner, n_params: Sequence[int]) -> int:
+    """The model that leads where the settings name none: contrastive decoding's expert (fitted),
+    else the model with the most parameters (ties: the last)."""
+    if isinstance(combiner, Contrastive) and combiner.expert is not None:
+        return combiner.expert
+    return max(range(len(n_params)), key=lambda i: (n_params[i], i))
+
+
 class Gated(Combiner):
     """`inner`'s combination only where the lead model is unsure: r is the lead's own
     distribution, softmax(l_lead / T), at every position where its top probability (at
@@ -356,9 +374,7 @@ class Gated(Combiner):
 
     def fit(self, n_models: int, n_params: Sequence[int]) -> "Gated":
         inner = self.inner.fit(n_models, n_params)
-        lead = self.lead
-        if lead is None:
-            lead = inner.expert if isinstance(inner, Contrastive) else max(range(n_models), key=lambda i: (n_params[i], i))
+        lead = default_lead(inner, n_params) if self.lead is None else self.lead
         if not 0 <= lead < n_models:
             raise ConfigError(f"lead must be a model index from 0 to {n_models - 1}, got {lead}", param="lead")
         return Gated(inner, self.threshold, lead)
@@ -376,14 +392,23 @@ class Gated(Combiner):
         mass = np.exp(z - top).sum(axis=-1, dtype=np.float64)  # 1 / (the top probability)
         return ~self.shut(1.0 / mass)
 
-    def combine(self, logits: Sequence[np.ndarray | None], temperature: float) -> np.ndarray:
+    def compose(self, lead: np.ndarray, opened: np.ndarray, inner: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """r from the gate's decisions, the one composition of every level: `lead` (the lead's own
+        distribution, [positions, vocab], filled in and returned) where the gate is shut, and
+        `inner(opened)` (the inner combination at the rows where it opens) there. `opened`: one
+        bool per row, decided once per position by the caller (`opens` on the lead's logits, or
+        `shut` on its top probability)."""
+        if opened.any():
+            lead[opened] = inner(opened)
+        return lead
+
+    def combine(self, logits: Sequence[np.ndarray | None], temperature: float, opened: np.ndarray | None = None) -> np.ndarray:
+        """r for every row; where the gate opens is `opened` where the caller decided it (the
+        other models' rows may be None where it is shut), else decided here from the lead's logits."""
         assert self.lead is not None, "bind() the combiner first"
         lead = np.asarray(logits[self.lead], dtype=np.float32)
-        opened = self.opens(lead)
-        r = softmax(lead, temperature)
-        if opened.any():
-            r[opened] = self.inner.combine([None if l is None else np.asarray(l)[opened] for l in logits], temperature)
-        return r
+        return self.compose(softmax(lead, temperature), self.opens(lead) if opened is None else opened,
+                            lambda rows: self.inner.combine([None if l is None else np.asarray(l)[rows] for l in logits], temperature))  # fmt: skip
 
     def uses(self, n_models: int) -> tuple[bool, ...]:
         return tuple(u or i == self.lead for i, u in enumerate(self.inner.uses(n_models)))

@@ -320,11 +320,8 @@ class Decoder:
         gate = combiner.gate
         if gate is not None:
             assert gate.lead is not None
-            opened = np.array([self.gate_opens(p) for p in positions])
-            r = np.stack([self.softmax(gate.lead, p) for p in positions])
-            if opened.any():
-                r[opened] = self._mixed(combiner.inner, [p for p, o in zip(positions, opened) if o])
-            return r
+            return gate.compose(np.stack([self.softmax(gate.lead, p) for p in positions]), np.array([self.gate_opens(p) for p in positions]),
+                                lambda opened: self._mixed(combiner.inner, [p for p, o in zip(positions, opened) if o]))  # fmt: skip
         if combiner.single is not None:  # r is one model's own softmax(l / T): no combining
             return np.stack([self.softmax(combiner.single, p) for p in positions])
         if combiner.mixes_probs:

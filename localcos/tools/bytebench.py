@@ -47,13 +47,14 @@ class ByteRun:
     task: str
     temperature: float
     chars: int
+    tokens: int  # what max_tokens counts: a model alone's own, the lead's at the byte level
     seconds: float
     llama_seconds: float  # of `seconds`, inside llama.cpp
     stats: ByteStats | None = None  # None: a model alone (token path)
 
     def to_dict(self) -> dict:
         out = {"config": self.config.label, "prompt": self.prompt, "task": self.task, "temperature": self.temperature,
-               "chars": self.chars, "seconds": self.seconds, "llama_seconds": self.llama_seconds}  # fmt: skip
+               "chars": self.chars, "tokens": self.tokens, "seconds": self.seconds, "llama_seconds": self.llama_seconds}  # fmt: skip
         if self.stats is not None:
             out["stats"] = self.stats.to_dict()
         return out
@@ -66,14 +67,15 @@ def run_byte_benchmark(
     configs: Sequence[ByteConfig],
     temperatures: Sequence[float],
     *,
-    max_chars: int,
+    max_tokens: int,
     seed: int = 0,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> list[ByteRun]:
     """Every configuration on every prompt at every temperature, interleaved prompt by prompt
     (machine noise then touches them alike), each from empty caches; the ensemble runs twice,
     first and last (the two say how noisy the timing is: `timing_noise`). Prompt i draws from random stream i of `seed`;
-    a model alone generates `max_chars` characters on its own tokens (`Ensemble.generate_chars`)."""
+    a model alone generates `max_tokens` of its own tokens, the byte level as many of the lead's (the
+    same length of text where they write alike)."""
     runs: list[ByteRun] = []
     order = [*configs, *(c for c in configs if c.label == ENSEMBLE)]
     total = len(temperatures) * len(prompts) * len(order)
@@ -83,13 +85,13 @@ def run_byte_benchmark(
                 if progress:
                     progress(len(runs), total, f"T={t:g} {task} {config.label}")
                 if config.alone is not None:
-                    text, own = alone[config.alone].generate_chars(prompt, max_tokens=max_chars, temperature=t, seed=seed + i, method=ENSEMBLE)
-                    runs.append(ByteRun(config, i, task, t, len(text), own.seconds, own.llama_seconds))
+                    own = alone[config.alone].generate(prompt, max_tokens=max_tokens, temperature=t, seed=seed + i, method=ENSEMBLE)
+                    runs.append(ByteRun(config, i, task, t, len(own.text), len(own.token_ids), own.stats.seconds, own.stats.llama_seconds))
                     continue
-                plan = models.plan(models.prompts(prompt), GenerationConfig(method=config.method, max_tokens=max_chars, temperature=t,
+                plan = models.plan(models.prompts(prompt), GenerationConfig(method=config.method, max_tokens=max_tokens, temperature=t,
                                                                             byte_gamma=config.gamma))  # fmt: skip
                 c = run_to_end(models.start(plan, completion_rng(seed, i)))
-                runs.append(ByteRun(config, i, task, t, c.stats.chars, c.stats.seconds, c.stats.llama_seconds, c.stats))
+                runs.append(ByteRun(config, i, task, t, c.stats.chars, c.stats.tokens, c.stats.seconds, c.stats.llama_seconds, c.stats))
     if progress:
         progress(total, total, "done")
     return runs

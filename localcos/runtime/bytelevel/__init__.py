@@ -12,11 +12,11 @@ that keep the text valid UTF-8, and text is emitted as characters complete.
 """
 
 from .generation import ByteGeneration, ByteStream, run_to_end
-from .level import BYTE_OPTIONS, byte_vocab, decodes_bytes, refuse_byte_options, shares_tokenizer, uses_byte_level
+from .level import BYTE_OPTIONS, byte_vocab, decoding_level, level_of, refuse_byte_options, shares_tokenizer
 from .member import ByteMember
 from .models import ByteModels
 from .results import ByteCompletion, BytePlan, ByteStats
-from .symbols import RULED_OUT, combine_symbols, floor_ruled_out
+from .symbols import RULED_OUT, combine_symbols, floor_ruled_out, gate_opens
 
 __all__ = [
     "BYTE_OPTIONS",
@@ -30,10 +30,11 @@ __all__ = [
     "ByteStream",
     "byte_vocab",
     "combine_symbols",
-    "decodes_bytes",
+    "decoding_level",
     "floor_ruled_out",
+    "gate_opens",
     "refuse_byte_options",
     "run_to_end",
     "shares_tokenizer",
-    "uses_byte_level",
+    "level_of",
 ]

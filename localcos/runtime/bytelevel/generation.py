@@ -12,6 +12,7 @@ import numpy as np
 from ...core.bytelevel import END, SYMBOLS, ByteView, Utf8State, ViewState
 from ...core.combiners import BoundCombiner, Gated
 from ...core.decoding import Origin
+from ...core.level import Level
 from ...core.sampling import Sampler
 from ...core.speedmodel import ByteAutoGamma, CallProfile, Costs
 from ...core.text import TextAssembler
@@ -19,7 +20,7 @@ from ...core.verify import verify
 from ...grammar import Matcher, unpack
 from ..generation import Chunk, TokenEvent
 from .results import ByteCompletion, ByteStats
-from .symbols import combine_symbols
+from .symbols import combine_symbols, gate_opens
 
 if TYPE_CHECKING:
     from .models import ByteModels
@@ -70,7 +71,16 @@ class ByteGeneration:
         prompts: each model's prompt, in its own tokens.
         combiner: bound to the members; it receives [1, 257] log probabilities per model.
         sampler: temperature and truncations, applied to r over the 257 symbols.
-        max_chars: characters (UTF-8) to generate at most.
+        max_chars: characters (UTF-8) to generate at most (None: no such limit).
+        max_tokens, count_tokens: the length a user sets (`--max-tokens`, the same meaning at
+            every level): the text ends at a character's end once it holds `max_tokens` of the
+            lead's tokens: the whole tokens the mixed level took, then `count_tokens` (the lead's
+            tokenizer) on the bytes since (all of them at the byte level). So where every step
+            is a whole token the text is the lead's own, token for token, cut where it would
+            cut alone. Counted only where it could have (a token is a byte at least: a count of
+            c is taken again `max_tokens - c` bytes later), so a text is tokenized a few times,
+            not at every byte; where each byte adds a token at most, the count at the end is
+            `max_tokens` plus at most the bytes of the last character but one.
         stop: strings that end the text (not included).
         method: "ensemble" (r sampled at every byte) or "cos" (the models take
             turns drafting `gamma` bytes from their own byte distribution; the others score the
@@ -84,11 +94,12 @@ class ByteGeneration:
         constraint: structured output over the 257 symbols (`grammar.byte_symbols`): its mask
             applies to r and to every draft distribution at the same position, so cos stays exact
             for the constrained r (as at the token level).
-        switch: the mixed level's gate (`Gated`, bound): where the lead's view is one
-            tokenisation ending with the text on a character boundary and the gate is shut for
-            its likeliest whole token, the next unit is a whole token of the lead's own
+        level: BYTE (the byte level's step at every byte) or MIXED: with the combination's gate
+            (`Gated`: the mixed level needs one, `config.check_level`), where the lead's view is
+            one tokenisation ending with the text on a character boundary and the gate is shut
+            for its likeliest whole token, the next unit is a whole token of the lead's own
             distribution (one row; the others skip its bytes); elsewhere the byte level's step
-            (docs/algorithm.md, section 12). None: the byte level at every byte.
+            (docs/algorithm.md, section 12).
 
     Lazy members: at the ensemble's step a model r does not ask for (one it does not use; with a
     gate, any but the lead where the gate stays shut) is not evaluated; it takes the bytes it
@@ -104,7 +115,9 @@ class ByteGeneration:
         sampler: Sampler,
         rng: np.random.Generator,
         *,
-        max_chars: int,
+        max_chars: int | None = None,
+        max_tokens: int | None = None,
+        count_tokens: Callable[[bytes], int] | None = None,
         stop: Sequence[str] = (),
         n_ctx: int | None = None,
         ignore_end: bool = False,
@@ -114,10 +127,16 @@ class ByteGeneration:
         cancelled: Callable[[], bool] | None = None,
         names: Sequence[str] = (),
         constraint: Matcher | None = None,
-        switch: Gated | None = None,
+        level: Level = Level.BYTE,
     ) -> None:
         self.members = list(members)
-        self.switch = switch
+        self.level = level
+        # the mixed level's gate: the combination's own, deciding whole tokens as it decides bytes
+        self.switch: Gated | None = None
+        if level is Level.MIXED:
+            if not isinstance(combiner.combiner, Gated):
+                raise ValueError("the mixed level decodes with a gated combination (config.check_level refuses others)")
+            self.switch = combiner.combiner
         self.token_bytes = 0  # bytes decoded as whole tokens (the mixed level)
         self._token_probs = np.empty(0)  # the lead's whole-token distribution, reused every token
         self.constraint = constraint
@@ -128,7 +147,13 @@ class ByteGeneration:
         self.combiner = combiner
         self.sampler = sampler
         self.rng = rng
+        if max_chars is None and (max_tokens is None or count_tokens is None):
+            raise ValueError("a byte-level generation needs a length: max_chars, or max_tokens and count_tokens")
         self.max_chars = max_chars
+        self.max_tokens = max_tokens
+        self.count_tokens = count_tokens
+        self._count_from = 0  # the text's length in bytes at which its tokens are counted next
+        self._taken = (0, 0)  # (bytes, tokens) of the text the lead took as whole tokens, up to its last token step
         self.stop = tuple(s for s in stop if s)
         self.n_ctx = n_ctx
         self.method = method
@@ -147,12 +172,13 @@ class ByteGeneration:
         self.lazy = [not asked for asked in combiner.asks(opened=False)]
         self.behind = [bytearray() for _ in self.members]
 
-    def symbol_distribution(self, dists: Sequence[np.ndarray | None] | None = None) -> np.ndarray:
+    def symbol_distribution(self, dists: Sequence[np.ndarray | None] | None = None, opened: bool | None = None) -> np.ndarray:
         """r over the 257 symbols from the models' distributions (None for a model r does not ask
-        for there; default: now), before UTF-8 and sampling settings."""
+        for there; default: now) and, with a gate, whether it opens there (decided once per
+        position: `symbols.gate_opens`), before UTF-8 and sampling settings."""
         if dists is None:
-            dists = self._distributions()
-        return combine_symbols(self.combiner, dists, self.sampler.softmax_temperature)
+            dists, opened = self._distributions()
+        return combine_symbols(self.combiner, dists, self.sampler.softmax_temperature, opened)
 
     def _allowed(self, utf8: Utf8State) -> np.ndarray:
         """The symbols that may come next: valid UTF-8, and what the constraint allows after the
@@ -176,8 +202,8 @@ class ByteGeneration:
             p, total = allowed.astype(np.float64), float(allowed.sum())
         return self.sampler.finalize((p / total).astype(np.float32))
 
-    def _target(self, dists: Sequence[np.ndarray | None], allowed: np.ndarray) -> np.ndarray:
-        return self._finish(self.symbol_distribution(dists), allowed)
+    def _target(self, dists: Sequence[np.ndarray | None], opened: bool | None, allowed: np.ndarray) -> np.ndarray:
+        return self._finish(self.symbol_distribution(dists, opened), allowed)
 
     def _proposal(self, dist: np.ndarray, allowed: np.ndarray) -> np.ndarray:
         """A proposer's own distribution as it drafts: at the temperature r is computed at."""
@@ -193,20 +219,21 @@ class ByteGeneration:
         if self.constraint is not None and symbol != END and not self.constraint.consume(symbol):
             raise RuntimeError(f"the constraint refused byte {symbol}, which its own mask allowed")
 
-    def _distributions(self) -> list[np.ndarray | None]:
-        """The members' distributions r asks for here (None for the others): every model it
-        uses; with a gate, the lead's, and the others' only where the gate opens (a lazy member
-        catches up first)."""
+    def _distributions(self) -> tuple[list[np.ndarray | None], bool | None]:
+        """The members' distributions r asks for here (None for the others) and whether a gate
+        opens here (None without one): every model r uses; with a gate, the lead's, and the
+        others' only where the gate opens (a lazy member catches up first)."""
         # a model r uses at every byte first catches up on the whole tokens the mixed level took
         dists = [
             None if lazy else self._caught_up(i) if self.behind[i] else m.view.distribution()
             for i, (m, lazy) in enumerate(zip(self.members, self.lazy))
         ]
-        if self._gate_opens(dists):
+        opened = gate_opens(self.combiner, dists)
+        if opened:
             for i, asked in enumerate(self.combiner.asks(opened=True)):
                 if asked and dists[i] is None:
                     dists[i] = self._caught_up(i)
-        return dists
+        return dists, opened
 
     def _caught_up(self, i: int) -> np.ndarray:
         """Member i's distribution here, after it takes the bytes it skipped."""
@@ -241,9 +268,9 @@ class ByteGeneration:
     def _ensemble_step(self, utf8: Utf8State) -> _Round:
         # what each model's draft byte would have been accepted with, where drafts could pay at all
         observe = self.auto is not None and self.auto.could_pay
-        dists = self._distributions()
+        dists, opened = self._distributions()
         allowed = self._allowed(utf8)
-        r = self._target(dists, allowed)
+        r = self._target(dists, opened, allowed)
         if observe:  # every model then advances at every byte
             for i, dist in enumerate(dists):
                 dist = self._caught_up(i) if dist is None else dist
@@ -257,7 +284,7 @@ class ByteGeneration:
                     self.behind[i].append(symbol)
                 else:
                     self._advance(i, member, symbol)
-        return _Round([symbol], gates=[self._gate_opens(dists)])
+        return _Round([symbol], gates=[opened])
 
     def _token_step(self, utf8: Utf8State) -> _Round | None:
         """The mixed level's step where it applies (see `switch`): a whole token of the lead's
@@ -294,17 +321,26 @@ class ByteGeneration:
         for i in range(len(self.members)):
             if i != lead:
                 self.behind[i] += piece
-        return _Round(list(piece), gates=[None] * len(piece), whole=True)
+        return _Round(list(piece), gates=[False] + [None] * (len(piece) - 1), whole=True)  # one decision: shut, for the token
 
-    def _gate_opens(self, dists: Sequence[np.ndarray | None]) -> bool | None:
-        """With a gated combiner: whether the gate opens at a position (the lead's top symbol
-        probability below it); None without one."""
-        gate = self.combiner.gate
-        if gate is None:
-            return None
-        lead = dists[gate.lead]
-        assert lead is not None
-        return not gate.shut(float(lead.max()))
+    def _long_enough(self, chars: int, data: bytearray, tokens: bool) -> bool:
+        """Whether the text has reached the length asked for: `max_chars` characters, or (where
+        `tokens` may be counted) `max_tokens` of the lead's tokens (counted once the text could
+        hold that many, and then again only once it could hold the rest: each token is a byte at
+        least)."""
+        if self.max_chars is not None and chars >= self.max_chars:
+            return True
+        if not tokens or self.max_tokens is None or self.count_tokens is None or len(data) < self._count_from:
+            return False
+        counted = self._tokens(data)
+        self._count_from = len(data) + self.max_tokens - counted
+        return counted >= self.max_tokens
+
+    def _tokens(self, data: bytearray) -> int:
+        """The text's length in the lead's tokens: those it took whole, then its tokenizer's."""
+        assert self.count_tokens is not None
+        taken_bytes, taken_tokens = self._taken
+        return taken_tokens + (self.count_tokens(bytes(data[taken_bytes:])) if len(data) > taken_bytes else 0)
 
     def _spent(self) -> float | None:
         """The members' calls so far, priced at their profiles (None: a member that does not
@@ -356,12 +392,12 @@ class ByteGeneration:
                 self.auto.observe_scoring(self.members.index(m), len(data), m.tree_rows - ahead, m.missed - missed)
         reached = min(len(dists) for dists, _ in scored)  # positions every model has a distribution at
         judged = min(len(draft), reached)
-        targets, dists_at = [], []
+        targets, opened_at = [], []
         for j in range(judged):
-            dists = [d[j] for d, _ in scored]
+            dists: list[np.ndarray | None] = [d[j] for d, _ in scored]
             dists.insert(proposer, drafter_dists[j])
-            dists_at.append(dists)
-            targets.append(self._target(dists, allowed_at[j]))
+            opened_at.append(gate_opens(self.combiner, dists))
+            targets.append(self._target(dists, opened_at[-1], allowed_at[j]))
         verdict = verify(draft[:judged], np.stack(proposals[:judged]), np.stack(targets), self.rng)
         self.drafted += judged
         self.accepted += verdict.accepted
@@ -381,7 +417,7 @@ class ByteGeneration:
         symbols = list(kept)
         if verdict.resample is not None:
             symbols.append(verdict.resample)
-        gates = [self._gate_opens(dists) for dists in dists_at[: len(symbols)]]
+        gates = opened_at[: len(symbols)]
         if verdict.resample is not None:
             self._consume(verdict.resample)
             if verdict.resample != END:
@@ -398,6 +434,8 @@ class ByteGeneration:
             member.start(prompt)
             behind.clear()
         self.drafted = self.accepted = self.gate_decided = self.gate_opened = self.token_bytes = 0
+        self._count_from = self.max_tokens or 0  # n bytes hold n tokens at most
+        self._taken = (0, 0)
         t0 = time.perf_counter()
         llama0 = sum(m.llama_seconds for m in self.members)
         utf8 = Utf8State()
@@ -437,7 +475,7 @@ class ByteGeneration:
                 self.ensemble_steps += cos
             passed = step.next_proposer is not None
             proposer = step.next_proposer if passed else 0
-            for symbol, opened in zip(step.symbols, step.gates, strict=True):
+            for j, (symbol, opened) in enumerate(zip(step.symbols, step.gates, strict=True)):
                 if symbol == END:
                     finish = "stop"
                     break
@@ -450,7 +488,12 @@ class ByteGeneration:
                 if text.push(symbol):
                     finish = "stop"
                     break
-                if len(text.text) >= self.max_chars:
+                if step.whole and j == len(step.symbols) - 1:  # the lead's whole token is in: its count is known
+                    assert self.switch is not None and self.switch.lead is not None
+                    lead = self.switch.lead
+                    self._taken = (len(data), self.members[lead].longest - len(self.prompts[lead]))
+                # at a character's end: characters, or the lead's tokens (of a whole token: at its last byte)
+                if not utf8.need and self._long_enough(len(text.text), data, tokens=not step.whole or j == len(step.symbols) - 1):
                     finish = "length"
                     break
                 if self.n_ctx is not None and any(self._longest(i) >= self.n_ctx for i in range(len(self.members))):
@@ -466,6 +509,7 @@ class ByteGeneration:
         stats = ByteStats(
             bytes=len(data),
             chars=len(text.text),
+            tokens=self._tokens(data) if self.count_tokens is not None else 0,
             seconds=time.perf_counter() - t0,
             prompt_seconds=t0 - t_prompt,
             llama_seconds=sum(m.llama_seconds for m in self.members) - llama0,
@@ -485,7 +529,8 @@ class ByteGeneration:
             ensemble_steps=self.ensemble_steps,
             gate_decided=self.gate_decided,
             gate_opened=self.gate_opened,
-            token_bytes=self.token_bytes if self.switch is not None else None,
+            token_bytes=self.token_bytes,
+            level=self.level,
         )
         self.completion = ByteCompletion(text.text, bytes(data), finish, stats)
         return self.completion

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 from ...backend import Model, shared_vocab_size
 from ...core.bytelevel import ByteVocab
+from ...core.level import Level
 from ...errors import ConfigError, TokenizerMismatchError
 
 if TYPE_CHECKING:
@@ -33,14 +34,15 @@ def shares_tokenizer(models: Sequence[Model]) -> bool:
     return True
 
 
-def uses_byte_level(spec: "LoadSpec") -> bool:
-    """Whether the models of `spec` decode at the byte level: asked for, or (auto) their
-    tokenizers differ (read from their vocabularies only, before anything loads)."""
+def level_of(spec: "LoadSpec") -> Level:
+    """The level the models of `spec` decode at: the one asked for, or (auto) the token level for
+    models that share a tokenizer and the byte level otherwise (read from their vocabularies
+    only, before anything loads)."""
     if spec.level != "auto":
-        return spec.level in ("byte", "mixed")
+        return Level(spec.level)
     models = [Model(p, vocab_only=True) for p in spec.paths]
     try:
-        return not shares_tokenizer(models)
+        return Level.TOKEN if shares_tokenizer(models) else Level.BYTE
     finally:
         for m in models:
             m.close()
@@ -49,22 +51,23 @@ def uses_byte_level(spec: "LoadSpec") -> bool:
 BYTE_OPTIONS = ("byte_paths", "byte_prune", "byte_gamma")  # read by the byte level only
 
 
-def decodes_bytes(settings: "Settings", also_given: Sequence[str] = ()) -> bool:
-    """Whether the models of `settings` decode at the byte level (`uses_byte_level`). An option
-    given (in `settings`, or `also_given`: options a front end took itself) that the level chosen
-    would not read is refused in one line: the byte level's own for models that decode at the
-    token level; at the byte level --chat-template-model (each model reads a conversation in its
-    own template there) and --parallel above 1 (a byte-level generation takes every model's
-    sequences: one at a time)."""
-    if uses_byte_level(settings.load):
+def decoding_level(settings: "Settings", also_given: Sequence[str] = ()) -> Level:
+    """The level the models of `settings` decode at (`level_of`), the one place a front end
+    asks. An option given (in `settings`, or `also_given`: options a front end took itself) that
+    the level chosen would not read is refused in one line: the byte level's own for models that
+    decode at the token level; at the byte and mixed levels --chat-template-model (each model
+    reads a conversation in its own template there) and --parallel above 1 (a byte-level
+    generation takes every model's sequences: one at a time)."""
+    level = level_of(settings.load)
+    if level.in_bytes:
         if (settings.load.parallel or 1) > 1:
             raise ConfigError("--parallel: the byte level decodes one generation at a time (models with different tokenizers)", param="parallel")
         if "chat_template_model" in settings.given:
             raise ConfigError("--chat-template-model: at the byte level each model reads the conversation in its own chat template",
                               param="chat_template_model")  # fmt: skip
-        return True
+        return level
     refuse_byte_options([*settings.given, *also_given])
-    return False
+    return level
 
 
 def refuse_byte_options(given: Iterable[str], *, json: bool = False, remedy: str = "add --level byte") -> None:

@@ -10,10 +10,11 @@ import numpy as np
 
 from ...backend import Model
 from ...backend.model import MAX_SEQUENCES
-from ...config.specs import GenerationConfig
+from ...config.specs import GenerationConfig, check_level
 from ...core.bytelevel import check_prune
 from ...core.combiners import BoundCombiner, Gated
 from ...core.hostmem import keep_freed_memory
+from ...core.level import Level
 from ...core.speedmodel import CallProfile, Costs
 from ...errors import ConfigError
 from ...grammar import Matcher, byte_symbols
@@ -41,11 +42,11 @@ class ByteModels:
 
     def __init__(
         self, models: Sequence[Model], combiner: BoundCombiner, *, max_paths: int, prune: float, profiles: Sequence[CallProfile] | None = None,
-        mixed: bool = False,
+        level: Level = Level.BYTE,
     ) -> None:
         keep_freed_memory()  # every row's vocabulary-sized arrays come and go (see core.hostmem)
         self.models = list(models)
-        self.mixed = mixed  # the mixed level: whole tokens of the lead where it is sure (`ByteGeneration`'s switch)
+        self.level = level  # what a request decodes at unless it names another: byte, or mixed
         self.combiner = combiner
         # each model's call cost by rows (`runtime.profile`): what --byte-gamma auto plans with
         self.costs = Costs(list(profiles) if profiles is not None else [call_profile(m) for m in self.models])
@@ -86,7 +87,8 @@ class ByteModels:
             bound = combiner.bind(len(models), [m.n_params for m in models])
             for m in models:
                 byte_vocab(m)
-            return cls(models, bound, max_paths=spec.byte_paths, prune=spec.byte_prune, profiles=profiles, mixed=spec.level == "mixed")
+            level = Level.MIXED if spec.level == Level.MIXED.value else Level.BYTE
+            return cls(models, bound, max_paths=spec.byte_paths, prune=spec.byte_prune, profiles=profiles, level=level)
         except BaseException:
             for m in models:
                 m.close()
@@ -106,7 +108,8 @@ class ByteModels:
 
     @property
     def names(self) -> list[str]:
-        return [m.name for m in self.models]
+        """The models' names for people (`Model.label`), as the token level's."""
+        return [m.label for m in self.models]
 
     def document_starts(self) -> list[list[int]]:
         """Each model's context for a text of its own: its BOS, or where it has none its
@@ -145,15 +148,16 @@ class ByteModels:
         *,
         combiner: "Combiner | None" = None,
         param: str = "prompt",
-        mixed: bool | None = None,
+        level: Level | None = None,
     ) -> BytePlan:
         """A byte-level completion of `prompts` (each model's own tokens) under `config`, checked
         once here for every front end: its method ensemble or cos; `combiner` bound to the
         models (default the loaded one); token-counted drafts (gamma), a proposer, lookup on
         and a prompt longer than a model's context are refused (`ConfigError`, naming `param`).
-        `mixed`: at the mixed level or the byte level (default: the level the models loaded for)."""
-        mixed = self.mixed if mixed is None else mixed
-        config = config.for_models(len(self.models), "mixed" if mixed else "byte")
+        `level`: the byte or the mixed level (default: the level the models loaded for), whose
+        rules `config.check_level` states."""
+        level = self.level if level is None else level
+        config = config.for_models(len(self.models), level.value)
         method = config.method
         if config.gamma != "auto":
             raise ConfigError("gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
@@ -168,36 +172,26 @@ class ByteModels:
             if len(p) >= m.n_ctx:
                 raise ConfigError(f"the prompt is {len(p)} tokens for {m.name}, which holds {m.n_ctx}", param=param)
         bound = self.combiner if combiner is None else combiner.bind(len(self.models), [m.n_params for m in self.models])
-        return BytePlan(tuple(tuple(p) for p in prompts), config, bound, method, self._switch(bound, config, param) if mixed else None)
-
-    def _switch(self, bound: BoundCombiner, config: GenerationConfig, param: str) -> Gated:
-        """The mixed level's gate, the gated combination's: the lead decides whole tokens alone
-        where the gate is shut for its likeliest."""
-        gated = bound.combiner
-        if not isinstance(gated, Gated):
-            raise ConfigError("--level mixed needs --gate G: whole tokens of the lead where its likeliest has probability G or more, "
-                              "the byte level elsewhere", param="gate")  # fmt: skip
-        if config.method != "ensemble" or config.constraint is not None:
-            what = "a JSON schema or grammar" if config.constraint is not None else f"--method {config.method}"
-            raise ConfigError(f"{what}: not available at the mixed level (it decodes with the ensemble's step: --method ensemble)",
-                              param="method" if config.constraint is None else param)  # fmt: skip
-        return gated
+        check_level(level.value, config, isinstance(bound.combiner, Gated))
+        return BytePlan(tuple(tuple(p) for p in prompts), config, bound, method, level)
 
     def cancelled_completion(self, plan: BytePlan) -> ByteCompletion:
         """The completion of a generation cancelled before it started."""
         n = len(self.models)
-        stats = ByteStats(calls=[0] * n, rows=[0] * n, most_paths=[0] * n, restarts=[0] * n, dropped=[0.0] * n, folded=[0] * n, missed=[0] * n,
+        stats = ByteStats(level=plan.level, calls=[0] * n, rows=[0] * n, most_paths=[0] * n, restarts=[0] * n, dropped=[0.0] * n, folded=[0] * n, missed=[0] * n,
                           finish_reason="cancelled", method=plan.method, combiner=plan.combiner.description, names=self.names)  # fmt: skip
         return ByteCompletion("", b"", "cancelled", stats)
 
     def start(self, plan: BytePlan, rng: np.random.Generator, cancelled: Callable[[], bool] | None = None) -> ByteGeneration:
         """The generation of `plan` drawing from `rng` (`run()` drives it); one at a time."""
         config = plan.config
-        return ByteGeneration(self.members, plan.prompts, plan.combiner, config.sampler(), rng, max_chars=config.max_tokens,
+        lead = self.models[plan.combiner.lead_model([m.n_params for m in self.models])]
+        return ByteGeneration(self.members, plan.prompts, plan.combiner, config.sampler(), rng, max_tokens=config.max_tokens,
+                              count_tokens=lambda data: len(lead.tokenize(data, add_bos=False)),
                               stop=config.stop, n_ctx=self.n_ctx, ignore_end=config.ignore_eos, method=plan.method,
                               gamma=config.byte_gamma, costs=self.costs, cancelled=cancelled, names=self.names,
                               constraint=None if config.constraint is None else Matcher(byte_symbols(), config.constraint),
-                              switch=plan.switch)  # fmt: skip
+                              level=plan.level)  # fmt: skip
 
     @contextmanager
     def pruning(self, prune: float) -> Iterator[None]:

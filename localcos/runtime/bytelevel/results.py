@@ -7,15 +7,18 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ...config.specs import GenerationConfig
-from ...core.combiners import BoundCombiner, Gated
+from ...core.combiners import BoundCombiner
+from ...core.level import Level
 
 
 @dataclass
 class ByteStats:
     """What a byte-level generation did."""
 
+    level: Level = Level.BYTE  # the byte or the mixed level
     bytes: int = 0
     chars: int = 0
+    tokens: int = 0  # the text in the lead model's tokens (what max_tokens counts; 0 where nothing counts them)
     seconds: float = 0.0
     prompt_seconds: float = 0.0
     llama_seconds: float = 0.0  # of `seconds`, inside llama.cpp (every model's calls)
@@ -33,9 +36,9 @@ class ByteStats:
     accepted: int = 0
     missed: list[int] = field(default_factory=list)  # rows a draft's scoring had not evaluated ahead
     ensemble_steps: int = 0  # cos: rounds where no model drafted (--byte-gamma auto's choice, or no room)
-    gate_decided: int = 0  # with a gated combiner: symbols it decided
+    gate_decided: int = 0  # with a gated combiner: positions it decided (symbols; a whole token at the mixed level's token step)
     gate_opened: int = 0  # of them, where the gate opened (the models were combined)
-    token_bytes: int | None = None  # the mixed level: bytes decoded as the lead's whole tokens (the rest byte by byte)
+    token_bytes: int = 0  # the mixed level: bytes decoded as the lead's whole tokens (the rest byte by byte)
     completions: int = 1
     finish_reasons: dict[str, int] = field(default_factory=dict)  # of several completions (`aggregate`)
 
@@ -53,7 +56,7 @@ class ByteStats:
             for reason, count in (s.finish_reasons or {s.finish_reason: 1}).items():
                 reasons[reason] = reasons.get(reason, 0) + count
         return cls(
-            bytes=sum(s.bytes for s in stats), chars=sum(s.chars for s in stats), seconds=sum(s.seconds for s in stats),
+            level=stats[0].level, bytes=sum(s.bytes for s in stats), chars=sum(s.chars for s in stats), tokens=sum(s.tokens for s in stats), seconds=sum(s.seconds for s in stats),
             prompt_seconds=sum(s.prompt_seconds for s in stats), llama_seconds=sum(s.llama_seconds for s in stats), calls=total("calls"),
             rows=total("rows"),
             most_paths=[max(values) for values in zip(*(s.most_paths for s in stats))], restarts=total("restarts"),
@@ -61,7 +64,7 @@ class ByteStats:
             drafted=sum(s.drafted for s in stats), accepted=sum(s.accepted for s in stats), missed=total("missed"),
             ensemble_steps=sum(s.ensemble_steps for s in stats), gate_decided=sum(s.gate_decided for s in stats),
             gate_opened=sum(s.gate_opened for s in stats),
-            token_bytes=None if stats[0].token_bytes is None else sum(s.token_bytes or 0 for s in stats),
+            token_bytes=sum(s.token_bytes for s in stats),
             completions=sum(s.completions for s in stats), finish_reasons=reasons,
         )  # fmt: skip
 
@@ -76,9 +79,10 @@ class ByteStats:
 
     def to_dict(self) -> dict:
         return {
-            "level": "byte" if self.token_bytes is None else "mixed",
+            "level": self.level.value,
             "bytes": self.bytes,
             "chars": self.chars,
+            "tokens": self.tokens,
             "seconds": round(self.seconds, 4),
             "prompt_seconds": round(self.prompt_seconds, 4),
             "llama_seconds": round(self.llama_seconds, 4),
@@ -97,7 +101,7 @@ class ByteStats:
             **({"drafted": self.drafted, "accepted": self.accepted, "missed_rows": self.missed, "ensemble_steps": self.ensemble_steps}
                if self.method == "cos" else {}),
             **({"gate_decided": self.gate_decided, "gate_opened": self.gate_opened} if self.gate_decided else {}),
-            **({"token_bytes": self.token_bytes} if self.token_bytes is not None else {}),
+            **({"token_bytes": self.token_bytes} if self.level is Level.MIXED else {}),
         }
 
     def summary(self, names: Sequence[str]) -> str:
@@ -108,7 +112,7 @@ class ByteStats:
         drafts = f"; {self.accepted}/{self.drafted} draft symbols accepted, {self.ensemble_steps} ensemble steps" if self.method == "cos" else ""
         gate = f"; gate open {self.gate_opened}/{self.gate_decided}" if self.gate_decided else ""
         level = "byte level"
-        if self.token_bytes is not None:
+        if self.level is Level.MIXED:
             level = f"mixed level ({self.token_bytes}/{self.bytes} bytes as whole tokens)"
         return f"{level}: {self.chars} chars in {self.seconds:.2f} s ({self.chars_per_second:.1f} chars/s); {per_model}{drafts}{gate}"
 
@@ -119,14 +123,14 @@ class ByteCompletion:
 
     text: str
     data: bytes
-    finish_reason: str  # "stop" (the end symbol or a stop string), "length" (max_chars or the context), "cancelled"
+    finish_reason: str  # "stop" (the end symbol or a stop string), "length" (max_tokens or the context), "cancelled"
     stats: ByteStats
     end_token = None  # the byte level ends on its end symbol, not on one model's token
 
     @property
     def length(self) -> int:
-        """Its length in what max_tokens counts at the byte level: characters."""
-        return len(self.text)
+        """Its length in what max_tokens counts: the lead model's tokens."""
+        return self.stats.tokens
 
     def to_dict(self) -> dict:
         return {"text": self.text, "finish_reason": self.finish_reason}
@@ -135,13 +139,14 @@ class ByteCompletion:
 @dataclass(frozen=True)
 class BytePlan:
     """One byte-level completion to run (`ByteModels.plan` checks it): each model's prompt in its
-    own tokens, the generation settings, the combination bound to the models, the method."""
+    own tokens, the generation settings, the combination bound to the models, the method and the
+    level (byte, or mixed)."""
 
     prompts: tuple[tuple[int, ...], ...]
     config: GenerationConfig
     combiner: BoundCombiner
     method: str  # "ensemble" or "cos"
-    switch: Gated | None = None  # the mixed level's gate; see `ByteGeneration`
+    level: Level = Level.BYTE
 
     @property
     def prompt(self) -> tuple[int, ...]:

@@ -1,0 +1,124 @@
+"""eval's configurations (`EvalConfig`): what each one decodes, its settings and its level;
+parsed from `--variant NAME=FLAGS` by the settings layer's own reader of flags, or the defaults
+(each model alone, then the preset, or WE and CD)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..config import OPTIONS, Settings, check_for_models, default_method
+from ..config.flags import parse_flags
+from ..core.level import Level
+from ..errors import ConfigError
+
+_CONFIG_TARGETS = ("combine", "generation")
+# what a variant may set: the combination and generation options of `localcos generate`, and its level
+_VARIANT_OPTIONS = [opt for opt in OPTIONS.values() if opt.target in _CONFIG_TARGETS or opt.name == "level"]
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """One configuration: its name, its settings, the parameter counts of the models it runs
+    (which model is the expert or the lead, where the settings leave it open), the level it
+    decodes at and the run's level (how its models are loaded: for their byte views where the
+    run is at the byte or the mixed level)."""
+
+    name: str
+    settings: Settings
+    n_params: tuple[int, ...]  # the models' parameter counts: the combiner is fitted to them as it runs
+    level: Level = Level.TOKEN
+    run: Level = Level.TOKEN
+
+    @property
+    def own_tokens(self) -> bool:
+        """In a run whose models load for the byte level: r is one model's distribution and that
+        model decodes by itself on its own tokens, as it runs alone (the others are not run)."""
+        return self.run.in_bytes and self.level is Level.TOKEN
+
+    @property
+    def mixed(self) -> bool:
+        return self.level is Level.MIXED
+
+    @property
+    def member(self) -> int | None:
+        """The model whose own distribution r is (weights 1 and 0), or None for a combination."""
+        return self.settings.combiner().fit(len(self.n_params), self.n_params).single_model()
+
+    @property
+    def alone(self) -> bool:
+        """Whether r is one model's own distribution: a candidate for the default baseline, the
+        best member."""
+        return self.member is not None
+
+    @property
+    def identity(self) -> dict[str, str]:
+        """Every combination and generation option's value, as text, and the level where it is
+        not the one the run's models load for: what the results file records, so a resumed run
+        never mixes two settings under one name."""
+        values = {opt.name: opt.format(self.settings.value(opt.name)) for opt in OPTIONS.values() if opt.target in _CONFIG_TARGETS}
+        if self.run.in_bytes and self.level is not Level.BYTE:
+            return {**values, "level": self.level.value}
+        return values
+
+
+def parse_config(text: str, base: Settings, n_params: Sequence[int], run: Level = Level.TOKEN) -> EvalConfig:
+    """A configuration from `--variant NAME=FLAGS`: the combination and generation flags of
+    `localcos generate` (`--combine cd --mu 0.2 --gate 0.5`, or `--mu=0.2`), over the run's own
+    settings, each checked by its option's parser. In a run at the byte or mixed level (`run`),
+    `--level token` runs a configuration whose r is one model's on that model's own tokens, and
+    `--level byte` or `--level mixed` the level it names (the run's own by default)."""
+    name, sep, flags = text.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise ConfigError(f"--variant takes NAME=FLAGS, e.g. 'CD=--combine cd --mu 0.1'; got {text!r}", param="variant")
+    try:
+        words = shlex.split(flags)
+    except ValueError as e:
+        raise ConfigError(f"--variant {name}: {e}", param="variant") from None
+    raw = parse_flags(words, _VARIANT_OPTIONS, what=f"--variant {name}", param="variant",
+                      refused="is not a combination or generation option of localcos generate, nor --level")  # fmt: skip
+    values: dict[str, Any] = {k: v for k, v in raw.items() if k != "level"}
+    asked = OPTIONS["level"].check(raw["level"]) if "level" in raw else "auto"
+    level = run if asked == "auto" else Level(asked)
+    if level.in_bytes and not run.in_bytes:
+        raise ConfigError(f"--variant {name}: --level {level.value}: this run decodes at the token level (its models share a tokenizer); "
+                          f"give the run itself --level {level.value}", param="variant")  # fmt: skip
+    if level.in_bytes and "method" not in values and "method" not in base.given:  # the default method of the level it decodes at
+        values["method"] = default_method(len(n_params), level.value)
+    settings = base.with_values(values, check=False)
+    # checked as the command line is, at the level this configuration decodes at (before any model loads)
+    check_for_models(settings.generation, len(n_params), combine=settings.combine, chat_template_model=settings.chat_template_model,
+                     level=level.value)  # fmt: skip
+    config = EvalConfig(name, settings, tuple(n_params), level, run)
+    if config.own_tokens and not config.alone:
+        raise ConfigError(f"--variant {name}: --level token runs one model alone on its own tokens: give it all the weight "
+                          "(e.g. --combine we --weights 0,1)", param="variant")  # fmt: skip
+    return config
+
+
+def unique_names(names: Sequence[str], paths: Sequence[str]) -> list[str]:
+    """The models' names as configurations take them ("NAME alone"), made unique: a name two
+    models share is replaced by each one's path (a run's records are found by name: two models
+    of one name would share one row), and one file given twice by its place in the list."""
+    by_path = [path if names.count(name) > 1 else name for name, path in zip(names, paths)]
+    return [f"{name} (model {i})" if by_path.count(name) > 1 else name for i, name in enumerate(by_path)]
+
+
+def default_configs(base: Settings, names: Sequence[str], n_params: Sequence[int], run: Level = Level.TOKEN, preset: str | None = None) -> list[EvalConfig]:
+    """Each model alone (on its own tokens, as it runs by itself), then, for a `preset`, the
+    preset as configured ("is it better than its models on my task?"), else the weighted
+    ensemble and, for two models, contrastive decoding, at the run's level."""
+    n, counts = len(names), tuple(n_params)
+    configs = [
+        EvalConfig(f"{name} alone", base.with_values({"combine": "we", "weights": ",".join("1" if j == i else "0" for j in range(n)),
+                                                       "method": "ensemble"}), counts, Level.TOKEN, run)  # fmt: skip
+        for i, name in enumerate(names)
+    ]
+    if preset is not None:
+        return configs + [EvalConfig(preset, base, counts, run, run)]
+    configs.append(EvalConfig("WE", base.with_values({"combine": "we", "weights": ""}), counts, run, run))
+    if n == 2:
+        configs.append(EvalConfig("CD", base.with_values({"combine": "cd"}), counts, run, run))
+    return configs
