@@ -171,3 +171,27 @@ def test_padded_vocabulary_shares_the_smaller_one(models):
     assert shared_vocab_size([a, b]) == shared_vocab_size([b, a]) == a.n_vocab
     a.close()
     b.close()
+
+
+def test_models_list_groups_models_by_the_rule_loading_applies(models):
+    """One definition of "these models share a tokenizer": `localcos models list` groups the
+    headers by it, loading accepts a pair by it; a padded vocabulary shares the smaller one's
+    tokenizer (listed apart by a fingerprint of every token before), another tokenizer does not."""
+    from localcos.backend import read_info
+    from localcos.backend.tokenizers import tokenizer_groups
+
+    names = ["base", "padded", "sibling", "other_tokenizer"]
+    groups = tokenizer_groups([read_info(models[n]).token_table() for n in names])
+    assert groups == [0, 0, 0, 1]
+    for i, a in enumerate(names):
+        for j, b in enumerate(names[i + 1 :], start=i + 1):
+            pair = [Model(models[a], vocab_only=True), Model(models[b], vocab_only=True)]
+            try:
+                shared_vocab_size(pair)
+                accepted = True
+            except TokenizerMismatchError:
+                accepted = False
+            finally:
+                for m in pair:
+                    m.close()
+            assert accepted == (groups[i] == groups[j]), (a, b)

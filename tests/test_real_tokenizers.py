@@ -208,7 +208,7 @@ def test_qwen2_with_llama3_is_a_tokenizer_mismatch_in_one_line_at_the_token_leve
 
 
 def test_qwen2_with_llama3_decodes_at_the_byte_level_by_default(real_models):
-    proc = run("generate", "--models", f"{real_models['qwen2']},{real_models['llama3']}", "--prompt", "Hello", "--max-tokens", "24",
+    proc = run("generate", "--models", f"{real_models['qwen2']},{real_models['llama3']}", "--prompt", "Hello", "--max-tokens", "8",
                "--seed", "5", "--json", "--ctx", "256")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     import json
@@ -217,7 +217,7 @@ def test_qwen2_with_llama3_decodes_at_the_byte_level_by_default(real_models):
     (stats,) = result["stats"]
     (completion,) = result["completions"]
     assert stats["level"] == "byte"
-    assert stats["chars"] == len(completion["text"]) and stats["tokens"] <= 24 + 3  # --max-tokens: the lead's tokens
+    assert stats["chars"] == len(completion["text"]) and stats["tokens"] <= 8 + 3  # --max-tokens: the lead's tokens
     assert stats["bytes"] == len(completion["text"].encode("utf-8"))  # valid UTF-8 throughout
 
 
@@ -230,7 +230,7 @@ def test_greedy_byte_level_cos_equals_the_byte_level_ensemble_across_tokenizers(
 
     texts = {}
     for method in ("ensemble", "cos"):
-        proc = run("generate", "--models", f"{real_models['qwen2']},{real_models['llama3']}", "--prompt", "Hello", "--max-tokens", "48",
+        proc = run("generate", "--models", f"{real_models['qwen2']},{real_models['llama3']}", "--prompt", "Hello", "--max-tokens", "16",
                    "--temperature", "0", "--ignore-eos", "--json", "--ctx", "256", "--method", method, "--byte-gamma", "6", *gate)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         result = json.loads(proc.stdout)
@@ -239,7 +239,7 @@ def test_greedy_byte_level_cos_equals_the_byte_level_ensemble_across_tokenizers(
         if gate:  # the gate decided every byte, and opened at some of them only
             assert stats["gate_decided"] == stats["bytes"] and 0 < stats["gate_opened"] < stats["bytes"], stats
         texts[method] = result["completions"][0]["text"]
-        assert within_budget(stats["tokens"], 48)
+        assert within_budget(stats["tokens"], 16)
     assert texts["cos"] == texts["ensemble"]
 
 
@@ -281,7 +281,7 @@ def test_byte_level_cos_with_few_sequences_per_model_gives_the_ensembles_text(re
 
     texts = {}
     for method in ("ensemble", "cos"):
-        proc = run("generate", "--models", f"{real_models['qwen2']},{real_models['llama3']}", "--prompt", "Hello", "--max-tokens", "48",
+        proc = run("generate", "--models", f"{real_models['qwen2']},{real_models['llama3']}", "--prompt", "Hello", "--max-tokens", "16",
                    "--temperature", "0", "--ignore-eos", "--json", "--ctx", "256", "--method", method, "--byte-gamma", "4",
                    "--byte-paths", "2", "--byte-prune", "0")  # fmt: skip
         assert proc.returncode == 0, proc.stderr
@@ -289,7 +289,7 @@ def test_byte_level_cos_with_few_sequences_per_model_gives_the_ensembles_text(re
         texts[method] = result["completions"][0]["text"]
         if method == "cos":
             assert result["stats"][0]["drafted"] > 0
-        assert within_budget(result["stats"][0]["tokens"], 48)
+        assert within_budget(result["stats"][0]["tokens"], 16)
     assert texts["cos"] == texts["ensemble"]
 
 
@@ -306,8 +306,8 @@ def test_untrained_models_at_the_byte_level_go_on_where_a_model_gives_the_byte_d
 
     combiner = Contrastive(mu=0.5, expert=1) if combine == "cd" else WeightedEnsemble([0.5, 0.5])
     with ByteEnsemble.load([real_models["qwen2"], real_models["llama3"]], combiner, n_ctx=256, byte_paths=paths, byte_prune=prune) as ens:
-        out = ens.generate("Hello wörld 🦙", max_tokens=60, temperature=1.0, byte_gamma=gamma, seed=seed, method=method, ignore_eos=True)
-    assert within_budget(out.stats.tokens, 60) and out.data.decode("utf-8") == out.text
+        out = ens.generate("Hello wörld 🦙", max_tokens=16, temperature=1.0, byte_gamma=gamma, seed=seed, method=method, ignore_eos=True)
+    assert within_budget(out.stats.tokens, 16) and out.data.decode("utf-8") == out.text
     assert sum(out.stats.restarts) > 0  # what this test is about did happen
 
 
@@ -341,8 +341,8 @@ def test_every_path_is_evaluated_on_its_own_tokens(real_models, monkeypatch, pat
     with ByteEnsemble.load([real_models["qwen2"], real_models["llama3"]], Contrastive(mu=0.5, expert=1), n_ctx=512, byte_paths=paths,
                            byte_prune=prune) as ens:  # fmt: skip
         for seed in range(3):
-            out = ens.generate("Hello wörld 🦙 def f(x):", max_tokens=80, temperature=1.0, byte_gamma=gamma, seed=seed, method=method, ignore_eos=True)
-            assert within_budget(out.stats.tokens, 80)
+            out = ens.generate("Hello wörld 🦙 def f(x):", max_tokens=24, temperature=1.0, byte_gamma=gamma, seed=seed, method=method, ignore_eos=True)
+            assert within_budget(out.stats.tokens, 24)
     assert checked[0] > 200
 
 
@@ -369,9 +369,9 @@ def test_the_byte_level_makes_the_calls_its_profiles_say_cost_least(real_models)
                     return _original(parts)
 
                 member.model.decode = decode
-            done = ens.generate("Hello wörld, def f(x):", max_tokens=64, temperature=0.0, method="ensemble", ignore_eos=True)
+            done = ens.generate("Hello wörld, def f(x):", max_tokens=20, temperature=0.0, method="ensemble", ignore_eos=True)
             texts[name] = done.text
-            assert within_budget(done.stats.tokens, 64)
+            assert within_budget(done.stats.tokens, 20)
             for member in ens.members:
                 del member.model.decode
             shapes[name] = calls
@@ -408,6 +408,6 @@ def test_byte_members_keep_their_sequences_exact_through_bytes_drafts_and_rollba
     with ByteEnsemble.load([real_models["qwen2"], real_models["llama3"]], WeightedEnsemble([0.5, 0.5]), n_ctx=256, byte_paths=paths,
                            byte_prune=0.0) as ens:  # fmt: skip
         for seed in (1, 2):
-            out = ens.generate("Hello wörld, def f(x):", max_tokens=40, temperature=1.0, seed=seed, method=method, byte_gamma=6, ignore_eos=True)
-            assert within_budget(out.stats.tokens, 40)
+            out = ens.generate("Hello wörld, def f(x):", max_tokens=12, temperature=1.0, seed=seed, method=method, byte_gamma=6, ignore_eos=True)
+            assert within_budget(out.stats.tokens, 12)
     assert checked["step"] > 40 and (checked["rollback"] > 0) == (method == "cos")

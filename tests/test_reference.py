@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from localcos.backend import Model, llamacpp
 from localcos.backend.llamacpp import default_extra_buffers, default_threads
 from localcos.testing import reference
@@ -54,3 +56,18 @@ def test_a_faulting_child_fails_one_test_and_the_run_goes_on(tmp_path):
     assert "1 failed, 1 passed" in proc.stdout, proc.stdout[-3000:]
     assert "raise_signal in a child process was killed by SIGILL" in proc.stdout
     assert "FAILED test_faulting.py::test_a_reference_that_faults" in proc.stdout
+
+
+def test_the_noise_two_runs_measure_is_bounded_by_llama_cpps_band():
+    """The trained tier's tolerance is the largest difference between two runs' rows after the
+    same tokens; a row that is wrong (not noise) must fail, not widen the tolerance."""
+    import numpy as np
+
+    from localcos.testing.rows import BATCH_NOISE_BAND, RowLog
+
+    rows = RowLog()
+    rows.runs = {"a": {("m.gguf", (1, 2)): np.zeros(4)}, "b": {("m.gguf", (1, 2)): np.array([0.0, 0.3, 0.0, 0.0])}}
+    assert rows.noise("a", "b") == {"m.gguf": 0.3}
+    rows.runs["b"][("m.gguf", (1, 2))] = np.array([0.0, BATCH_NOISE_BAND + 1, 0.0, 0.0])
+    with pytest.raises(AssertionError, match="more than llama.cpp's batch noise"):
+        rows.noise("a", "b")

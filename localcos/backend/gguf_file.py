@@ -30,6 +30,7 @@ from typing import Any, Callable
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType
 
 from ..errors import IncompleteModelError, ModelFileError, ModelHeaderError
+from .tokenizers import TokenTable
 
 GGUF_MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # what llama.cpp reads
@@ -153,11 +154,26 @@ class GGUFInfo:
     def tokenizer_fingerprint(self) -> str:
         """SHA-256 over the token texts (as the backend's `vocab_fingerprint`), shortened
         (computed once: a pass over every token)."""
-        h = hashlib.sha256()
-        for t in self.tokens:
-            h.update(t)
-            h.update(b"\0")
-        return h.hexdigest()[:16]
+        return self.vocab_fingerprint(len(self.tokens))[:16]
+
+    def vocab_fingerprint(self, n: int) -> str:
+        """SHA-256 over the texts of token ids [0, n), as `Model.vocab_fingerprint` (each
+        length computed once)."""
+        cache = self.__dict__.setdefault("_fingerprints", {})
+        if n not in cache:
+            h = hashlib.sha256()
+            for t in self.tokens[:n]:
+                h.update(t)
+                h.update(b"\0")
+            cache[n] = h.hexdigest()
+        return cache[n]
+
+    def token_table(self) -> TokenTable:
+        """Its tokenizer as the rule that joins models at the token level reads it
+        (`tokenizers.tokenizer_mismatch`), before anything loads."""
+        m = self.metadata
+        return TokenTable(str(self.path), len(self.tokens), m.get("tokenizer.ggml.bos_token_id"), m.get("tokenizer.ggml.eos_token_id"),
+                          self.tokens.__getitem__, self.vocab_fingerprint)  # fmt: skip
 
     @property
     def incomplete(self) -> str | None:
@@ -266,6 +282,21 @@ def _read(c: _Cursor, keep: Callable[[str], bool], want_tokens: bool) -> GGUFInf
         raise c.fail("the version", at, f"is {version}; llama.cpp reads GGUF versions {' and '.join(map(str, VERSIONS))}")
     n_tensors = c.count("the tensor count", MAX_TENSORS, 32)
     n_kv = c.count("the metadata count", MAX_KV, 13)
+    metadata, lengths, tokens, fields = _read_metadata(c, n_kv, keep, want_tokens)
+    alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise c.fail("general.alignment", 0, f"is {alignment!r}, not a power of two")
+    types, n_params, data_size = _read_tensors(c, n_tensors, alignment)
+    data_offset = (c.pos + alignment - 1) // alignment * alignment
+    data_end = data_offset + data_size if n_tensors else c.pos
+    if c.size - data_end > alignment:  # writers pad to the alignment at most
+        raise c.fail("the tensor count", 8, f"is {n_tensors}, but {c.size - data_end} bytes follow the last tensor's data (a tensor's info is missing?)")
+    return GGUFInfo(c.path, version, metadata, lengths, tokens, types, n_params, c.size, fields, n_tensors, data_offset, data_end)
+
+
+def _read_metadata(c: _Cursor, n_kv: int, keep: Callable[[str], bool], want_tokens: bool) -> tuple[dict[str, Any], dict[str, int], list[bytes], dict[str, Field]]:
+    """The metadata's `n_kv` keys: (scalar and string values, array lengths, the token texts where
+    wanted, the fields `keep` asks for as stored)."""
     metadata: dict[str, Any] = {}
     lengths: dict[str, int] = {}
     tokens: list[bytes] = []
@@ -306,14 +337,17 @@ def _read(c: _Cursor, keep: Callable[[str], bool], want_tokens: bool) -> GGUFInf
             value = metadata[key] = c.scalar(_SCALARS[vtype], key)
         if keep(key):
             fields[key] = Field(vtype, value)
+    return metadata, lengths, tokens, fields
 
-    alignment = metadata.get("general.alignment", 32)
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-        raise c.fail("general.alignment", 0, f"is {alignment!r}, not a power of two")
+
+def _read_tensors(c: _Cursor, n_tensors: int, alignment: int) -> tuple[Counter, int, int]:
+    """The tensors' infos, each checked (name, shape, type, where its data starts): (elements by
+    type, parameters, the data section's size up to the last tensor's own bytes)."""
     types: Counter = Counter()
     n_params = 0
     names: set[bytes] = set()
     expected = 0  # where the next tensor's data must start, from the start of the data section
+    end = 0
     for t in range(n_tensors):
         at = c.pos
         name = c.string(f"the name of tensor {t}")
@@ -349,14 +383,10 @@ def _read(c: _Cursor, keep: Callable[[str], bool], want_tokens: bool) -> GGUFInf
             raise c.fail(f"the data offset of {label}", offset_at, f"is {offset}, but its data must start at {expected}")
         nbytes = count // block * block_bytes
         expected = offset + (nbytes + alignment - 1) // alignment * alignment
+        end = offset + nbytes  # the last tensor needs its own bytes, not the padding after them
         types[ttype.name] += count
         n_params += count
-    data_offset = (c.pos + alignment - 1) // alignment * alignment
-    # the last tensor needs its own bytes, not the padding after them
-    data_end = data_offset + offset + nbytes if n_tensors else c.pos
-    if c.size - data_end > alignment:  # writers pad to the alignment at most
-        raise c.fail("the tensor count", 8, f"is {n_tensors}, but {c.size - data_end} bytes follow the last tensor's data (a tensor's info is missing?)")
-    return GGUFInfo(c.path, version, metadata, lengths, tokens, types, n_params, c.size, fields, n_tensors, data_offset, data_end)
+    return types, n_params, end
 
 
 _checked: dict[tuple[str, int, int], None] = {}

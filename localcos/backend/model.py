@@ -128,6 +128,21 @@ class Model:
         self._ctx = None
         self._batch = None
 
+        self._load(n_gpu_layers, main_gpu, split_mode, extra_buffers, vocab_only, devices, load_progress)
+        self._read_facts()
+        self.n_ctx = 0
+        self.slots = [Slot(self, 0)]
+        self._kept: KeptPrompt | None = None  # the last prompt evaluated the fresh way
+        # the one slot that has had cells since the last reset (None: none yet; _SHARED: several)
+        self._sole: object = None
+        if not vocab_only:
+            self._open_context(n_ctx, n_seq, cells, n_threads, n_batch, max_logit_rows, flash_attn)
+            self._make_batch()
+
+    def _load(self, n_gpu_layers: int, main_gpu: int, split_mode: str, extra_buffers: bool | None, vocab_only: bool,
+              devices: Sequence[int], load_progress: Callable[[float], None] | None) -> None:  # fmt: skip
+        """Load the weights (or the vocabulary alone) as asked; one line naming the file where
+        llama.cpp cannot."""
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
         mparams.main_gpu = main_gpu
@@ -155,9 +170,11 @@ class Model:
                 f"cannot load {self.path}: {_clean_llama_error(detail)}; download the file again or check "
                 "that this llama.cpp build supports its architecture"
             )
-
         # llama.cpp's own count of layers on devices (GPUs, RPC servers), as it logged it
         self.offloaded: str | None = None if vocab_only else _offloaded_layers()
+
+    def _read_facts(self) -> None:
+        """What the loaded model says of itself: vocabulary, sizes, special tokens."""
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_params: int = llama_cpp.llama_model_n_params(self._model)
@@ -175,14 +192,10 @@ class Model:
         # token -> its bytes: filled by whichever thread asks first (a server tokenises off the
         # engine thread); llama.cpp's vocabulary is read-only and safe to read from any thread
         self._pieces: dict[int, bytes] = {}
-        self.n_ctx = 0
-        self.slots = [Slot(self, 0)]
-        self._kept: KeptPrompt | None = None  # the last prompt evaluated the fresh way
-        # the one slot that has had cells since the last reset (None: none yet; _SHARED: several)
-        self._sole: object = None
-        if vocab_only:
-            return
 
+    def _open_context(self, n_ctx: int, n_seq: int, cells: int | None, n_threads: int | None, n_batch: int, max_logit_rows: int,
+                      flash_attn: str) -> None:  # fmt: skip
+        """The llama.cpp context: one KV cache for every sequence, and the slots over it."""
         self.n_batch = max(1, min(n_batch, n_ctx))
         self.n_threads = n_threads or default_threads()
         cparams = llama_cpp.llama_context_default_params()
@@ -205,12 +218,13 @@ class Model:
             self.close()
             raise ModelFileError(f"cannot create a context for {self.path}: {_clean_llama_error(detail)}")
         total = llama_cpp.llama_n_ctx(self._ctx)
-        self.n_ctx: int = min(n_ctx, total if cells else total // n_seq)
+        self.n_ctx = min(n_ctx, total if cells else total // n_seq)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.slots = [Slot(self, i) for i in range(n_seq)]
 
-        # One reusable batch over NumPy arrays (one sequence id per row), so filling it is a few
-        # vectorised assignments; the arrays live as long as the model.
+    def _make_batch(self) -> None:
+        """One reusable batch over NumPy arrays (one sequence id per row), so filling it is a few
+        vectorised assignments; the arrays live as long as the model."""
         n = self.n_batch
         self._batch_token = np.zeros(n, dtype=np.int32)
         self._batch_pos = np.zeros(n, dtype=np.int32)
@@ -227,7 +241,6 @@ class Model:
         self._batch.n_seq_id = self._batch_n_seq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
         self._batch.seq_id = self._batch_seq_ptrs
         self._batch.logits = self._batch_logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
-
 
     # --- metadata -------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -373,7 +386,7 @@ class Model:
             return None
         self._load_state(slot.seq_id, kept.state)
         if n < len(kept.tokens):
-            self._remove(slot.seq_id, n)
+            self.remove_cells(slot.seq_id, n)
         slot.tokens.extend(prompt[:n])
         slot._publish()
         self._sole = slot
@@ -486,17 +499,17 @@ class Model:
         if not llama_cpp.llama_state_seq_set_data(self._ctx, state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), state.size, seq_id):
             raise RuntimeError(f"{self.name}: llama.cpp could not restore a kept prompt's cells")
 
-    def _remove(self, seq_id: int, n: int) -> None:
+    def remove_cells(self, seq_id: int, n: int) -> None:
         """Remove slot `seq_id`'s positions from n on from llama.cpp's cache."""
         if not llama_cpp.llama_memory_seq_rm(self._memory, seq_id, n, -1):
             raise RuntimeError(f"{self.name}: llama.cpp could not remove cache entries from position {n}")
 
-    def _share(self, source: int, target: int, n: int) -> None:
+    def share_cells(self, source: int, target: int, n: int) -> None:
         """Let slot `target` hold slot `source`'s first n positions (the same cells: no copy)."""
         llama_cpp.llama_memory_seq_cp(self._memory, source, target, 0, n)
         self._note_cells(self.slots[target])
 
-    def _kv_positions(self, seq_id: int) -> int:
+    def kv_positions(self, seq_id: int) -> int:
         if self._ctx is None:
             return 0
         return int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq_id)) + 1

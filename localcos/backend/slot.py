@@ -5,14 +5,11 @@ counters of a model's and a slot's calls (`ModelStats`); and the calls a prompt 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
 from ..errors import Cancelled
-
-if TYPE_CHECKING:
-    from .model import Model
 
 # the most prompt tokens one call evaluates (within n_batch): a scheduler interleaves a long
 # prompt's calls with other sequences' rounds, and a prompt is evaluated in calls of this many
@@ -48,12 +45,26 @@ def prompt_calls(prompt: Sequence[int], start: int, chunk: int) -> Iterator[tupl
         yield prompt[first : first + chunk], int(first + chunk >= len(prompt))
 
 
+class Sequences(Protocol):
+    """What a slot needs of its model (`Model`, `RemoteModel`): the calls that evaluate its
+    tokens, and its cells in the model's KV cache by sequence id."""
+
+    name: str
+    n_ctx: int
+    slots: list["Slot"]
+
+    def decode(self, parts: Sequence[tuple["Slot", Sequence[int], int, int]]) -> list[np.ndarray]: ...
+    def remove_cells(self, seq_id: int, n: int) -> None: ...
+    def share_cells(self, source: int, target: int, n: int) -> None: ...
+    def kv_positions(self, seq_id: int) -> int: ...
+
+
 class Slot:
     """One sequence of a model's KV cache (llama.cpp's seq_id `seq_id`) and exactly the tokens it
     holds. Evaluated, rolled back and prefilled on its own, or in one call with other slots
     (`Model.decode`); `stats` counts the calls it took part in."""
 
-    def __init__(self, model: Model, seq_id: int) -> None:
+    def __init__(self, model: Sequences, seq_id: int) -> None:
         self.model = model
         self.seq_id = seq_id
         self.tokens: list[int] = []
@@ -181,14 +192,14 @@ class Slot:
         if donor is None:
             return
         self.truncate(0)
-        self.model._share(donor.seq_id, self.seq_id, best)
+        self.model.share_cells(donor.seq_id, self.seq_id, best)
         self.tokens.extend(donor.tokens[:best])
         self._publish()
 
     def kv_length(self) -> int:
         """How many positions llama.cpp's KV cache holds for this sequence (equals
         len(self.tokens) unless something went wrong: a consistency check)."""
-        return self.model._kv_positions(self.seq_id)
+        return self.model.kv_positions(self.seq_id)
 
     def truncate(self, n: int) -> None:
         """Remove every token at position >= n from this sequence."""
@@ -196,7 +207,7 @@ class Slot:
             return
         if n < 0:
             raise ValueError("n must be >= 0")
-        self.model._remove(self.seq_id, n)
+        self.model.remove_cells(self.seq_id, n)
         del self.tokens[n:]
         self._publish()
 

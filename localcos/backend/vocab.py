@@ -7,35 +7,20 @@ from typing import Sequence
 from ..errors import TokenizerMismatchError
 from .model import Model
 from .slot import common_prefix
+from .tokenizers import TokenTable, tokenizer_mismatch
 
 
 def shared_vocab_size(models: Sequence[Model]) -> int:
-    """The vocabulary the models of an ensemble share, or `TokenizerMismatchError`.
-
-    Models of one family often pad their embedding matrix to different sizes; then the shared ids
-    are those below the smallest vocabulary, and must carry the same token text in every model.
-    BOS and EOS must agree too.
-    """
+    """The vocabulary the models of an ensemble share (the ids below the smallest vocabulary), or
+    `TokenizerMismatchError` (`tokenizer_mismatch`)."""
     if not models:
         raise ValueError("no models")
-    first = models[0]
-    shared = min(m.n_vocab for m in models)
+    first = TokenTable.of_model(models[0])
     for other in models[1:]:
-        for what, a, b in (("BOS", first.bos, other.bos), ("EOS", first.eos, other.eos)):
-            if a != b:
-                raise TokenizerMismatchError(
-                    f"tokenizer mismatch: {first.path} and {other.path} have different {what} ids ({a} vs {b})"
-                )
-        if first.vocab_fingerprint(shared) == other.vocab_fingerprint(shared):
-            continue
-        for t in range(shared):
-            if first.token_text(t) != other.token_text(t):
-                raise TokenizerMismatchError(
-                    f"tokenizer mismatch: {first.path} and {other.path} differ at token id {t} "
-                    f"({first.token_text(t)!r} vs {other.token_text(t)!r}); an ensemble needs models "
-                    "with one tokenizer"
-                )
-    return shared
+        why = tokenizer_mismatch(first, TokenTable.of_model(other))
+        if why is not None:
+            raise TokenizerMismatchError(f"tokenizer mismatch: {why}")
+    return min(m.n_vocab for m in models)
 
 
 def tokenize_alike(models: Sequence[Model], text: str, *, what: str = "the prompt", **options: object) -> list[int]:

@@ -286,7 +286,7 @@ class RemoteModel(Model):
         self._worker_kv = self._request("decode", [int(t) for t in tokens], start, out_from, out_to)
         return self._rows[: out_to - out_from]  # type: ignore[index]
 
-    def _remove(self, seq_id: int, n: int) -> None:
+    def remove_cells(self, seq_id: int, n: int) -> None:
         self._worker_kv = self._request("truncate", n)
 
     def _clear(self) -> None:
@@ -298,7 +298,7 @@ class RemoteModel(Model):
         cross the pipe both ways)."""
         return None
 
-    def _kv_positions(self, seq_id: int) -> int:
+    def kv_positions(self, seq_id: int) -> int:
         """The worker's llama.cpp KV cache length as of its last answer (0 when disconnected):
         read without a round trip, so /health never waits for a running call."""
         return self._worker_kv if self.connected else 0

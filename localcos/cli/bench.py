@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 from ..core.level import Level
 from ..errors import ConfigError
@@ -50,19 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from dataclasses import replace
-
-    from ..config import GenerationConfig, check_for_models
-    from ..config.parse import parse_choice, parse_gamma, parse_int, parse_ints
-    from ..core.decoding import METHODS
     from ..core.strategies import cheapest
     from ..ensemble import Ensemble
-    from ..models.weights import type_name
     from ..runtime.bytelevel import decoding_level
-    from ..runtime.profile import advice, cpu_name, describe
     from ..tools import bench
 
     if args.plot:
@@ -71,6 +63,60 @@ def run(args: argparse.Namespace) -> int:
     level = decoding_level(settings, also_given=["byte_gamma"] if args.byte_gammas is not None else [])  # the bench's own list
     if level.in_bytes:
         return _bench_bytes(args, settings, level)
+    settings, plan = _token_plan(args, settings)
+    rss_start = bench.current_rss_mb()
+    with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress) as ens:
+        rss_loaded = bench.current_rss_mb()
+        proposer = cheapest(ens.n_params) if plan.proposer is None else plan.proposer
+        big = bench.largest(ens.n_params)
+        alone = [big] if plan.members == "largest" else plan.members
+        configs = bench.configurations(plan.methods, plan.gammas, members=[] if plan.levels else alone)
+        names = [Path(p).name for p in settings.load.paths]
+        with _progress_bar() as progress, bench.RssSampler() as rss:
+            if plan.levels:
+                throughput = bench.run_throughput(ens, plan.prompts, configs, plan.temperatures, plan.levels, max_tokens=plan.max_tokens,
+                                                  rounds=plan.repeat, seed=plan.seed, proposer=proposer, progress=progress)  # fmt: skip
+            else:
+                runs = bench.run_benchmark(ens, plan.prompts, configs, plan.temperatures, max_tokens=plan.max_tokens, repeat=plan.repeat,
+                                           seed=plan.seed, proposer=proposer, progress=progress)  # fmt: skip
+        if plan.levels:
+            print(
+                f"localcos bench: {', '.join(names)} | combine {ens.combiner.description} | sequences decoded together: "
+                f"{', '.join(map(str, plan.levels))} | {len(plan.prompts)} prompts in turn | max {plan.max_tokens} tokens | {plan.repeat} pass(es)"
+            )
+            print(bench.format_throughput(throughput, names))
+            if args.json:
+                bench.write_json(args.json, {"machine": bench.machine(), "throughput": [asdict(r) for r in throughput]})
+            return 0
+        _report_runs(args, settings, plan, ens, runs, names, proposer, big, alone, (rss_start, rss_loaded, rss.peak))
+    return 0
+
+
+@dataclass(frozen=True)
+class _TokenPlan:
+    """What the token-level bench runs, read from its options before anything loads."""
+
+    methods: list[str]
+    gammas: list[int | str]
+    temperatures: list[float]
+    max_tokens: int
+    repeat: int
+    seed: int
+    prompts: list[tuple[str, str]]
+    levels: list[int] | None  # sequences decoded together (--sequences), or None
+    members: "list[int] | str"  # the models alone beside, or "largest"
+    proposer: int | None
+
+
+def _token_plan(args: argparse.Namespace, settings):
+    """The settings (with the sequences --sequences needs) and the plan of the token-level bench;
+    every generation's rules checked before anything loads."""
+    from dataclasses import replace
+
+    from ..config import GenerationConfig, check_for_models
+    from ..config.parse import parse_choice, parse_gamma, parse_int, parse_ints
+    from ..core.decoding import METHODS
+
     methods = [parse_choice(m, "--methods", METHODS) for m in (args.methods or "ensemble,sd,naive-cos,cos").split(",")]
     gammas: list[int | str] = []
     for g in (args.gammas or "auto,1,3,5").split(","):
@@ -85,105 +131,83 @@ def run(args: argparse.Namespace) -> int:
     n_models = len(settings.load.paths)
     members = _members(args.alone, n_models)
     proposer = parse_int(args.proposer, "--proposer", minimum=0) if args.proposer is not None else None
-    for method in methods:  # the rules every generation of the bench obeys, before anything loads
+    for method in methods:
         check_for_models(GenerationConfig(method=method, proposer=proposer), n_models)
-    rss_start = bench.current_rss_mb()
-    with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress) as ens:
-        rss_loaded = bench.current_rss_mb()
-        proposer = cheapest(ens.n_params) if proposer is None else proposer
-        big = bench.largest(ens.n_params)
-        alone = [big] if members == "largest" else members
-        configs = bench.configurations(methods, gammas, members=[] if levels else alone)
-        console = Console(stderr=True)
-        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
-        with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
-            task_id = bar.add_task("bench", total=None)
+    return settings, _TokenPlan(methods, gammas, temperatures, max_tokens, repeat, seed, prompts, levels, members, proposer)
 
-            def progress(done: int, total: int, what: str) -> None:
-                bar.update(task_id, completed=done, total=total, description=what)
 
-            with bench.RssSampler() as rss:
-                if levels:
-                    throughput = bench.run_throughput(
-                        ens, prompts, configs, temperatures, levels, max_tokens=max_tokens, rounds=repeat, seed=seed, proposer=proposer,
-                        progress=progress,
-                    )  # fmt: skip
-                else:
-                    runs = bench.run_benchmark(
-                        ens,
-                        prompts,
-                        configs,
-                        temperatures,
-                        max_tokens=max_tokens,
-                        repeat=repeat,
-                        seed=seed,
-                        proposer=proposer,
-                        progress=progress,
-                    )
-        names = [Path(p).name for p in settings.load.paths]
-        if levels:
-            print(
-                f"localcos bench: {', '.join(names)} | combine {ens.combiner.description} | sequences decoded together: "
-                f"{', '.join(map(str, levels))} | {len(prompts)} prompts in turn | max {max_tokens} tokens | {repeat} pass(es)"
-            )
-            print(bench.format_throughput(throughput, names))
-            if args.json:
-                bench.write_json(args.json, {"machine": bench.machine(), "throughput": [asdict(r) for r in throughput]})
-            return 0
-        rows = bench.summarize(runs, proposer, n_models, largest_model=big)
-        tasks = sorted({t for t, _ in prompts})
-        shown = rows if args.per_task else [r for r in rows if r.task == "all"]
+@contextmanager
+def _progress_bar() -> Iterator[Callable[[int, int, str], None]]:
+    """A progress bar on stderr (where it is a terminal) and the callback that moves it."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+        task_id = bar.add_task("bench", total=None)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task_id, completed=done, total=total, description=what)
+
+        yield progress
+
+
+def _report_runs(args: argparse.Namespace, settings, plan: _TokenPlan, ens, runs, names: list[str], proposer: int, big: int, alone: list[int],
+                 memory: tuple[float, float, float]) -> None:  # fmt: skip
+    """The bench's table, its notes (timing noise, call costs, memory), --json, --csv, --plot."""
+    from ..models.weights import type_name
+    from ..runtime.profile import advice, cpu_name, describe
+    from ..tools import bench
+
+    rss_start, rss_loaded, peak = memory
+    rows = bench.summarize(runs, proposer, len(names), largest_model=big)
+    tasks = sorted({t for t, _ in plan.prompts})
+    shown = rows if args.per_task else [r for r in rows if r.task == "all"]
+    print(
+        f"localcos bench: {', '.join(names)} | combine {ens.combiner.description} | proposer {names[proposer]} | "
+        f"{len(plan.prompts)} prompts ({', '.join(tasks)}) x {plan.repeat} | max {plan.max_tokens} tokens"
+    )
+    print(bench.format_table(shown, names, f"{settings.name} "))
+    if alone:
+        print(f"\nalone-I: model I decoding by itself ({', '.join(f'{i} = {names[i]}' for i in alone)}); "
+              f"/big: tokens/s as a fraction of the largest model alone ({names[big]})")
+    noise = sorted(bench.timing_noise(runs))
+    if noise:
         print(
-            f"localcos bench: {', '.join(names)} | combine {ens.combiner.description} | proposer {names[proposer]} | "
-            f"{len(prompts)} prompts ({', '.join(tasks)}) x {repeat} | max {max_tokens} tokens"
+            f"\ntiming noise: the ensemble ran each prompt twice (before and after the others); the two runs "
+            f"differ by {noise[len(noise) // 2]:.1%} in the median, {noise[-1]:.1%} at most. Speedups use both."
         )
-        print(bench.format_table(shown, names, f"{settings.name} "))
-        if alone:
-            print(f"\nalone-I: model I decoding by itself ({', '.join(f'{i} = {names[i]}' for i in alone)}); "
-                  f"/big: tokens/s as a fraction of the largest model alone ({names[big]})")
-        noise = sorted(bench.timing_noise(runs))
-        if noise:
-            print(
-                f"\ntiming noise: the ensemble ran each prompt twice (before and after the others); the two runs "
-                f"differ by {noise[len(noise) // 2]:.1%} in the median, {noise[-1]:.1%} at most. Speedups use both."
-            )
-        print(f"\nbatched calls on this machine ({cpu_name()}, {ens.models[0].n_threads} threads), from the models' profiles:")
-        for name, model, profile in zip(names, ens.models, ens.profiles):
-            print(f"  {name}: {describe(profile)}")
-            file_type = model.meta("general.file_type") or ""
-            tip = advice((type_name(int(file_type)) if file_type.isdigit() else None) or "?", profile)
-            if tip:
-                print(f"    {tip}")
-        sizes = sum(m.size_bytes for m in ens.models) / 2**20
-        print(
-            f"\nmemory: {rss_start:.0f} MiB before loading the models, {rss_loaded:.0f} MiB after, "
-            f"peak while generating {rss.peak:.0f} MiB (+{rss.peak - rss_loaded:.0f} MiB; model weights {sizes:.0f} MiB)"
-        )
-        report = {
-            "models": [str(p) for p in settings.load.paths],
-            "combiner": ens.combiner.description,
-            "proposer": proposer,
-            "settings": {
-                "methods": methods,
-                "gammas": gammas,
-                "temperatures": temperatures,
-                "max_tokens": max_tokens,
-                "repeat": repeat,
-                "prompts": len(prompts),
-            },
-            "machine": bench.machine(),
-            "memory_mib": {"before_load": rss_start, "after_load": rss_loaded, "peak": rss.peak, "weights": sizes},
-            "timing_noise": noise,
-            "summary": [asdict(r) for r in rows],
-            "runs": [r.to_dict() for r in runs],
-        }
-        if args.json:
-            bench.write_json(args.json, report)
-        if args.csv:
-            bench.write_csv(args.csv, rows)
-        if args.plot:
-            plot_speedups(args.plot, rows, settings.name or "bench")
-    return 0
+    print(f"\nbatched calls on this machine ({cpu_name()}, {ens.models[0].n_threads} threads), from the models' profiles:")
+    for name, model, profile in zip(names, ens.models, ens.profiles):
+        print(f"  {name}: {describe(profile)}")
+        file_type = model.meta("general.file_type") or ""
+        tip = advice((type_name(int(file_type)) if file_type.isdigit() else None) or "?", profile)
+        if tip:
+            print(f"    {tip}")
+    sizes = sum(m.size_bytes for m in ens.models) / 2**20
+    print(
+        f"\nmemory: {rss_start:.0f} MiB before loading the models, {rss_loaded:.0f} MiB after, "
+        f"peak while generating {peak:.0f} MiB (+{peak - rss_loaded:.0f} MiB; model weights {sizes:.0f} MiB)"
+    )
+    report = {
+        "models": [str(p) for p in settings.load.paths],
+        "combiner": ens.combiner.description,
+        "proposer": proposer,
+        "settings": {"methods": plan.methods, "gammas": plan.gammas, "temperatures": plan.temperatures, "max_tokens": plan.max_tokens,
+                     "repeat": plan.repeat, "prompts": len(plan.prompts)},  # fmt: skip
+        "machine": bench.machine(),
+        "memory_mib": {"before_load": rss_start, "after_load": rss_loaded, "peak": peak, "weights": sizes},
+        "timing_noise": noise,
+        "summary": [asdict(r) for r in rows],
+        "runs": [r.to_dict() for r in runs],
+    }
+    if args.json:
+        bench.write_json(args.json, report)
+    if args.csv:
+        bench.write_csv(args.csv, rows)
+    if args.plot:
+        plot_speedups(args.plot, rows, settings.name or "bench")
 
 
 def _common(args: argparse.Namespace):

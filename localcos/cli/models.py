@@ -99,10 +99,11 @@ def _list_found() -> int:
     stderr (exit 2)."""
     from ..backend import read_info
     from ..errors import LocalcosError
+    from ..backend.tokenizers import tokenizer_groups
     from ..models.stores import discover, unusable
 
     found, problems = discover()
-    rows, infos, groups = [], {}, {}
+    listed, infos = [], {}
     for f in found:
         key = f.path.resolve()
         if key not in infos:
@@ -114,8 +115,11 @@ def _list_found() -> int:
         if isinstance(info, LocalcosError) or info.incomplete:
             problems.append(str(unusable(f.name, f.path, info if isinstance(info, LocalcosError) else info.incomplete)))
             continue
-        group = groups.setdefault(info.tokenizer_fingerprint, chr(ord("A") + len(groups)) if len(groups) < 26 else str(len(groups)))
-        rows.append((f.name, f"{info.size_bytes / 2**30:.2f} GiB", info.architecture, info.quantization, f"{group} {info.tokenizer_fingerprint}", f.note))
+        listed.append((f, info))
+    # models of one letter decode together at the token level: the rule loading reads (`tokenizer_mismatch`)
+    groups = tokenizer_groups([info.token_table() for _, info in listed])
+    rows = [(f.name, f"{info.size_bytes / 2**30:.2f} GiB", info.architecture, info.quantization,
+             f"{chr(ord('A') + g) if g < 26 else g} {info.tokenizer_fingerprint}", f.note) for (f, info), g in zip(listed, groups)]  # fmt: skip
     print("\non this machine (other tools' stores; read only)")
     if rows:
         width = max(len(r[0]) for r in rows)

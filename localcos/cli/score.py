@@ -57,23 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.scoring import SCORING_LOGIT_ROWS
     from ..tools.bench import RssSampler, current_rss_mb
 
-    given = [flag for flag in ("json_schema", "grammar", "json_object") if getattr(args, f"refused_{flag}") is not None]
-    if given:
-        raise ConfigError(
-            f"score measures the models' own distributions, unconstrained: --{given[0].replace('_', '-')} is for generate, chat and serve",
-            param=given[0],
-        )
-    if bool(args.file) == bool(args.choices):
-        raise ConfigError("give --file TEXT (perplexity) or --choices FILE.jsonl (accuracy)", param="file")
-    if args.file:
-        path = Path(args.file)
-        if not path.is_file():
-            raise ConfigError(f"text file not found: {args.file}", param="file")
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if not text.strip():
-            raise ConfigError(f"{args.file} is empty", param="file")
-    else:
-        items = choice_task.load_choices(args.choices)
+    text, items = _what_to_score(args)
     sweep = [parse_sweep(text) for text in args.sweep or ()]
     points = sweep_grid(sweep)
     if args.plot:
@@ -95,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--level mixed is a way of decoding (whole tokens where the lead is sure); score reads the byte level's "
                           "probabilities of a given text: --level byte", param="level")  # fmt: skip
     if level.in_bytes:
-        return _score_bytes(args, settings, text if args.file else None, None if args.file else items, grid, labels, sweep)
+        return _score_bytes(args, settings, text, items, grid, labels, sweep)
     with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, max_logit_rows=SCORING_LOGIT_ROWS) as ens:
         combiners = [s.combiner() for s in grid]
         names = ens.names
@@ -110,31 +94,10 @@ def run(args: argparse.Namespace) -> int:
         seconds = time.perf_counter() - t0
         llama = sum(m.stats.seconds for m in ens.models) - llama0
         bound = [ens.bind(c).description for c in combiners]
-    rows = []  # (what, label, value, extra)
     if args.file:
-        scored = sum(n.count for n in result.combined[:1])
-        print(
-            f"localcos score: perplexity of {args.file} ({result.tokens} tokens; {result.windows} windows of "
-            f"{result.n_ctx}, {scored} tokens scored)"
-        )
-        print(f"{'':<34}{'perplexity':>14}{'+/-':>12}")
-        for desc, label, nll in zip(bound, labels, result.combined):
-            rows.append(("r", label or desc, nll.perplexity, nll.error))
-        for name, nll in zip(names, result.members):
-            rows.append(("model", name, nll.perplexity, nll.error))
-        for kind, label, value, err in rows:
-            print(f"{(f'r {label}' if kind == 'r' else f'{label} alone')[:33]:<34}{value:>14.6g}{err:>12.4g}")
-        speed = f"{scored / seconds:.1f} scored tokens/s" if seconds > 0 else ""
+        rows, speed = _perplexity_rows(args.file, result, bound, labels, names, seconds)
     else:
-        print(f"localcos score: {len(items)} multiple-choice items from {args.choices}")
-        print(f"{'':<34}{'accuracy':>10}{'per token':>11}")
-        for desc, label, sums in zip(bound, labels, choices.combined):
-            rows.append(("r", label or desc, choices.accuracy(sums), choices.accuracy(sums, per_token=True)))
-        for name, sums in zip(names, choices.members):
-            rows.append(("model", name, choices.accuracy(sums), choices.accuracy(sums, per_token=True)))
-        for kind, label, acc, acc_tok in rows:
-            print(f"{(f'r {label}' if kind == 'r' else f'{label} alone')[:33]:<34}{acc:>10.1%}{acc_tok:>11.1%}")
-        speed = f"{sum(map(sum, choices.tokens)) / seconds:.1f} choice tokens/s" if seconds > 0 else ""
+        rows, speed = _choice_rows(args.choices, choices, bound, labels, names, seconds)
     host = (seconds - llama) / seconds if seconds > 0 else 0.0
     print(f"\n{seconds:.2f}s, {speed}; {host:.0%} of the time outside llama.cpp (combining); peak host memory +{rss.peak - rss_loaded:.0f} MiB")
     report = {
@@ -156,6 +119,54 @@ def run(args: argparse.Namespace) -> int:
     header = ["kind", "label", "perplexity" if args.file else "accuracy", "error" if args.file else "accuracy_per_token"]
     _write(args, report, header, rows, sweep, "perplexity" if args.file else "accuracy")
     return 0
+
+
+def _what_to_score(args: argparse.Namespace) -> "tuple[str | None, list | None]":
+    """(the text of --file, or None; the items of --choices, or None), read and checked."""
+    from ..eval import choices as choice_task
+
+    given = [flag for flag in ("json_schema", "grammar", "json_object") if getattr(args, f"refused_{flag}") is not None]
+    if given:
+        raise ConfigError(
+            f"score measures the models' own distributions, unconstrained: --{given[0].replace('_', '-')} is for generate, chat and serve",
+            param=given[0],
+        )
+    if bool(args.file) == bool(args.choices):
+        raise ConfigError("give --file TEXT (perplexity) or --choices FILE.jsonl (accuracy)", param="file")
+    if not args.file:
+        return None, choice_task.load_choices(args.choices)
+    path = Path(args.file)
+    if not path.is_file():
+        raise ConfigError(f"text file not found: {args.file}", param="file")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise ConfigError(f"{args.file} is empty", param="file")
+    return text, None
+
+
+def _perplexity_rows(file: str, result, bound: list[str], labels: list[str], names: list[str], seconds: float) -> tuple[list, str]:
+    """The perplexity table printed; its rows (what, label, value, error) and the speed."""
+    scored = sum(n.count for n in result.combined[:1])
+    print(f"localcos score: perplexity of {file} ({result.tokens} tokens; {result.windows} windows of {result.n_ctx}, {scored} tokens scored)")
+    print(f"{'':<34}{'perplexity':>14}{'+/-':>12}")
+    rows = [("r", label or desc, nll.perplexity, nll.error) for desc, label, nll in zip(bound, labels, result.combined)]
+    rows += [("model", name, nll.perplexity, nll.error) for name, nll in zip(names, result.members)]
+    for kind, label, value, err in rows:
+        print(f"{(f'r {label}' if kind == 'r' else f'{label} alone')[:33]:<34}{value:>14.6g}{err:>12.4g}")
+    return rows, f"{scored / seconds:.1f} scored tokens/s" if seconds > 0 else ""
+
+
+def _choice_rows(file: str, choices, bound: list[str], labels: list[str], names: list[str], seconds: float, unit: str = "token",
+                 where: str = "") -> tuple[list, str]:  # fmt: skip
+    """The accuracy table printed; its rows (what, label, accuracy, per `unit` of the choices:
+    token, or byte at the byte level) and the speed."""
+    print(f"localcos score: {len(choices.tokens)} multiple-choice items from {file}{where}")
+    print(f"{'':<34}{'accuracy':>10}{'per ' + unit:>11}")
+    rows = [("r", label or desc, choices.accuracy(sums), choices.accuracy(sums, per_token=True)) for desc, label, sums in zip(bound, labels, choices.combined)]
+    rows += [("model", name, choices.accuracy(sums), choices.accuracy(sums, per_token=True)) for name, sums in zip(names, choices.members)]
+    for kind, label, acc, acc_tok in rows:
+        print(f"{(f'r {label}' if kind == 'r' else f'{label} alone')[:33]:<34}{acc:>10.1%}{acc_tok:>11.1%}")
+    return rows, f"{sum(map(sum, choices.tokens)) / seconds:.1f} choice {unit}s/s" if seconds > 0 else ""
 
 
 def _score_bytes(args: argparse.Namespace, settings, text: str | None, items: list | None, grid: list, labels: list[str], sweep) -> int:
@@ -200,13 +211,8 @@ def _score_bytes(args: argparse.Namespace, settings, text: str | None, items: li
         metric, header = "bits per byte", ["kind", "label", "bits_per_byte"]
     else:
         assert items is not None
-        print(f"localcos score: {len(items)} multiple-choice items from {args.choices} at the byte level")
-        print(f"{'':<34}{'accuracy':>10}{'per byte':>11}")
-        rows = [("r", label or desc, choices.accuracy(sums), choices.accuracy(sums, per_token=True)) for desc, label, sums in zip(bound, labels, choices.combined)]
-        rows += [("model", name, choices.accuracy(sums), choices.accuracy(sums, per_token=True)) for name, sums in zip(names, choices.members)]
-        for kind, label, acc, acc_byte in rows:
-            print(f"{(f'r {label}' if kind == 'r' else f'{label} alone')[:33]:<34}{acc:>10.1%}{acc_byte:>11.1%}")
-        print(f"\n{seconds:.2f}s, {sum(map(sum, choices.tokens)) / seconds:.1f} choice bytes/s")
+        rows, speed = _choice_rows(args.choices, choices, bound, labels, names, seconds, "byte", " at the byte level")
+        print(f"\n{seconds:.2f}s, {speed}")
         report.update(kind="choices", items=len(items), loglikelihoods={"combined": choices.combined, "members": choices.members, "bytes": choices.tokens})
         metric, header = "accuracy", ["kind", "label", "accuracy", "accuracy_per_byte"]
     report["rows"] = [{"kind": k, "label": label, "value": v, "extra": e} for k, label, v, e in rows]

@@ -32,12 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from ..chat import ChatFormatter, OwnTemplates
-    from ..config import default_parallel, resolve_server
-    from ..ensemble import Ensemble
-    from ..runtime.bytelevel import ByteModels, decoding_level
+    from ..config import resolve_server
+    from ..runtime.bytelevel import decoding_level
 
     try:
         import uvicorn
@@ -64,15 +61,8 @@ def run(args: argparse.Namespace) -> int:
         settings = resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
         level = decoding_level(settings)
         byte_level = level.in_bytes
-        if byte_level:  # models of different tokenizers: one generation at a time (its paths take the sequences)
-            ens: Ensemble | ByteModels = ByteModels.load(settings.load, settings.combiner(), progress=loading_progress)
-            parallel = 1
-        else:
-            remote = any(settings.load.rpc)  # models on RPC servers decode one sequence at a time
-            parallel = settings.load.parallel or (1 if remote else default_parallel(settings.load.n_ctx))
-            settings = replace(settings, load=replace(settings.load, parallel=parallel))
-            # one more slot, for scoring (echo, logprobs): what it evaluated stays for the next request
-            ens = Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, extra_slots=0 if remote else 1)
+        settings, ens = _load(settings, byte_level)
+        parallel = settings.load.parallel or 1
     except BaseException:
         listener.close()
         raise
@@ -122,3 +112,22 @@ def run(args: argparse.Namespace) -> int:
         if engine.stopped:
             ens.close()
     return 0
+
+
+def _load(settings, byte_level: bool):
+    """(the settings with the sequences decoded at once, the models loaded to serve them): at the
+    byte level one generation at a time (its paths take the sequences); at the token level
+    --parallel, by default as many as the context allows (one for models on RPC servers), and a
+    sequence more for scoring (echo, logprobs), what it evaluated kept for the next request."""
+    from dataclasses import replace
+
+    from ..config import default_parallel
+    from ..ensemble import Ensemble
+    from ..runtime.bytelevel import ByteModels
+
+    if byte_level:
+        return settings, ByteModels.load(settings.load, settings.combiner(), progress=loading_progress)
+    remote = any(settings.load.rpc)
+    parallel = settings.load.parallel or (1 if remote else default_parallel(settings.load.n_ctx))
+    settings = replace(settings, load=replace(settings.load, parallel=parallel))
+    return settings, Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, extra_slots=0 if remote else 1)

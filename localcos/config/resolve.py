@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -28,35 +29,76 @@ def resolve(
     given = _given(values, json, skip={"server"})
     front = dict(defaults or {})
 
-    sources = [k for k in ("models", "preset", "synthetic") if k in given]
-    if len(sources) > 1:
-        raise ConfigError("give one of " + ", ".join(OPTIONS[k].flag for k in sources) + ", not several", param=sources[-1])
-    if not sources and "synthetic" in front:
+    named = [k for k in ("models", "preset", "synthetic") if k in given]
+    if len(named) > 1:
+        raise ConfigError("give one of " + ", ".join(OPTIONS[k].flag for k in named) + ", not several", param=named[-1])
+    if not named and "synthetic" in front:
         given["synthetic"] = front["synthetic"]
-        sources = ["synthetic"]
-    if not sources:
+        named = ["synthetic"]
+    if not named:
         raise ConfigError("no models: give --models A,B or --preset NAME", param="models")
+    sources = _Sources.of(given, front, progress, building)
+    n = len(sources.paths)
 
-    from ..models.registry import Registry
+    def value(name: str) -> Any:
+        if name in given:
+            return given[name]
+        if name in front:
+            return front[name]
+        return OPTIONS[name].default
 
-    registry = Registry.load(given.get("config"))
-    chat_model = 0
-    per_model_layers: list[int | None]
-    per_model_rpc: list[str | None]
-    if "synthetic" in given:
-        from ..models.synthetic import SETS, ensure_set
+    rpc = given.get("rpc")
+    if rpc is None:
+        rpc = tuple(parse_rpc(x, f"models.toml: rpc of {ref}")[0] if x else () for ref, x in zip(sources.labels, sources.rpc))
+    if any(rpc):
+        from ..backend.rpc import require_rpc
 
-        name = given["synthetic"]
-        if name not in SETS:
-            raise ConfigError(f"unknown synthetic set {name!r}; choose from {', '.join(SETS)}", param="synthetic")
-        paths = ensure_set(name, progress=building, dtype=given.get("synthetic_dtype"))
-        labels = tuple(SETS[name].labels)
-        front.setdefault("combine", SETS[name].combine)
-        per_model_layers = [None] * len(paths)
-        per_model_rpc = [None] * len(paths)
-        title = name
-    else:
-        preset = None
+        require_rpc()
+    layers = given.get("n_gpu_layers")
+    load = LoadSpec.make(
+        sources.paths,
+        labels=sources.labels,
+        n_gpu_layers=tuple(sources.layers) if layers is None else layers,
+        rpc=rpc,
+        **_spec_values("load", value, exclude={"n_gpu_layers", "rpc"}),
+    )
+    combine = CombineSpec(**_spec_values("combine", value)).loaded()
+    generation = GenerationConfig(**_spec_values("generation", value)).for_models(n, load.level)
+    chat_model = sources.chat_model if value("chat_template_model") is None else value("chat_template_model")
+    check_for_models(generation, n, combine=combine, chat_template_model=chat_model, json=json, level=load.level)
+    return Settings(load, combine, generation, chat_template_model=chat_model, system=value("system"), name=sources.title,
+                    given=frozenset(given))  # fmt: skip
+
+
+@dataclass
+class _Sources:
+    """The models a front end's values name: their files, how the user named them, what
+    models.toml says of each (GPU layers, RPC servers), what to call the ensemble, and the chat
+    template's model. A preset's settings are merged into `front` (what the user left open)."""
+
+    paths: list[Path]
+    labels: tuple[str, ...]
+    layers: list[int | None]
+    rpc: list[str | None]
+    title: str
+    chat_model: int = 0
+
+    @classmethod
+    def of(cls, given: dict[str, Any], front: dict[str, Any], progress: Callable[[str], None] | None,
+           building: Callable[[str], None] | None) -> "_Sources":  # fmt: skip
+        from ..models.registry import Registry
+
+        registry = Registry.load(given.get("config"))
+        if "synthetic" in given:
+            from ..models.synthetic import SETS, ensure_set
+
+            name = given["synthetic"]
+            if name not in SETS:
+                raise ConfigError(f"unknown synthetic set {name!r}; choose from {', '.join(SETS)}", param="synthetic")
+            paths = ensure_set(name, progress=building, dtype=given.get("synthetic_dtype"))
+            front.setdefault("combine", SETS[name].combine)
+            return cls(list(paths), tuple(SETS[name].labels), [None] * len(paths), [None] * len(paths), name)
+        preset, chat_model = None, 0
         if "preset" in given:
             preset = registry.ensembles.get(given["preset"])
             if preset is None:
@@ -70,39 +112,10 @@ def resolve(
             if progress and len(labels) > 1:
                 progress(f"model {i + 1}/{len(labels)}: {ref}")
             paths.append(registry.resolve(ref))
-        per_model_layers = [registry.models[r].n_gpu_layers if r in registry.models else None for r in labels]
-        per_model_rpc = [registry.models[r].rpc if r in registry.models else None for r in labels]
+        layers = [registry.models[r].n_gpu_layers if r in registry.models else None for r in labels]
+        rpc = [registry.models[r].rpc if r in registry.models else None for r in labels]
         title = preset.name if preset else " + ".join(Path(r).name for r in labels)
-    n = len(paths)
-
-    def value(name: str) -> Any:
-        if name in given:
-            return given[name]
-        if name in front:
-            return front[name]
-        return OPTIONS[name].default
-
-    rpc = given.get("rpc")
-    if rpc is None:
-        rpc = tuple(parse_rpc(x, f"models.toml: rpc of {ref}")[0] if x else () for ref, x in zip(labels, per_model_rpc))
-    if any(rpc):
-        from ..backend.rpc import require_rpc
-
-        require_rpc()
-    layers = given.get("n_gpu_layers")
-    load = LoadSpec.make(
-        paths,
-        labels=labels,
-        n_gpu_layers=tuple(per_model_layers) if layers is None else layers,
-        rpc=rpc,
-        **_spec_values("load", value, exclude={"n_gpu_layers", "rpc"}),
-    )
-    combine = CombineSpec(**_spec_values("combine", value)).loaded()
-    generation = GenerationConfig(**_spec_values("generation", value)).for_models(n, load.level)
-    if value("chat_template_model") is not None:
-        chat_model = value("chat_template_model")
-    check_for_models(generation, n, combine=combine, chat_template_model=chat_model, json=json, level=load.level)
-    return Settings(load, combine, generation, chat_template_model=chat_model, system=value("system"), name=title, given=frozenset(given))
+        return cls(paths, labels, layers, rpc, title, chat_model)
 
 
 def resolve_server(values: Mapping[str, Any]) -> ServerSpec:

@@ -17,9 +17,10 @@ which is then at the end of s), so
     P(s b) = sum over paths of P(T) * P(next token's bytes begin with s[start:] b | T)
 
 summed over the paths' distributions in the vocabulary sorted by bytes, in which the tokens
-beginning with any byte string form one contiguous range. Nothing here loops over the vocabulary
-in Python; a path's row is read once over the whole vocabulary (its 256-way split by first byte,
-in one vectorised pass) and after that over ever smaller ranges.
+beginning with any byte string form one contiguous range. Nothing done per byte or per token loops
+over the vocabulary in Python (what `ByteVocab` builds once per model does: the sort, which tokens
+may follow a boundary whole); a path's row is read once over the whole vocabulary (its 256-way
+split by first byte, in one vectorised pass) and after that over ever smaller ranges.
 
 Paths whose mass falls below `prune` times the largest are dropped (0 keeps every one: exact), at
 most `max_paths` are kept, and the mass dropped is counted (`ByteView.dropped`). Paths that reach

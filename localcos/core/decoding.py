@@ -311,9 +311,9 @@ class Decoder:
         if single is not None and self.sampler.greedy:  # r is one model's own distribution: its argmax
             rows = np.stack([self.rows[single][p] for p in positions])
             return self.sampler.finalize(self._constrain(rows, positions, logits=True), copy=False)
-        return self.sampler.finalize(self._constrain(self._mixed(self.combiner, positions), positions), copy=False)
+        return self.sampler.finalize(self._constrain(self._combine_at(self.combiner, positions), positions), copy=False)
 
-    def _mixed(self, combiner: BoundCombiner, positions: Sequence[int]) -> np.ndarray:
+    def _combine_at(self, combiner: BoundCombiner, positions: Sequence[int]) -> np.ndarray:
         """r at `positions` as a new array, before the sampler's transforms. Gated: the lead's own
         distribution where the gate is shut, the inner combination where it opens (only there do
         the other models have rows)."""
@@ -321,7 +321,7 @@ class Decoder:
         if gate is not None:
             assert gate.lead is not None
             return gate.compose(np.stack([self.softmax(gate.lead, p) for p in positions]), np.array([self.gate_opens(p) for p in positions]),
-                                lambda opened: self._mixed(combiner.inner, [p for p, o in zip(positions, opened) if o]))  # fmt: skip
+                                lambda opened: self._combine_at(combiner.inner, [p for p, o in zip(positions, opened) if o]))  # fmt: skip
         if combiner.single is not None:  # r is one model's own softmax(l / T): no combining
             return np.stack([self.softmax(combiner.single, p) for p in positions])
         if combiner.mixes_probs:

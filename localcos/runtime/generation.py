@@ -115,65 +115,25 @@ class Generation:
         """The prompt in requests of up to each model's `prompt_chunk` tokens, then one decoding
         round after another. `cancelled()` is checked between requests of the prompt and between
         rounds; a cancelled generation leaves every cache holding exactly what it committed."""
-        loaded, plan, config = self.loaded, self.plan, self.plan.config
-        combiner = plan.combiner
+        loaded, plan = self.loaded, self.plan
         slots = [m.slots[self.slot] for m in loaded.models]
         prompt = list(plan.prompt)
         t_prompt = time.perf_counter()
-        # every model's cache emptied before any call: a sequence admitted beside this one goes after
-        known = [s.model.restore_prompt(s, prompt) if self.fresh else s.known_row(prompt) for s in slots]
-        prompt_rows = []
-        for i, (s, row) in enumerate(zip(slots, known)):
-            if row is None:
-                for part, n_logits in prompt_calls(prompt, len(s.tokens), s.model.prompt_chunk):
-                    if self.cancelled():  # a long prompt goes in several calls: a cancel stops between two
-                        return cancelled_completion(loaded, plan, time.perf_counter() - t_prompt)
-                    logits = yield Evaluate(i, part, n_logits, Phase.PREFILL)
-                row = logits[0]
-                if self.fresh:
-                    s.model.keep_prompt(s, prompt, row)
-                else:
-                    s.remember_row(prompt, row)
-            prompt_rows.append(row)
+        prompt_rows = yield from self._prefill(slots, prompt)
+        if prompt_rows is None:
+            return cancelled_completion(loaded, plan, time.perf_counter() - t_prompt)
         t0 = time.perf_counter()
         before = [s.stats.snapshot() for s in slots]
-
         first = loaded.models[0]
-        text = TextAssembler(first.piece, config.stop)
+        text = TextAssembler(first.piece, plan.config.stop)
         token_text = _TokenText(first.piece)
         events: list[TokenEvent] = []
 
         def on_commit(token: int, origin: Origin) -> None:
             events.append(TokenEvent(token, token_text(token), origin))
 
-        strategy = plan.strategy
-        # what the auto plans learn starts afresh with each generation: the calls a seeded
-        # generation makes, and so its text, depend on nothing that ran before
-        lookup = None
-        if plan.lookup is not None:
-            lookup = LookupState(plan.lookup, ContextIndex(prompt, loaded.n_ctx), lookup_outcomes())
-        observer = AutoGamma(loaded.costs, used=combiner.used) if strategy.auto else None
-        dec = self.decoder = Decoder(
-            slots,
-            combiner,
-            plan.sampler,
-            self.rng,
-            prompt,
-            prompt_rows,
-            max_length=plan.max_length,
-            end_tokens=plan.end_tokens,
-            banned=plan.banned,
-            text=text,
-            on_commit=on_commit,
-            observer=observer,
-            lookup=lookup,
-            # the profiles, not the calls' own timings: choices then depend on nothing timed during
-            # the run (on one machine a seed pins the output)
-            costs=loaded.costs,
-            others=self.others,
-            constraint=Matcher(loaded.vocabulary(), plan.constraint) if plan.constraint is not None else None,
-        )
-        rounds = make_strategy(dec, strategy)
+        dec = self.decoder = self._decoder(slots, prompt, prompt_rows, text, on_commit)
+        rounds = make_strategy(dec, plan.strategy)
         while not dec.finished:
             if self.cancelled():
                 # drafts in flight leave every cache, which then holds exactly prompt + completion
@@ -192,18 +152,72 @@ class Generation:
         tail = text.take_final()
         if tail:
             yield Chunk(tail, ())
-        seconds = time.perf_counter() - t0
         finish_reason = dec.finish_reason or "cancelled"
-        work = [s.stats.minus(b) for s, b in zip(slots, before)]
+        stats = self._stats(dec, [s.stats.minus(b) for s, b in zip(slots, before)], time.perf_counter() - t0, t0 - t_prompt, finish_reason)
+        return Completion(text.text, dec.generated, finish_reason, dec.origins, stats, dec.end_token)
+
+    def _prefill(self, slots: list, prompt: list[int]) -> Generator[Evaluate, np.ndarray, list[np.ndarray] | None]:
+        """Each model's row after the prompt: kept from before where it can be (`restore_prompt`,
+        `known_row`), else evaluated in calls of its `prompt_chunk` tokens; None where the
+        generation was cancelled between two of them."""
+        # every model's cache emptied before any call: a sequence admitted beside this one goes after
+        known = [s.model.restore_prompt(s, prompt) if self.fresh else s.known_row(prompt) for s in slots]
+        rows = []
+        for i, (s, row) in enumerate(zip(slots, known)):
+            if row is None:
+                for part, n_logits in prompt_calls(prompt, len(s.tokens), s.model.prompt_chunk):
+                    if self.cancelled():  # a long prompt goes in several calls: a cancel stops between two
+                        return None
+                    logits = yield Evaluate(i, part, n_logits, Phase.PREFILL)
+                row = logits[0]
+                if self.fresh:
+                    s.model.keep_prompt(s, prompt, row)
+                else:
+                    s.remember_row(prompt, row)
+            rows.append(row)
+        return rows
+
+    def _decoder(self, slots: list, prompt: list[int], prompt_rows: list[np.ndarray], text: TextAssembler,
+                 on_commit: Callable[[int, Origin], None]) -> Decoder:  # fmt: skip
+        """The decoder of this generation, with what its strategy's auto plans learn started
+        afresh: the calls a seeded generation makes, and so its text, depend on nothing that ran
+        before."""
+        loaded, plan = self.loaded, self.plan
+        lookup = None
+        if plan.lookup is not None:
+            lookup = LookupState(plan.lookup, ContextIndex(prompt, loaded.n_ctx), lookup_outcomes())
+        return Decoder(
+            slots,
+            plan.combiner,
+            plan.sampler,
+            self.rng,
+            prompt,
+            prompt_rows,
+            max_length=plan.max_length,
+            end_tokens=plan.end_tokens,
+            banned=plan.banned,
+            text=text,
+            on_commit=on_commit,
+            observer=AutoGamma(loaded.costs, used=plan.combiner.used) if plan.strategy.auto else None,
+            lookup=lookup,
+            # the profiles, not the calls' own timings: choices then depend on nothing timed during
+            # the run (on one machine a seed pins the output)
+            costs=loaded.costs,
+            others=self.others,
+            constraint=Matcher(loaded.vocabulary(), plan.constraint) if plan.constraint is not None else None,
+        )
+
+    def _stats(self, dec: Decoder, work: list, seconds: float, prompt_seconds: float, finish_reason: str) -> GenerationStats:
+        loaded, plan, strategy = self.loaded, self.plan, self.plan.strategy
         spec = dec.speculation
-        stats = GenerationStats(
-            method=config.method,
-            combiner=combiner.description,
+        return GenerationStats(
+            method=plan.config.method,
+            combiner=plan.combiner.description,
             models=[ModelRunStats(m.name, w.calls, w.tokens, w.seconds) for m, w in zip(loaded.models, work)],
             tokens=len(dec.generated),
             seconds=seconds,
-            prompt_tokens=len(prompt),
-            prompt_seconds=t0 - t_prompt,
+            prompt_tokens=len(plan.prompt),
+            prompt_seconds=prompt_seconds,
             proposed=spec.proposed,
             accepted=spec.accepted,
             rejected=spec.rejected,
@@ -215,11 +229,10 @@ class Generation:
             gate_opened=dec.gate_opened,
             gamma=None if strategy.gammas is None or strategy.auto else list(strategy.gammas),  # None: chosen as it went
             proposer=strategy.proposer,
-            seed=config.seed,
+            seed=plan.config.seed,
             ensemble_llama_seconds=loaded.costs.ensemble_seconds(len(dec.generated)),
             finish_reasons={finish_reason: 1},
         )
-        return Completion(text.text, dec.generated, finish_reason, dec.origins, stats, dec.end_token)
 
 
 class _TokenText:

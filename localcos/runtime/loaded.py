@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
-from ..backend import Model, RemoteModel, shared_vocab_size, tokenize_alike
+from ..backend import Model, RemoteModel, set_verbose, shared_vocab_size, tokenize_alike
 from ..core.combiners import BoundCombiner, Combiner, WeightedEnsemble
 from ..core.hostmem import keep_freed_memory
 from ..core.speedmodel import CallProfile, Costs
@@ -17,6 +18,8 @@ from .profile import profile as call_profile
 
 if TYPE_CHECKING:
     from ..config.specs import LoadSpec
+
+T = TypeVar("T")
 
 
 def model_options(spec: "LoadSpec", i: int, max_logit_rows: int) -> dict:
@@ -31,6 +34,34 @@ def model_options(spec: "LoadSpec", i: int, max_logit_rows: int) -> dict:
         flash_attn=spec.flash_attn,
         max_logit_rows=max_logit_rows,
     )
+
+
+def load_models(
+    spec: "LoadSpec",
+    open_model: Callable[[int, Path, dict], Model],
+    build: Callable[[list[Model]], T],
+    *,
+    progress: Callable[[int, int, str], None] | None = None,
+    max_logit_rows: int = 64,
+) -> T:
+    """The one load loop: each model of `spec` opened in turn by `open_model(i, path, options)`
+    (`model_options`), `progress(i, n, name)` told before, and warmed up (the first call pages
+    the weights in: not a generation's); then `build(models)`. Should anything fail, every model
+    opened is closed again."""
+    if spec.verbose:
+        set_verbose(True)
+    models: list[Model] = []
+    try:
+        for i, path in enumerate(spec.paths):
+            if progress:
+                progress(i, len(spec.paths), os.fspath(path))
+            models.append(open_model(i, path, model_options(spec, i, max_logit_rows)))
+            models[-1].warm_up(timed_calls=0)
+        return build(models)
+    except BaseException:
+        for m in models:
+            m.close()
+        raise
 
 
 class LoadedModels:
@@ -85,31 +116,20 @@ class LoadedModels:
         `max_logit_rows` is the most logits rows one call returns (decoding needs a few,
         scoring more); `extra_slots` sequences beyond `spec.parallel` (a server's slot for
         scoring). A model on RPC servers is a `RemoteModel`, driven from a worker process."""
-        from ..backend import set_verbose
         from ..errors import ConfigError
 
         if spec.level in ("byte", "mixed"):
             raise ConfigError(f"the {spec.level} level runs in `localcos generate` (and runtime.bytelevel.ByteModels) so far; "
                               f"leave out level {spec.level} here", param="level")  # fmt: skip
-        if spec.verbose:
-            set_verbose(True)
         parallel = (spec.parallel or 1) + extra_slots
-        models: list[Model] = []
-        try:
-            for i, path in enumerate(spec.paths):
-                if progress:
-                    progress(i, len(spec.paths), os.fspath(path))
-                options = model_options(spec, i, max_logit_rows)
-                if spec.rpc[i]:
-                    models.append(RemoteModel(path, rpc=spec.rpc[i], timeout=spec.rpc_timeout, **options))
-                else:
-                    models.append(Model(path, n_seq=parallel, **options))
-                models[-1].warm_up(timed_calls=0)  # the first call pages the weights in: not a generation's
-            return cls(models, combiner, calibrate=spec.calibrate)
-        except BaseException:
-            for m in models:
-                m.close()
-            raise
+
+        def open_model(i: int, path: Path, options: dict) -> Model:
+            if spec.rpc[i]:
+                return RemoteModel(path, rpc=spec.rpc[i], timeout=spec.rpc_timeout, **options)
+            return Model(path, n_seq=parallel, **options)
+
+        return load_models(spec, open_model, lambda models: cls(models, combiner, calibrate=spec.calibrate), progress=progress,
+                           max_logit_rows=max_logit_rows)  # fmt: skip
 
     # --- the ensemble ------------------------------------------------------------------------------
     @property

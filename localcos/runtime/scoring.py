@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -121,13 +121,8 @@ def score_tokens(
     """
     if reuse is not None:
         return _score_reusing(loaded, tokens, start, combiners, top, progress, cancelled, slot, reuse)
-    tokens = [int(t) for t in tokens]
+    tokens = _checked(loaded, tokens, start)
     n = len(tokens)
-    if not 1 <= start <= n:
-        raise ConfigError(f"nothing to score: {n} tokens, scoring from token {start}", param="prompt")
-    if n > loaded.n_ctx:
-        raise PromptTooLongError(f"{n} tokens do not fit the context of {loaded.n_ctx}; raise --ctx or score a shorter text")
-    check_token_ids(loaded, tokens)
     bound = [loaded.bind(c) for c in combiners] if combiners is not None else [loaded.combiner]
     n_models = len(loaded.models)
     needed = [members or any(c.used[i] for c in bound) for i in range(n_models)]
@@ -145,22 +140,10 @@ def score_tokens(
     greedy: list[list[np.ndarray]] = [[] for _ in bound]
     member_parts: list[np.ndarray] = []
     top_rows: list[list[tuple[int, float]]] = []
-    n_batch = min(s.model.n_batch for s in used)
-    max_rows = min(s.model.max_logit_rows for s in used)
-    # rows at positions p in [start - 1, n - 2] score tokens[p + 1]; the last token is evaluated
-    # too (without a row), so each cache ends holding the whole sequence. A call takes up to
-    # n_batch tokens and ends early after max_rows rows (llama.cpp's output buffer holds no more)
     scratch = Scratch()
-    lo = keep
-    while lo < n:
+    for lo, hi, first, end in _calls(n, start, keep, min(s.model.n_batch for s in used), min(s.model.max_logit_rows for s in used)):
         if cancelled is not None and cancelled():
             raise Cancelled(f"scoring cancelled after {lo} of {n} tokens")
-        hi = min(n, lo + n_batch)
-        first, end = max(start - 1, lo) - lo, max(min(n - 1, hi), lo) - lo
-        first = min(first, end)
-        if end - first > max_rows:
-            end = first + max_rows
-            hi = lo + end
         views = [s.evaluate_view(tokens[lo:hi], first, end) if need else None for s, need in zip(slots, needed)]
         for s in range(0, end - first, SLICE_ROWS):
             e = min(end - first, s + SLICE_ROWS)
@@ -175,7 +158,6 @@ def score_tokens(
                 top_rows.extend(part.top)
         if progress:
             progress(hi, n)
-        lo = hi
     return Scores(
         tokens=tokens[start:],
         combined=[np.concatenate(x) if x else np.zeros(0) for x in combined],
@@ -184,6 +166,37 @@ def score_tokens(
         top=top_rows if top > 0 else None,
         evaluated=[len(s.tokens) - e for s, e in zip(slots, evaluated)],
     )
+
+
+def _checked(loaded: "LoadedModels", tokens: Sequence[int], start: int) -> list[int]:
+    """The tokens to score, as ints, once they are known to fit: something to score from `start`
+    (>= 1), within the context, every id in the vocabulary."""
+    tokens = [int(t) for t in tokens]
+    n = len(tokens)
+    if not 1 <= start <= n:
+        raise ConfigError(f"nothing to score: {n} tokens, scoring from token {start}", param="prompt")
+    if n > loaded.n_ctx:
+        raise PromptTooLongError(f"{n} tokens do not fit the context of {loaded.n_ctx}; raise --ctx or score a shorter text")
+    check_token_ids(loaded, tokens)
+    return tokens
+
+
+def _calls(n: int, start: int, keep: int, n_batch: int, max_rows: int) -> Iterator[tuple[int, int, int, int]]:
+    """The calls that score n tokens from `start`, the first `keep` in the caches already: (lo,
+    hi, first, end), tokens[lo:hi] evaluated and the rows [first, end) of them returned. Rows at
+    positions p in [start - 1, n - 2] score tokens[p + 1]; the last token is evaluated too
+    (without a row), so each cache ends holding the whole sequence. A call takes up to n_batch
+    tokens and ends early after max_rows rows (llama.cpp's output buffer holds no more)."""
+    lo = keep
+    while lo < n:
+        hi = min(n, lo + n_batch)
+        first, end = max(start - 1, lo) - lo, max(min(n - 1, hi), lo) - lo
+        first = min(first, end)
+        if end - first > max_rows:
+            end = first + max_rows
+            hi = lo + end
+        yield lo, hi, first, end
+        lo = hi
 
 
 def _score_reusing(

@@ -18,6 +18,13 @@ import numpy as np
 from ..backend.model import Model
 
 
+# How far llama.cpp's rows after the same tokens differ from one run to another on a CPU (batch
+# sizes and thread counts round differently): about one logit at most on a Q4_K_M model. A
+# measured difference beyond it is a wrong row, not noise: a tolerance taken from the rows two
+# runs got is bounded by it, so a run whose rows were wrong cannot widen its own tolerance.
+BATCH_NOISE_BAND = 2.0
+
+
 class RowLog:
     """Rows recorded per run: run name -> {(model path, tokens): row}."""
 
@@ -46,12 +53,14 @@ class RowLog:
 
     def noise(self, a: str, b: str) -> dict[str, float]:
         """model path -> the largest difference between run `a`'s and run `b`'s rows after the
-        same tokens (0 where they share none)."""
+        same tokens (0 where they share none); an `AssertionError` beyond `BATCH_NOISE_BAND`."""
         out: dict[str, float] = {}
         first, second = self.runs[a], self.runs[b]
         for key in first.keys() & second.keys():
             gap = float(np.abs(first[key] - second[key]).max())
             out[key[0]] = max(out.get(key[0], 0.0), gap)
+        wrong = {path: gap for path, gap in out.items() if gap > BATCH_NOISE_BAND}
+        assert not wrong, f"rows after the same tokens differ by more than llama.cpp's batch noise ({BATCH_NOISE_BAND} logits): {wrong}"
         return out
 
     def shared(self, a: str, b: str) -> int:

@@ -11,10 +11,10 @@ functions combine at the byte level unchanged; r is sampled byte by byte, restri
 that keep the text valid UTF-8, and text is emitted as characters complete.
 """
 
-from .generation import ByteGeneration, ByteStream, run_to_end
+from .generation import ByteGeneration, run_to_end
 from .level import BYTE_OPTIONS, byte_vocab, decoding_level, level_of, refuse_byte_options, shares_tokenizer
 from .member import ByteMember
-from .models import ByteModels
+from .models import ByteModels, ByteStream
 from .results import ByteCompletion, BytePlan, ByteStats
 from .symbols import RULED_OUT, combine_symbols, floor_ruled_out, gate_opens
 

@@ -1,30 +1,25 @@
 """One byte-level completion (`ByteGeneration`): the ensemble's step or a round of CoS across
-tokenizers, byte by byte, text emitted as characters complete; `ByteStream` for the chat."""
+tokenizers, byte by byte, text emitted as characters complete."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
 from ...core.bytelevel import END, SYMBOLS, ByteView, Utf8State, ViewState
 from ...core.combiners import BoundCombiner, Gated
-from ...core.decoding import Origin
 from ...core.level import Level
 from ...core.sampling import Sampler
 from ...core.speedmodel import ByteAutoGamma, CallProfile, Costs
 from ...core.text import TextAssembler
 from ...core.verify import verify
 from ...grammar import Matcher, unpack
-from ..generation import Chunk, TokenEvent
 from .results import ByteCompletion, ByteStats
 from .symbols import combine_symbols, gate_opens
 
-if TYPE_CHECKING:
-    from .models import ByteModels
-    from .results import BytePlan
 
 
 class Member(Protocol):
@@ -131,12 +126,12 @@ class ByteGeneration:
     ) -> None:
         self.members = list(members)
         self.level = level
-        # the mixed level's gate: the combination's own, deciding whole tokens as it decides bytes
-        self.switch: Gated | None = None
+        # the mixed level's gate of whole tokens: the combination's own, deciding tokens as it decides bytes
+        self.token_gate: Gated | None = None
         if level is Level.MIXED:
             if not isinstance(combiner.combiner, Gated):
                 raise ValueError("the mixed level decodes with a gated combination (config.check_level refuses others)")
-            self.switch = combiner.combiner
+            self.token_gate = combiner.combiner
         self.token_bytes = 0  # bytes decoded as whole tokens (the mixed level)
         self._token_probs = np.empty(0)  # the lead's whole-token distribution, reused every token
         self.constraint = constraint
@@ -287,11 +282,11 @@ class ByteGeneration:
         return _Round([symbol], gates=[opened])
 
     def _token_step(self, utf8: Utf8State) -> _Round | None:
-        """The mixed level's step where it applies (see `switch`): a whole token of the lead's
+        """The mixed level's step where it applies (see `level`): a whole token of the lead's
         distribution over the tokens that may follow a character boundary whole, and END; None
         where the byte level's step applies."""
-        assert self.switch is not None and self.switch.lead is not None
-        lead = self.switch.lead
+        assert self.token_gate is not None and self.token_gate.lead is not None
+        lead = self.token_gate.lead
         view = self.members[lead].view
         if utf8.need or view.boundary() is None:
             return None
@@ -304,7 +299,7 @@ class ByteGeneration:
             if total <= 0:  # all its mass on the end: the byte level's step decides
                 return None
             q /= total
-        if not self.switch.shut(float(q.max())):
+        if not self.token_gate.shut(float(q.max())):
             return None
         if self.sampler.greedy:
             k = int(np.argmax(q))
@@ -428,6 +423,79 @@ class ByteGeneration:
             return _Round(symbols, (proposer + 1) % len(self.members), gates)  # CoS: the next model goes on
         return _Round(symbols, gates=gates)
 
+    def _step(self, utf8: Utf8State, proposer: int, gamma: int, cos: bool) -> _Round:
+        """The next step: the mixed level's whole token where it applies, else a round of CoS
+        where `gamma` bytes are to be drafted, else the ensemble's step."""
+        token = self._token_step(utf8) if self.token_gate is not None else None
+        if token is not None:
+            return token
+        if not gamma:
+            self.ensemble_steps += cos
+            return self._ensemble_step(utf8)
+        for i in range(len(self.members)):  # a draft is scored by every model where it stands
+            self._catch_up(i)
+        # the plan's estimate of this round, and the members' priced calls before it
+        check = (self.auto.round_seconds(proposer, gamma), self._spent()) if self.auto is not None else None
+        step = self._cos_round(utf8, proposer, gamma)
+        if check is not None and check[1] is not None:
+            self.auto.observe_round(proposer, check[0], self._spent() - check[1])  # type: ignore[union-attr, operator]
+        return step
+
+    def _take(self, step: _Round, utf8: Utf8State, data: bytearray, text: TextAssembler) -> str:
+        """Commit a step's symbols to the text, one by one, until one ends it: the finish reason
+        ("stop", "length"), or "" where the text goes on."""
+        last = len(step.symbols) - 1
+        for j, (symbol, opened) in enumerate(zip(step.symbols, step.gates, strict=True)):
+            if symbol == END:
+                return "stop"
+            if opened is not None:
+                self.gate_decided += 1
+                self.gate_opened += opened
+            data.append(symbol)
+            self.token_bytes += step.whole
+            utf8.push(symbol)
+            if text.push(symbol):
+                return "stop"
+            if step.whole and j == last:  # the lead's whole token is in: its count is known
+                assert self.token_gate is not None and self.token_gate.lead is not None
+                lead = self.token_gate.lead
+                self._taken = (len(data), self.members[lead].longest - len(self.prompts[lead]))
+            # at a character's end: characters, or the lead's tokens (of a whole token: at its last byte)
+            if not utf8.need and self._long_enough(len(text.text), data, tokens=not step.whole or j == last):
+                return "length"
+            if self.n_ctx is not None and any(self._longest(i) >= self.n_ctx for i in range(len(self.members))):
+                return "length"
+        return ""
+
+    def _stats(self, data: bytearray, text: TextAssembler, finish: str, cos: bool, seconds: float, prompt_seconds: float,
+               llama_seconds: float) -> ByteStats:  # fmt: skip
+        return ByteStats(
+            bytes=len(data),
+            chars=len(text.text),
+            tokens=self._tokens(data) if self.count_tokens is not None else 0,
+            seconds=seconds,
+            prompt_seconds=prompt_seconds,
+            llama_seconds=llama_seconds,
+            calls=[m.calls for m in self.members],
+            rows=[m.view.rows for m in self.members],
+            most_paths=[m.view.most_paths for m in self.members],
+            restarts=[m.view.restarts for m in self.members],
+            dropped=[m.view.dropped for m in self.members],
+            folded=[m.view.folded for m in self.members],
+            finish_reason=finish,
+            method="cos" if cos else "ensemble",
+            combiner=self.combiner.description,
+            names=self.names,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            missed=[m.missed for m in self.members],
+            ensemble_steps=self.ensemble_steps,
+            gate_decided=self.gate_decided,
+            gate_opened=self.gate_opened,
+            token_bytes=self.token_bytes,
+            level=self.level,
+        )
+
     def run(self) -> Iterator[str]:
         t_prompt = time.perf_counter()
         for member, prompt, behind in zip(self.members, self.prompts, self.behind):
@@ -459,46 +527,10 @@ class ByteGeneration:
                     proposer, gamma = self.auto.choose([proposer] if passed else None)
                 else:
                     gamma = int(self.gamma)
-            token = self._token_step(utf8) if self.switch is not None else None
-            if token is not None:
-                step = token
-            elif gamma:
-                for i in range(len(self.members)):  # a draft is scored by every model where it stands
-                    self._catch_up(i)
-                # the plan's estimate of this round, and the members' priced calls before it
-                check = (self.auto.round_seconds(proposer, gamma), self._spent()) if self.auto is not None else None
-                step = self._cos_round(utf8, proposer, gamma)
-                if check is not None and check[1] is not None:
-                    self.auto.observe_round(proposer, check[0], self._spent() - check[1])  # type: ignore[union-attr, operator]
-            else:
-                step = self._ensemble_step(utf8)
-                self.ensemble_steps += cos
+            step = self._step(utf8, proposer, gamma, cos)
             passed = step.next_proposer is not None
             proposer = step.next_proposer if passed else 0
-            for j, (symbol, opened) in enumerate(zip(step.symbols, step.gates, strict=True)):
-                if symbol == END:
-                    finish = "stop"
-                    break
-                if opened is not None:
-                    self.gate_decided += 1
-                    self.gate_opened += opened
-                data.append(symbol)
-                self.token_bytes += step.whole
-                utf8.push(symbol)
-                if text.push(symbol):
-                    finish = "stop"
-                    break
-                if step.whole and j == len(step.symbols) - 1:  # the lead's whole token is in: its count is known
-                    assert self.switch is not None and self.switch.lead is not None
-                    lead = self.switch.lead
-                    self._taken = (len(data), self.members[lead].longest - len(self.prompts[lead]))
-                # at a character's end: characters, or the lead's tokens (of a whole token: at its last byte)
-                if not utf8.need and self._long_enough(len(text.text), data, tokens=not step.whole or j == len(step.symbols) - 1):
-                    finish = "length"
-                    break
-                if self.n_ctx is not None and any(self._longest(i) >= self.n_ctx for i in range(len(self.members))):
-                    finish = "length"
-                    break
+            finish = self._take(step, utf8, data, text)
             piece = "" if finish else text.take_final()  # the rest goes once the text is finished
             if piece:
                 yield piece
@@ -506,60 +538,9 @@ class ByteGeneration:
         tail = text.take_final()
         if tail:
             yield tail
-        stats = ByteStats(
-            bytes=len(data),
-            chars=len(text.text),
-            tokens=self._tokens(data) if self.count_tokens is not None else 0,
-            seconds=time.perf_counter() - t0,
-            prompt_seconds=t0 - t_prompt,
-            llama_seconds=sum(m.llama_seconds for m in self.members) - llama0,
-            calls=[m.calls for m in self.members],
-            rows=[m.view.rows for m in self.members],
-            most_paths=[m.view.most_paths for m in self.members],
-            restarts=[m.view.restarts for m in self.members],
-            dropped=[m.view.dropped for m in self.members],
-            folded=[m.view.folded for m in self.members],
-            finish_reason=finish,
-            method="cos" if cos else "ensemble",
-            combiner=self.combiner.description,
-            names=self.names,
-            drafted=self.drafted,
-            accepted=self.accepted,
-            missed=[m.missed for m in self.members],
-            ensemble_steps=self.ensemble_steps,
-            gate_decided=self.gate_decided,
-            gate_opened=self.gate_opened,
-            token_bytes=self.token_bytes,
-            level=self.level,
-        )
+        stats = self._stats(data, text, finish, cos, time.perf_counter() - t0, t0 - t_prompt, sum(m.llama_seconds for m in self.members) - llama0)
         self.completion = ByteCompletion(text.text, bytes(data), finish, stats)
         return self.completion
-
-
-SAMPLED = Origin("sample")  # a piece of byte-level text, as the chat colours it
-
-
-class ByteStream:
-    """A byte-level completion streamed as the chat reads a token-level `Stream`: `chunks()`
-    yields each new piece of text (one event per piece: the byte level has no tokens), `cancel()`
-    stops it at the next byte, `completion` is set once it ends."""
-
-    def __init__(self, models: "ByteModels", plan: BytePlan, rng: np.random.Generator) -> None:
-        self._cancelled = False
-        self.generation = models.start(plan, rng, cancelled=lambda: self._cancelled)
-        self.completion: ByteCompletion | None = None
-
-    def cancel(self) -> None:
-        self._cancelled = True
-
-    def chunks(self) -> Iterator[Chunk]:
-        for piece in self.generation.run():
-            yield Chunk(piece, (TokenEvent(-1, piece, SAMPLED),))
-        self.completion = self.generation.completion
-
-    def __iter__(self) -> Iterator[str]:
-        for chunk in self.chunks():
-            yield chunk.text
 
 
 def _one_byte(symbol: int) -> bytes:

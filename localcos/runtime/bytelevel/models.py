@@ -18,9 +18,10 @@ from ...core.level import Level
 from ...core.speedmodel import CallProfile, Costs
 from ...errors import ConfigError
 from ...grammar import Matcher, byte_symbols
-from ..generation import completion_rng
+from ...core.decoding import Origin
+from ..generation import Chunk, TokenEvent, completion_rng
 from ..profile import profile as call_profile
-from .generation import ByteGeneration, ByteStream
+from .generation import ByteGeneration
 from .level import byte_vocab
 from .member import ByteMember
 from .results import ByteCompletion, BytePlan, ByteStats
@@ -65,34 +66,24 @@ class ByteModels:
         """Load every model of `spec` with `spec.byte_paths` sequences; paths pruned at
         `spec.byte_prune`. `lanes`: texts scored at once (`lanes`), each with sequences of its
         own, `LANE_CELLS` contexts of cells each (fewer where llama.cpp's sequences run out)."""
-        import os
-
-        from ..loaded import model_options
+        from ..loaded import load_models
 
         if any(spec.rpc):  # a model on RPC servers decodes one sequence; its paths need byte_paths of them
             raise ConfigError("--rpc: not available at the byte level (each model holds --byte-paths sequences here; "
                               "a model on RPC servers decodes one)", param="rpc")  # fmt: skip
         lanes = max(1, min(lanes, MAX_SEQUENCES // spec.byte_paths))
-        models: list[Model] = []
-        profiles: list[CallProfile] = []
-        try:
-            for i, path in enumerate(spec.paths):
-                if progress:
-                    progress(i, len(spec.paths), os.fspath(path))
-                options = model_options(spec, i, max(32, spec.byte_paths * min(lanes, 4)))
-                cells = None if lanes == 1 else spec.n_ctx * LANE_CELLS * lanes
-                models.append(Model(path, n_seq=spec.byte_paths * lanes, cells=cells, **options))
-                profiles.append(call_profile(models[-1], spec.calibrate))
-                models[-1].warm_up(timed_calls=0)
-            bound = combiner.bind(len(models), [m.n_params for m in models])
+        cells = None if lanes == 1 else spec.n_ctx * LANE_CELLS * lanes
+        level = Level.MIXED if spec.level == Level.MIXED.value else Level.BYTE
+
+        def build(models: list[Model]) -> "ByteModels":
             for m in models:
                 byte_vocab(m)
-            level = Level.MIXED if spec.level == Level.MIXED.value else Level.BYTE
+            profiles = [call_profile(m, spec.calibrate) for m in models]
+            bound = combiner.bind(len(models), [m.n_params for m in models])
             return cls(models, bound, max_paths=spec.byte_paths, prune=spec.byte_prune, profiles=profiles, level=level)
-        except BaseException:
-            for m in models:
-                m.close()
-            raise
+
+        return load_models(spec, lambda i, path, options: Model(path, n_seq=spec.byte_paths * lanes, cells=cells, **options), build,
+                           progress=progress, max_logit_rows=max(32, spec.byte_paths * min(lanes, 4)))  # fmt: skip
 
     def lanes(self) -> list[list[ByteMember]]:
         """Members that score texts side by side (`eval.bytescore`), one list per text, one
@@ -216,3 +207,29 @@ class ByteModels:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+SAMPLED = Origin("sample")  # a piece of byte-level text, as the chat colours it
+
+
+class ByteStream:
+    """A byte-level completion streamed as the chat reads a token-level `Stream`: `chunks()`
+    yields each new piece of text (one event per piece: the byte level has no tokens), `cancel()`
+    stops it at the next byte, `completion` is set once it ends."""
+
+    def __init__(self, models: ByteModels, plan: BytePlan, rng: np.random.Generator) -> None:
+        self._cancelled = False
+        self.generation = models.start(plan, rng, cancelled=lambda: self._cancelled)
+        self.completion: ByteCompletion | None = None
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+    def chunks(self) -> Iterator[Chunk]:
+        for piece in self.generation.run():
+            yield Chunk(piece, (TokenEvent(-1, piece, SAMPLED),))
+        self.completion = self.generation.completion
+
+    def __iter__(self) -> Iterator[str]:
+        for chunk in self.chunks():
+            yield chunk.text
