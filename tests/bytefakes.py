@@ -197,8 +197,8 @@ class FakeMember:
         except Unreachable:  # pruned away: one path again, the longest-match tokenisation
             self._restart(bytes(self.view.text) + bytes([byte]))
 
-    def take_token(self, k: int) -> None:
-        self._evaluate(self.view.take_token(k).new)
+    def take_token(self, k: int, log_p: float | None = None) -> None:
+        self._evaluate(self.view.take_token(k, log_p).new)
 
     def start_beside(self, other: "FakeMember") -> None:
         self.start(other.prompt)

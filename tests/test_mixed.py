@@ -244,3 +244,35 @@ def test_bench_and_score_at_the_mixed_level(real_models, tmp_path):
                            capture_output=True, text=True, timeout=300)  # fmt: skip
     lines = score.stderr.strip().splitlines()
     assert score.returncode == 2 and len(lines) == 1 and "--level mixed is a way of decoding" in lines[0]
+
+
+@pytest.mark.parametrize("ignore_end", [False, True])
+def test_a_greedy_token_step_reads_the_likeliest_token_from_the_logits_alone(ignore_end):
+    """The greedy token step's shortcut (`ByteView.likeliest_token`: one float32 pass over the
+    logits) picks the token `token_probs` (the whole distribution, float64) would, with its
+    probability among the whole tokens and its log-probability among every token, ties to the
+    first in sorted order; rows of many shapes, a duplicate piece's tie and an end likelier than
+    any whole token among them."""
+    from localcos.core.bytelevel import ByteVocab, ByteView
+
+    pieces = [b"a", b"b", b"ab", b"\xc3", b"\xa9", b"\xc3\xa9", b"a", b"", b"", b"ba", b"\xa9x"]
+    vocab = ByteVocab(pieces, end_tokens=[7], name="t")
+    rng = np.random.default_rng(3)
+    rows = [rng.standard_normal(len(pieces)).astype(np.float32) * s for s in (0.5, 2, 8) for _ in range(200)]
+    tie = np.zeros(len(pieces), dtype=np.float32)
+    tie[0] = tie[6] = 5.0  # b"a" twice: the first in sorted order wins
+    ending = np.zeros(len(pieces), dtype=np.float32)
+    ending[7] = 9.0
+    for row in [*rows, tie, ending]:
+        view = ByteView(vocab, max_paths=4, prune=0.0)
+        view.start(row)
+        q = view.token_probs(np.empty(vocab.size + 1))
+        if ignore_end:
+            q[-1] = 0.0
+            q /= q.sum()
+        k, top, log_p = view.likeliest_token(ignore_end)
+        assert k == int(np.argmax(q)) and top == pytest.approx(float(q.max()), rel=1e-5)
+        if k < vocab.size:
+            assert log_p == pytest.approx(np.log(view.paths[0].row.prob(k)), abs=1e-5)
+        else:
+            assert log_p == pytest.approx(np.log(view.paths[0].row.end), abs=1e-5)

@@ -94,6 +94,28 @@ class ByteVocab:
         self.root_bounds = np.searchsorted(deep[:, 0], _ALL_SYMBOLS)  # ranges by first byte
 
     @cached_property
+    def position(self) -> np.ndarray:
+        """Each token id's sorted position (-1: not a byte token)."""
+        out = np.full(self.n_vocab, -1, dtype=np.int64)
+        out[self.order] = np.arange(self.size)
+        return out
+
+    @cached_property
+    def byte_penalty(self) -> np.ndarray:
+        """0 for the byte tokens' ids, -inf for the others (float32, added to a logits row)."""
+        out = np.full(self.n_vocab, -np.inf, dtype=np.float32)
+        out[self.order] = 0.0
+        return out
+
+    @cached_property
+    def whole_mask(self) -> np.ndarray:
+        """1 for the ids of the tokens that may follow a character boundary whole (`whole`), 0
+        for the others (float32)."""
+        out = np.zeros(self.n_vocab, dtype=np.float32)
+        out[self.order[self.whole]] = 1.0
+        return out
+
+    @cached_property
     def whole(self) -> np.ndarray:
         """Which tokens (sorted positions) may follow a character boundary whole: their bytes
         are valid UTF-8 from there (they may end inside a character); where a mixed-level
@@ -146,15 +168,48 @@ class Row:
     tokens in sorted order (`probs`, unnormalised; times `scale` they sum with `end` to 1) and
     the end tokens' probability `end`, both renormalised over the tokens that can be generated.
 
+    Made from a logits row (`logits`, its own copy), whose sorted probabilities are computed,
+    once, where the byte level first reads them: a whole-token step of the mixed level reads the
+    logits alone (`ByteView.likeliest_token`), so a row only such steps read is never sorted or
+    exponentiated over the vocabulary in float64.
+
     Ranges are summed directly (never as differences of prefix sums), so a token far less likely
     than the tokens sorted before it keeps its probability."""
 
-    __slots__ = ("probs", "scale", "end")
+    __slots__ = ("logits", "vocab", "_probs", "_scale", "_end")
 
-    def __init__(self, probs: np.ndarray, scale: float, end: float) -> None:
-        self.probs = probs
-        self.scale = scale
-        self.end = end
+    def __init__(self, logits: np.ndarray, vocab: "ByteVocab") -> None:
+        self.logits = logits
+        self.vocab = vocab
+        self._probs: np.ndarray | None = None
+        self._scale = self._end = 0.0
+
+    def _materialise(self) -> np.ndarray:
+        if self._probs is None:
+            vocab, logits = self.vocab, self.logits
+            top = logits.max()
+            # gathered in the logits' own type (float32 from llama.cpp: half the memory traffic),
+            # exponentiated in float64
+            probs = np.subtract(logits.take(vocab.order), top, dtype=np.float64)
+            np.exp(probs, out=probs)
+            end = float(np.exp(np.subtract(logits[vocab.end_tokens], top, dtype=np.float64)).sum())
+            total = float(probs.sum()) + end
+            self._probs, self._scale, self._end = probs, 1.0 / total, end / total
+        return self._probs
+
+    @property
+    def probs(self) -> np.ndarray:
+        return self._materialise()
+
+    @property
+    def scale(self) -> float:
+        self._materialise()
+        return self._scale
+
+    @property
+    def end(self) -> float:
+        self._materialise()
+        return self._end
 
     def prob(self, k: int) -> float:
         """The probability of the token at sorted position k."""
@@ -256,6 +311,7 @@ class ByteView:
         self.rows = 0  # rows asked for (the prompt's excluded)
         self.restarts = 0  # times the paths were rebuilt from a tokenisation of the text
         self.folded = 0  # paths folded into a heavier one at the same position (`settle`)
+        self._scratch: tuple[np.ndarray, np.ndarray] | None = None  # `likeliest_token`'s buffers
 
     def start(self, row: "np.ndarray | Row", handle: object = None) -> TokenPath:
         """Begin at the end of the prompt, whose next-token logits are `row` (or its `Row`, as
@@ -285,18 +341,9 @@ class ByteView:
         path.row = row if isinstance(row, Row) else self.normalise(row)
 
     def normalise(self, row: np.ndarray) -> Row:
-        """A logits row as a path keeps it (`Row`: its own arrays; `row` may be llama.cpp's
+        """A logits row as a path keeps it (`Row`: its own copy; `row` may be llama.cpp's
         buffer, valid until the next call)."""
-        vocab = self.vocab
-        logits = row[: vocab.n_vocab]
-        top = logits.max()
-        # gathered in the row's own type (float32 from llama.cpp: half the memory traffic),
-        # exponentiated in float64
-        probs = np.subtract(logits.take(vocab.order), top, dtype=np.float64)
-        np.exp(probs, out=probs)
-        end = float(np.exp(np.subtract(logits[vocab.end_tokens], top, dtype=np.float64)).sum())
-        total = float(probs.sum()) + end
-        return Row(probs, 1.0 / total, end / total)
+        return Row(np.array(row[: self.vocab.n_vocab], dtype=np.float32), self.vocab)
 
     def snapshot(self) -> "ViewState":
         """Where the view stands now; `restore` comes back to it after advancing further (paths
@@ -363,14 +410,51 @@ class ByteView:
         out /= out.sum()
         return out
 
-    def take_token(self, k: int) -> Advance:
+    def likeliest_token(self, ignore_end: bool = False) -> tuple[int, float, float] | None:
+        """At a boundary, what a greedy whole-token step needs of the one path's next-token
+        distribution over the tokens that may follow a character boundary whole and the end
+        tokens together (as `token_probs`, the end left out with `ignore_end`): (the likeliest's
+        sorted position, `vocab.size` for the end; its probability there; its log-probability
+        among every token). Read from the logits in float32 (pairwise sums: the gate's decision
+        as the float64 distribution's, but within about 1e-6 of its threshold); None where
+        nothing may follow."""
+        path = self.boundary()
+        assert path is not None and path.row is not None, "at a boundary only, its row given"
+        vocab, logits = self.vocab, path.row.logits
+        if self._scratch is None:  # reused: two vocabulary-sized buffers per view, not per token
+            self._scratch = (np.empty(vocab.n_vocab, dtype=np.float32), np.empty(vocab.n_vocab, dtype=np.float32))
+        e, whole = self._scratch
+        np.add(logits, vocab.byte_penalty, out=e)  # -inf outside the byte tokens
+        top = float(e.max())
+        ends = logits[vocab.end_tokens]
+        if not ignore_end:
+            top = max(top, float(ends.max()))
+        if top == -math.inf:
+            return None
+        np.subtract(e, np.float32(top), out=e)
+        np.exp(e, out=e)
+        every = float(e.sum())  # numpy sums float32 pairwise: to about 1e-7, as the float64 path's
+        np.multiply(e, vocab.whole_mask, out=whole)
+        best = float(whole.max())
+        allowed = float(whole.sum())
+        end = float(np.exp(np.subtract(ends, top, dtype=np.float64)).sum())
+        total = every + end
+        if not ignore_end and end > best:  # the end, where its tokens together are likelier than any whole token
+            return vocab.size, end / (allowed + end), math.log(end / total)
+        if best <= 0:
+            return None
+        k = int(vocab.position[np.flatnonzero(whole == best)].min())  # ties: the first in sorted order, as argmax over `token_probs`
+        return k, best / (allowed + (0.0 if ignore_end else end)), math.log(best / total)
+
+    def take_token(self, k: int, log_p: float | None = None) -> Advance:
         """At a boundary: append the token at sorted position `k` whole. Its bytes join the text
         and it makes the one new path (its row needed); no other tokenisation of its bytes is
-        held (a mixed-level generation's token step, where r is the token's own distribution)."""
+        held (a mixed-level generation's token step, where r is the token's own distribution).
+        `log_p`: the token's log-probability, where the caller read it already."""
         path = self.boundary()
         assert path is not None and path.row is not None, "at a boundary only, its row given"
         piece = self.vocab.pieces[k]
-        log_p = path.log_mass + math.log(max(path.row.prob(k), FORCED))
+        log_p = path.log_mass + (math.log(max(path.row.prob(k), FORCED)) if log_p is None else log_p)
         child = TokenPath(path.tokens + (int(self.vocab.order[k]),), len(self.text) + len(piece), log_p, 0, self.vocab.size, parent=path)
         self.text += piece
         self.paths = [child]

@@ -290,20 +290,24 @@ class ByteGeneration:
         view = self.members[lead].view
         if utf8.need or view.boundary() is None:
             return None
-        if len(self._token_probs) != view.vocab.size + 1:
-            self._token_probs = np.empty(view.vocab.size + 1)
-        q = view.token_probs(self._token_probs)
-        if self.ignore_end:
-            q[-1] = 0.0
-            total = q.sum()
-            if total <= 0:  # all its mass on the end: the byte level's step decides
+        log_p = None
+        if self.sampler.greedy:  # the likeliest alone, read from the logits (no distribution over the vocabulary)
+            likeliest = view.likeliest_token(self.ignore_end)
+            if likeliest is None or not self.token_gate.shut(likeliest[1]):  # nothing whole may follow, or the gate opens
                 return None
-            q /= total
-        if not self.token_gate.shut(float(q.max())):
-            return None
-        if self.sampler.greedy:
-            k = int(np.argmax(q))
+            k, _, log_p = likeliest
         else:
+            if len(self._token_probs) != view.vocab.size + 1:
+                self._token_probs = np.empty(view.vocab.size + 1)
+            q = view.token_probs(self._token_probs)
+            if self.ignore_end:
+                q[-1] = 0.0
+                total = q.sum()
+                if total <= 0:  # all its mass on the end: the byte level's step decides
+                    return None
+                q /= total
+            if not self.token_gate.shut(float(q.max())):
+                return None
             t = self.sampler.softmax_temperature
             if t != 1.0:
                 np.power(q, 1.0 / t, out=q)
@@ -312,7 +316,7 @@ class ByteGeneration:
         if k == view.vocab.size:
             return _Round([END], gates=[None])
         piece = view.vocab.pieces[k]
-        self.members[lead].take_token(k)
+        self.members[lead].take_token(k, log_p)
         for i in range(len(self.members)):
             if i != lead:
                 self.behind[i] += piece

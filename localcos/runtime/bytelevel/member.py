@@ -98,10 +98,11 @@ class ByteMember:
         """Seconds in its model's llama.cpp calls so far (the model's own count)."""
         return self.model.stats.seconds
 
-    def take_token(self, k: int) -> None:
+    def take_token(self, k: int, log_p: float | None = None) -> None:
         """At a boundary of the view (`ByteView.boundary`): append the token at sorted position
-        `k` whole, its row from one call on the path's own sequence."""
-        self._step(self.view.take_token(k))
+        `k` whole (`log_p` its log-probability, where known), its row from one call on the
+        path's own sequence."""
+        self._step(self.view.take_token(k, log_p))
 
     def _step(self, change: Advance) -> None:
         """The new paths' rows, then the paths the view folds away let go of their sequences."""
