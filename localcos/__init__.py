@@ -10,7 +10,7 @@ The Python API::
 __version__ = "0.1.0"
 
 from .backend import Endpoint, Model, ModelStats, RemoteModel
-from .core.combiners import BoundCombiner, Combiner, Contrastive, CustomCombiner, LogitMix, WeightedEnsemble, make_combiner
+from .core.combiners import BoundCombiner, Combiner, Contrastive, CustomCombiner, Gated, Guidance, LogitMix, WeightedEnsemble, make_combiner
 from .core.decoding import METHODS, Origin
 from .core.sampling import Sampler
 from .config.specs import GenerationConfig
@@ -38,6 +38,8 @@ __all__ = [
     "ConfigError",
     "Contrastive",
     "Endpoint",
+    "Gated",
+    "Guidance",
     "CustomCombiner",
     "Ensemble",
     "GenerationConfig",

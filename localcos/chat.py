@@ -148,6 +148,18 @@ class OwnTemplates:
         return max(len(p) for p in prompts)
 
 
+def second_conversation(messages: Sequence[Message], negative: str | None, guide_system: bool) -> list[Message] | None:
+    """The conversation a member reading a second prompt reads: without its system message
+    (`guide_system`: guidance toward what the system message asks), or with its last user
+    message replaced by `negative`; None where neither is asked for."""
+    if guide_system:
+        return [m for m in messages if m.role != "system"]
+    if negative is None:
+        return None
+    last = max(i for i, m in enumerate(messages) if m.role == "user")
+    return [*messages[:last], Message("user", negative), *messages[last + 1 :]]
+
+
 class Conversation:
     """A multi-turn conversation that always fits the context.
 
@@ -184,6 +196,11 @@ class Conversation:
             drop = 2 if len(self.messages) > 2 and self.messages[1].role == "assistant" else 1
             del self.messages[:drop]
             dropped += drop
+
+    def second_prompt(self, negative: str | None, guide_system: bool) -> list[int] | None:
+        """The second prompt's tokens for the reply `prompt` prepared (`second_conversation`)."""
+        second = second_conversation(self._all(), negative, guide_system)
+        return None if second is None else self.formatter.tokens(second)  # type: ignore[return-value]
 
     def reply(self, text: str) -> None:
         """Record the assistant's reply (also a partial one)."""

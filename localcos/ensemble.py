@@ -61,6 +61,7 @@ class Ensemble(LoadedModels):
         parallel: int = 1,
         calibrate: bool = False,
         progress: Callable[[int, int, str], None] | None = None,
+        second_prompt: bool = False,
     ) -> "Ensemble":
         """Load every model (each into its own llama.cpp context) and check their tokenizers.
         `paths`: GGUF files, or names as `--models` takes them (models.toml names, hf:,
@@ -79,10 +80,16 @@ class Ensemble(LoadedModels):
         model is a `RemoteModel`, driven from a worker process, and `rpc_timeout` bounds its calls.
         `calibrate` measures the models' call costs again instead of reading the cached profile.
         `progress(i, n, name)` is called before model i of n is loaded.
+        `second_prompt`: the lead model (the largest) is also a member reading a second prompt,
+        its weights loaded once (its own sequences, its rows in the same calls): what
+        `generate(..., negative_prompt=TEXT)` reads, combined by the combiner with the others
+        (`Guidance(scale)`: classifier-free guidance; `Contrastive`; `WeightedEnsemble`: two
+        phrasings averaged). The combiner's members are the models, then that one.
         """
         spec = LoadSpec.make(
             [model_path(p) for p in paths], n_gpu_layers=n_gpu_layers, rpc=rpc, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, main_gpu=main_gpu,
             split_mode=split_mode, flash_attn=flash_attn, rpc_timeout=rpc_timeout, parallel=parallel, calibrate=calibrate,
+            second_prompt=second_prompt,
         )  # fmt: skip
         return cls.from_spec(spec, combiner, progress=progress, max_logit_rows=max_logit_rows)
 
@@ -118,6 +125,7 @@ class Ensemble(LoadedModels):
         *,
         config: GenerationConfig | None = None,
         combiner: Combiner | BoundCombiner | None = None,
+        second_prompt: str | Sequence[int] | None = None,
         **settings: object,
     ) -> Completion:
         """Generate one completion of `prompt` (raw text, or token ids).
@@ -126,9 +134,12 @@ class Ensemble(LoadedModels):
         method ("ensemble", "sd", "naive-cos", "cos"; default cos, as on the command line:
         `config.default_method`), max_tokens, temperature (0 = greedy), top_k, top_p, min_p,
         seed, stop (strings), ignore_eos, gamma ("auto", the default, or one value, or one per
-        model), proposer (model index). `combiner` replaces the ensemble's for this call.
+        model), proposer (model index), negative_prompt (what a member reading a second prompt
+        reads: `load(second_prompt=True)`). `combiner` replaces the ensemble's for this call;
+        `second_prompt` gives the second prompt as it is read (token ids: a chat's rendering)
+        instead of negative_prompt's text.
         """
-        return self.generate_many(prompt, 1, config=config, combiner=combiner, **settings)[0]
+        return self.generate_many(prompt, 1, config=config, combiner=combiner, second_prompt=second_prompt, **settings)[0]
 
     def generate_many(
         self,
@@ -137,6 +148,7 @@ class Ensemble(LoadedModels):
         *,
         config: GenerationConfig | None = None,
         combiner: Combiner | BoundCombiner | None = None,
+        second_prompt: str | Sequence[int] | None = None,
         **settings: object,
     ) -> list[Completion]:
         """`n` independent completions of one prompt; the prompt is evaluated once.
@@ -146,7 +158,7 @@ class Ensemble(LoadedModels):
         its own random stream (`runtime.completion_rng`), the first of them the one `generate`
         and `stream` draw from.
         """
-        return run_completions(self, plan(self, prompt, _token_config(config, settings), combiner), n)
+        return run_completions(self, plan(self, prompt, _token_config(config, settings), combiner, second_prompt=second_prompt), n)
 
     def stream(
         self,
@@ -154,10 +166,11 @@ class Ensemble(LoadedModels):
         *,
         config: GenerationConfig | None = None,
         combiner: Combiner | BoundCombiner | None = None,
+        second_prompt: str | Sequence[int] | None = None,
         **settings: object,
     ) -> Stream:
         """Like `generate`, but returns a `Stream` that yields text pieces as they become final."""
-        return Stream(self, plan(self, prompt, _token_config(config, settings), combiner))
+        return Stream(self, plan(self, prompt, _token_config(config, settings), combiner, second_prompt=second_prompt))
 
 
 def _config(config: GenerationConfig | None, settings: dict[str, object]) -> GenerationConfig:
@@ -200,16 +213,23 @@ class ByteEnsemble(ByteModels):
         n_threads: int | None = None,
         calibrate: bool = False,
         progress: Callable[[int, int, str], None] | None = None,
-        level: str = "byte",
+        level: str = "auto",
     ) -> "ByteEnsemble":
         """Load every model with `byte_paths` llama.cpp sequences (the tokenisations it holds at
         most); a tokenisation below `byte_prune` times the likeliest is dropped (0: exact, with
         enough paths). `level` "mixed": whole tokens of the lead where it is sure, with a gated
-        combiner (`Gated`, docs/algorithm.md section 12). The other arguments as `Ensemble.load`."""
-        from .core.combiners import WeightedEnsemble
+        combiner (`Gated`, docs/algorithm.md section 12); "byte"; or "auto" (the default): the
+        mixed level for one model (the combiner default then gated at `config.MIXED_GATE`), the
+        byte level for several. The other arguments as `Ensemble.load`."""
+        from .config.specs import MIXED_GATE
+        from .core.combiners import Gated, WeightedEnsemble
 
+        if level == "auto":
+            level = "mixed" if len(paths) == 1 else "byte"
+            if level == "mixed" and combiner is None:
+                combiner = Gated(WeightedEnsemble(), MIXED_GATE)
         if level not in ("byte", "mixed"):
-            raise ConfigError(f"level must be byte or mixed here, got {level!r}", param="level")
+            raise ConfigError(f"level must be byte, mixed or auto here, got {level!r}", param="level")
         spec = LoadSpec.make([model_path(p) for p in paths], n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=n_threads, calibrate=calibrate,
                              level=level, byte_paths=byte_paths, byte_prune=byte_prune)  # fmt: skip
         return super().load(spec, combiner or WeightedEnsemble(), progress=progress)  # type: ignore[return-value]

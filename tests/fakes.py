@@ -79,17 +79,20 @@ class FakeModel(OwnSlot):
 
 
 def exact_joint(
-    models: Sequence[FakeModel], combiner, sampler, prompt: Sequence[int], length: int, allowed: Callable[[tuple, int], bool] | None = None
+    models: Sequence[FakeModel], combiner, sampler, prompt: Sequence[int], length: int, allowed: Callable[[tuple, int], bool] | None = None,
+    prompts: Sequence[Sequence[int]] | None = None,
 ) -> dict[tuple, float]:
     """Exact probability of every continuation of `length` tokens under r; with `allowed`
     (whether a token may follow a prefix), under r restricted to the allowed tokens and
-    renormalised, as a constraint restricts it."""
+    renormalised, as a constraint restricts it. `prompts`: each member's own (a member reading
+    a second prompt), default `prompt` for every one."""
     probs: dict[tuple, float] = {}
+    prompts = [list(prompt)] * len(models) if prompts is None else [list(p) for p in prompts]
     for seq in itertools.product(range(models[0].n_vocab), repeat=length):
         p = 1.0
-        ctx = list(prompt)
+        ctx: list[int] = []
         for k, t in enumerate(seq):
-            rows = [m.logits_after(ctx)[None, :] for m in models]
+            rows = [m.logits_after(own + ctx)[None, :] for m, own in zip(models, prompts)]
             r = combiner.combine(rows, sampler.softmax_temperature)[0].astype(np.float64)
             if allowed is not None:
                 r = np.where([allowed(seq[:k], x) for x in range(len(r))], r, 0.0)
@@ -102,3 +105,59 @@ def exact_joint(
         if p > 0:
             probs[seq] = p
     return probs
+
+
+class FakeSeq:
+    """One sequence of a `FakeSequences` model: its tokens, evaluated by the model's table."""
+
+    def __init__(self, model: "FakeSequences", seq_id: int) -> None:
+        self.model = model
+        self.seq_id = seq_id
+        self.tokens: list[int] = []
+        self.stats = ModelStats()
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    def evaluate(self, tokens: Sequence[int], n_logits: int | None = None) -> np.ndarray:
+        n_logits = len(tokens) if n_logits is None else n_logits
+        start = len(self.tokens)
+        self.tokens.extend(int(t) for t in tokens)
+        rows = [self.model.logits_after(self.tokens[: start + k + 1]) for k in range(len(tokens) - n_logits, len(tokens))]
+        self.stats.calls += 1
+        self.stats.tokens += len(tokens)
+        return np.array(rows, dtype=np.float32).reshape(n_logits, self.model.n_vocab)[:, : self.model.logits_vocab]
+
+    def truncate(self, n: int) -> None:
+        del self.tokens[n:]
+
+    def known_row(self, prompt: Sequence[int]) -> None:
+        self.truncate(0)
+
+    def remember_row(self, prompt: Sequence[int], row: object) -> None:
+        pass
+
+
+class FakeSequences(FakeModel):
+    """A `FakeModel` with several sequences (a model that serves two members: one under the
+    prompt, one under a second prompt); every call that reaches it is counted (`calls`), with
+    the sequences each took part for (`call_parts`): members of one model share its calls."""
+
+    def __init__(self, seed: int, n_seq: int = 2, **kwargs: object) -> None:
+        super().__init__(seed, **kwargs)  # type: ignore[arg-type]
+        self._slots = [FakeSeq(self, i) for i in range(n_seq)]
+        self.call_parts: list[tuple[int, ...]] = []
+
+    @property
+    def slots(self) -> list:  # type: ignore[override]
+        return self._slots
+
+    def restore_prompt(self, slot: object, prompt: Sequence[int]) -> None:
+        for s in self._slots:
+            s.truncate(0)
+
+    def decode(self, parts):  # type: ignore[no-untyped-def]
+        self.call_parts.append(tuple(slot.seq_id for slot, *_ in parts))
+        self.stats.calls += 1
+        return [slot.evaluate(tokens, out_to - out_from) for slot, tokens, out_from, out_to in parts]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import numpy as np
 from scipy import stats
@@ -58,3 +58,15 @@ def assert_matches(samples: list[int] | Counter, probs: np.ndarray, what: str = 
     stat, dof, p = chi_square(counts, probs)
     assert p >= ALPHA, f"{what}: chi-square {stat:.1f} on {dof} dof, p = {p:.2e} < {ALPHA} (n = {sum(counts.values())})"
     return p
+
+
+def assert_law(completions: Iterable, law: Mapping[tuple[int, ...], float], what: str) -> float:
+    """Fail unless the completions' token sequences follow `law` (sequence -> probability, every
+    sequence of positive probability): none outside it, their counts consistent with it."""
+    index = {s: i for i, s in enumerate(law)}
+    counts: Counter = Counter()
+    for c in completions:
+        seq = tuple(c.token_ids)
+        assert seq in index, f"{what}: wrote {seq}, which has probability 0"
+        counts[index[seq]] += 1
+    return assert_matches(counts, np.array(list(law.values())), what)

@@ -159,7 +159,7 @@ BAD_OPTIONS = [
     (["--gamma", "1,2,3"], "got 3 gamma values for 2 models"),
     (["--proposer", "2"], "--proposer must be a model index from 0 to 1"),
     (["--method", "bogus"], "--method must be one of ensemble, sd, naive-cos, cos"),
-    (["--combine", "bogus"], "--combine must be we, cd, logit-mix or FILE.py:FUNCTION"),
+    (["--combine", "bogus"], "--combine must be we, cd, logit-mix, cfg or FILE.py:FUNCTION"),
     (["--combine", "nowhere.py:f"], "combiner file not found"),
     (["--combine", "cd", "--weights", "1,1"], "--weights does not apply to cd"),
     (["--combine", "cd", "--expert", "2"], "--expert must be a model index from 0 to 1"),

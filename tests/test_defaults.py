@@ -55,3 +55,27 @@ def test_the_server_answers_with_cos_and_auto_by_default(models, real_models, le
         out = s.client().completions.create(model="pair", prompt="The river", max_tokens=8, seed=2)
         stats = out.model_extra["localcos"]
         assert stats["method"] == "cos" and stats.get("gamma") is None
+
+
+def test_one_models_greedy_or_truncated_decoding_defaults_to_the_mixed_level(models):
+    """--level auto for one model: greedy or truncated decoding at the mixed level (gate 0.5
+    unless given), its own law (temperature 1, or any temperature, untruncated) at the token
+    level, and whatever the mixed level cannot do at the token level; several models as before."""
+    one, two = [str(models["base"])], [str(models["base"]), str(models["sibling"])]
+
+    def level(values):
+        settings = resolve({"models": one, **values})
+        return settings.load.level, settings.combine.gate
+
+    for shaping in ({"temperature": 0}, {"top_k": 5}, {"top_p": 0.9}, {"min_p": 0.1}, {"temperature": 0.7, "top_k": 40}):
+        assert level(shaping) == ("mixed", 0.5), shaping
+    assert level({"temperature": 0, "gate": 0.3}) == ("mixed", 0.3)
+    assert level({"temperature": 0, "method": "ensemble"}) == ("mixed", 0.5)
+    for own_law in ({}, {"temperature": 1}, {"temperature": 0.7}):
+        assert level(own_law) == ("auto", None), own_law
+    for keeps_tokens in ({"temperature": 0, "level": "token"}, {"temperature": 0, "json_object": True}, {"temperature": 0, "parallel": 2},
+                         {"temperature": 0, "chat_template_model": 0}):  # fmt: skip
+        assert level(keeps_tokens)[0] in ("auto", "token"), keeps_tokens
+    assert resolve({"models": two, "temperature": 0}).load.level == "auto"  # several models: by their tokenizers
+    settings = resolve({"models": one, "temperature": 0})
+    assert settings.generation.method == "ensemble"  # the mixed level's step

@@ -8,17 +8,17 @@ and proposal lengths, in seconds.
 from __future__ import annotations
 
 import zlib
-from collections import Counter
 
 import numpy as np
 import pytest
 
 from fakes import FakeModel, exact_joint
-from localcos import Contrastive, Ensemble, LogitMix, WeightedEnsemble
+from localcos import Contrastive, Ensemble, Guidance, LogitMix, WeightedEnsemble
+from localcos.errors import ConfigError
 from localcos.core.sampling import Sampler
 from localcos.core.speedmodel import AutoGamma, CallProfile, Costs
 from localcos.testing.invariants import checked
-from statcheck import assert_matches
+from statcheck import assert_law
 
 LENGTH = 3
 # draws per case: a chi-square test on a few hundred joint outcomes at ALPHA = 1e-4 detects a
@@ -32,15 +32,7 @@ def joint_test(models, combiner, method, gamma, settings, seed, prompt=(1, 2), *
     ens = Ensemble(models, combiner)
     prompt = list(prompt)
     outs = checked(ens).generate_many(prompt, N, method=method, gamma=gamma, max_tokens=LENGTH, seed=seed, **settings, **generation)
-    seqs = Counter(tuple(o.token_ids) for o in outs)
-    probs = exact_joint(models, ens.combiner, Sampler(**settings), prompt, LENGTH)
-    index = {s: i for i, s in enumerate(probs)}
-    p = np.array(list(probs.values()))
-    counts = Counter()
-    for s, c in seqs.items():
-        assert s in index, f"{method} produced {s}, which has probability 0"
-        counts[index[s]] += c
-    assert_matches(counts, p, f"{method}(gamma {gamma}) joint law")
+    assert_law(outs, exact_joint(models, ens.combiner, Sampler(**settings), prompt, LENGTH), f"{method}(gamma {gamma}) joint law")
     return outs
 
 
@@ -141,3 +133,51 @@ def test_cos_speed_model_predicts_the_decoders_calls(n):
             model.observe_verdicts(m, accepted, tested - accepted)
         predicted = model.tokens_per_second("cos", 0, gamma)
         assert predicted == pytest.approx(tokens / calls, rel=0.03), (n, gamma)
+
+
+# --- members: one model under two prompts -------------------------------------------------------------
+
+MEMBER_CASES = {
+    "cfg": (Guidance(scale=1.8), dict(temperature=1.0)),
+    "cd": (Contrastive(mu=0.5), dict(temperature=0.9)),
+    "we": (WeightedEnsemble([0.5, 0.5]), dict(temperature=1.0, top_k=6)),
+}
+
+
+@pytest.mark.parametrize("case, method, gamma", [(c, m, g) for c in MEMBER_CASES for m, g in METHODS if m != "naive-cos"])
+def test_a_model_under_two_prompts_samples_r_exactly(case, method, gamma):
+    """One model, two members: the prompt's and a second prompt's, on two sequences of the model.
+    The joint law of continuations is r's over the two members' rows, each after its own
+    prompt, whatever the method (the drafts of one member checked by both); their catch-ups
+    share the model's calls."""
+    from fakes import FakeSequences
+
+    combiner, settings = MEMBER_CASES[case]
+    model = FakeSequences(seed=21, n_seq=2)
+    prompt, second = [1, 2], [3, 4, 5]
+    ens = Ensemble([model], combiner, second_prompt=True)
+    assert ens.models == [model, model] and ens.n_params == [1000, 999]  # the second prompt's member counts one fewer: the prompt's leads
+    outs = checked(ens).generate_many(prompt, N, method=method, gamma=gamma, max_tokens=LENGTH, seed=zlib.crc32(f"m/{case}/{method}".encode()),
+                                      second_prompt=second, **settings)  # fmt: skip
+    law = exact_joint([model, model], ens.combiner, Sampler(**settings), prompt, LENGTH, prompts=[prompt, second])
+    assert_law(outs, law, f"{case} {method}(gamma {gamma}), one model under two prompts")
+    assert any(len(parts) == 2 for parts in model.call_parts)  # both members' rows in one call
+
+
+def test_a_second_prompt_is_read_by_its_own_member_and_scale_1_is_the_model_alone():
+    """The second member reads the second prompt (a change of it changes the text), guidance at
+    scale 1 is the model alone token for token (the second member never evaluated)."""
+    from fakes import FakeSequences
+
+    model = FakeSequences(seed=22, n_seq=2)
+    alone = Ensemble([FakeModel(seed=22)], WeightedEnsemble()).generate([1, 2], max_tokens=12, temperature=0)
+    ens = Ensemble([model], Guidance(scale=1.0), second_prompt=True)
+    one = ens.generate([1, 2], max_tokens=12, temperature=0, second_prompt=[3, 4])
+    assert one.token_ids == alone.token_ids and one.stats.models[1].calls == 0
+    guided = [Ensemble([FakeSequences(seed=22, n_seq=2)], Guidance(scale=3.0), second_prompt=True).generate([1, 2], max_tokens=12, temperature=0,
+                                                                                                           second_prompt=s).token_ids for s in ([3, 4], [5, 6])]  # fmt: skip
+    assert guided[0] != guided[1] or guided[0] != alone.token_ids
+    with pytest.raises(ConfigError, match="is the prompt itself"):
+        ens.generate([1, 2], max_tokens=2, second_prompt=[1, 2])
+    with pytest.raises(ConfigError, match="give it one"):
+        ens.generate([1, 2], max_tokens=2)

@@ -14,9 +14,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from conftest import within_budget
 from bytefakes import VOCAB_A, VOCAB_B, BruteForce, FakeMember, TinyModel, complete_utf8, valid_utf8_prefix
-from localcos import Contrastive, WeightedEnsemble
+from localcos import Contrastive, Guidance, WeightedEnsemble
 from localcos.core.level import Level
 from localcos.core.combiners import Gated
 from localcos.core.bytelevel import END, SYMBOLS
@@ -71,17 +70,18 @@ def _whole_tokens(model: TinyModel, context: tuple[int, ...]) -> np.ndarray:
     return q / q.sum()
 
 
-def mixed_step(models: list[TinyModel], bound, lead: int, gate: float, base: tuple[int, ...], rel: bytes, s: bytes):
+def mixed_step(models: list[TinyModel], bound, lead: int, gate: float, base: tuple[int, ...], rel: bytes, s: bytes, prompts):
     """The rule's next step from a state (the lead's tokens `base` at its last token step, the
-    bytes `rel` since, the text `s`), by brute force: ("token", the lead's tokens now, q over
-    token ids then END) or ("byte", r over the 257 symbols, UTF-8 applied)."""
-    held = _held(models[lead], PROMPT + base, rel)
+    bytes `rel` since, the text `s`), by brute force, each member after its own prompt: ("token",
+    the lead's tokens now, q over token ids then END) or ("byte", r over the 257 symbols, UTF-8
+    applied)."""
+    held = _held(models[lead], prompts[lead] + base, rel)
     if complete_utf8(s) and len(held) == 1 and held[0][1] == len(rel):  # one tokenisation, at a boundary
         tokens = base + held[0][0]
-        q = _whole_tokens(models[lead], PROMPT + tokens)
+        q = _whole_tokens(models[lead], prompts[lead] + tokens)
         if q.max() >= gate:
             return "token", tokens, q
-    dists = [BruteForce(models[lead], PROMPT + base).next_symbol(rel) if i == lead else BruteForce(m, PROMPT).next_symbol(s)
+    dists = [BruteForce(models[lead], prompts[lead] + base).next_symbol(rel) if i == lead else BruteForce(m, prompts[i]).next_symbol(s)
              for i, m in enumerate(models)]  # fmt: skip
     r = combine_symbols(bound, dists, 1.0)
     allowed = np.array([valid_utf8_prefix(s + bytes([b])) for b in range(256)] + [complete_utf8(s)])
@@ -89,17 +89,18 @@ def mixed_step(models: list[TinyModel], bound, lead: int, gate: float, base: tup
     return "byte", base, r / r.sum()
 
 
-def mixed_distribution(models: list[TinyModel], combiner, lead: int, gate: float, length: int) -> dict[tuple[bytes, bool], float]:
+def mixed_distribution(models: list[TinyModel], combiner, lead: int, gate: float, length: int, prompts=None) -> dict[tuple[bytes, bool], float]:
     """The law of the mixed level's output, (bytes, ended) -> probability, every step of
-    `mixed_step` enumerated."""
+    `mixed_step` enumerated (each member after its own prompt: `prompts`, default PROMPT)."""
     bound = combiner.bind(len(models), [1, 2])
+    prompts = prompts or [PROMPT] * len(models)
     out: dict[tuple[bytes, bool], float] = {}
 
     def record(s: bytes, ended: bool, mass: float) -> None:
         out[(s, ended)] = out.get((s, ended), 0.0) + mass
 
     def walk(base: tuple[int, ...], rel: bytes, s: bytes, mass: float) -> None:
-        kind, tokens, p = mixed_step(models, bound, lead, gate, base, rel, s)
+        kind, tokens, p = mixed_step(models, bound, lead, gate, base, rel, s, prompts)
         if p[-1] > 0:
             record(s, True, mass * p[-1])
         units = models[lead].pieces if kind == "token" else [bytes([b]) for b in range(256)]
@@ -119,14 +120,15 @@ def mixed_distribution(models: list[TinyModel], combiner, lead: int, gate: float
     return out
 
 
-def sample(models, combiner, lead: int, gate: float, n: int, seed: int, temperature: float = 1.0):
+def sample(models, combiner, lead: int, gate: float, n: int, seed: int, temperature: float = 1.0, prompts=None):
     members = [FakeMember(m) for m in models]
+    prompts = prompts or [PROMPT] * len(models)
     bound = combiner.bind(len(models), [1, 2])  # gated, as the mixed level's combination is: its gate decides whole tokens too
     rng = np.random.default_rng(seed)
     counts: Counter = Counter()
     token_bytes = 0
     for _ in range(n):
-        gen = ByteGeneration(members, [PROMPT] * len(models), bound, Sampler(temperature=temperature), rng, max_chars=LENGTH,
+        gen = ByteGeneration(members, prompts, bound, Sampler(temperature=temperature), rng, max_chars=LENGTH,
                              level=Level.MIXED)  # fmt: skip
         c = run_to_end(gen)
         counts[(c.data, c.finish_reason == "stop")] += 1
@@ -141,15 +143,28 @@ CASES = {
     "two-tokenizers": ([VOCAB_A, VOCAB_B], Gated(WeightedEnsemble([0.5, 0.5]), 0.4, lead=0), 0, 0.4),
     # the other tokenizer leads (its whole tokens, its gate), contrasted with the first where unsure
     "the other leads": ([VOCAB_A, VOCAB_B], Gated(Contrastive(mu=0.5, expert=1), 0.4, lead=1), 1, 0.4),
+    # one model under two prompts (prompt members): guided, and contrasted with itself where unsure
+    # (gate 0.5: enough byte steps that the second prompt moves the law well past the test's power)
+    "guidance": ([VOCAB_A, VOCAB_A], Gated(Guidance(scale=1.5, positive=0), 0.5, lead=0), 0, 0.5),
+    "self-contrast": ([VOCAB_A, VOCAB_A], Gated(Contrastive(mu=0.5, expert=0), 0.5, lead=0), 0, 0.5),
 }
+SECOND_PROMPT = (1,)  # what the second member of a model twice reads
+
+
+def _prompts(models: list[TinyModel]) -> list[tuple[int, ...]] | None:
+    """Each member's prompt: a model named twice is one model under two prompts."""
+    return [PROMPT, SECOND_PROMPT] if len(models) == 2 and models[0] is models[1] else None
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_mixed_level_samples_its_process_exactly(case):
     models, combiner, lead, gate = CASES[case]
-    exact = mixed_distribution(models, combiner, lead, gate, LENGTH)
+    prompts = _prompts(models)
+    exact = mixed_distribution(models, combiner, lead, gate, LENGTH, prompts)
     assert abs(sum(exact.values()) - 1) < 1e-9
-    counts, token_bytes = sample(models, combiner, lead, gate, 4000, seed=61)
+    if prompts is not None:  # the second prompt changes the law: a member reading the first would not pass
+        assert max(abs(exact.get(k, 0) - p) for k, p in mixed_distribution(models, combiner, lead, gate, LENGTH).items()) > 0.05
+    counts, token_bytes = sample(models, combiner, lead, gate, 4000, seed=61, prompts=prompts)
     total_bytes = sum(len(data) * c for (data, _), c in counts.items())
     assert 0 < token_bytes < total_bytes, "both kinds of step must be exercised"
     keys = sorted(exact)
@@ -161,17 +176,18 @@ def test_the_mixed_level_samples_its_process_exactly(case):
 
 def test_greedy_takes_each_steps_argmax():
     for case, (models, combiner, lead, gate) in CASES.items():
-        counts, token_bytes = sample(models, combiner, lead, gate, 1, seed=1, temperature=0)
+        prompts = _prompts(models)
+        counts, token_bytes = sample(models, combiner, lead, gate, 1, seed=1, temperature=0, prompts=prompts)
         ((data, ended),) = counts
-        assert _greedy_reference(models, combiner, lead, gate) == (data, ended), case
+        assert _greedy_reference(models, combiner, lead, gate, prompts or [PROMPT] * len(models)) == (data, ended), case
 
 
-def _greedy_reference(models, combiner, lead, gate):
+def _greedy_reference(models, combiner, lead, gate, prompts):
     """Every step's argmax, by the brute-force rule (`mixed_step`)."""
     bound = combiner.bind(len(models), [1, 2])
     base, rel, s = (), b"", b""
     while True:
-        kind, tokens, p = mixed_step(models, bound, lead, gate, base, rel, s)
+        kind, tokens, p = mixed_step(models, bound, lead, gate, base, rel, s, prompts)
         k = int(np.argmax(p))
         if k == len(p) - 1:
             return s, True
@@ -213,7 +229,7 @@ def test_on_llama_cpp_models_gate_near_0_is_the_leads_tokens_and_gate_1_its_byte
     which is the model's own greedy text on its tokens; at gate 1 (the lead never certain) every
     step is a byte step, the byte level's greedy text; in between both kinds of step happen."""
     qwen = real_models["qwen2"]
-    own, _ = _generate([qwen])  # the token level
+    own, _ = _generate([qwen], "--level", "token")  # llama.cpp's own decoding of its tokens
     tokens, stats0 = _generate([qwen], "--level", "mixed", "--gate", "1e-9")
     assert stats0["level"] == "mixed" and stats0["token_bytes"] == stats0["bytes"] > 0
     # max_tokens: the same length at every level, the lead's tokens: every step a whole token, its own text cut where it cuts alone
@@ -276,3 +292,20 @@ def test_a_greedy_token_step_reads_the_likeliest_token_from_the_logits_alone(ign
             assert log_p == pytest.approx(np.log(view.paths[0].row.prob(k)), abs=1e-5)
         else:
             assert log_p == pytest.approx(np.log(view.paths[0].row.end), abs=1e-5)
+
+
+def test_one_model_at_temperature_0_decodes_mixed_by_default_and_level_token_is_llama_cpps_own(real_models):
+    """`generate` of one model, greedy: the mixed level unless asked otherwise (its stats say so);
+    `--level token` gives llama.cpp's own decoding of its tokens, token for token the text the
+    token level writes; sampling at temperature 1 stays at the token level."""
+    from localcos import Ensemble
+
+    qwen = real_models["qwen2"]
+    mixed, stats = _generate([qwen])
+    assert stats["level"] == "mixed" and "gate(0.5" in stats["combiner"] and 0 < stats["token_bytes"] <= stats["bytes"]
+    token, token_stats = _generate([qwen], "--level", "token")
+    assert "level" not in token_stats and token_stats["tokens"] == 20
+    with Ensemble.load([qwen], n_ctx=256) as ens:
+        assert token == ens.generate("The river runs", temperature=0, max_tokens=20, ignore_eos=True).text
+    _, sampled = _generate([qwen], "--temperature", "1", "--seed", "3")
+    assert "level" not in sampled  # the model's own law: its own tokens

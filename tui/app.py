@@ -190,7 +190,11 @@ class ChatApp(App):
         config = self.settings.generation
         try:
             tokens, dropped = self.conversation.prompt(text, config.max_tokens)
-            stream = self.ensemble.stream(tokens, config=config)
+            second = self.conversation.second_prompt(config.negative_prompt, self.settings.guide_system)
+            if second is None:
+                stream = self.ensemble.stream(tokens, config=config)
+            else:  # a member of the lead model reads the second prompt (guidance, contrast)
+                stream = self.ensemble.stream(tokens, config=config, second_prompt=second)
         except LocalcosError as e:
             self.notify(str(e), title="Cannot send", severity="error")
             return

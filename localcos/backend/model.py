@@ -415,7 +415,7 @@ class Model:
         Returns each part's rows, [out_to - out_from, logits_vocab], as views of llama.cpp's
         output buffer valid until the model's next call. At most `n_batch` tokens and
         `max_logit_rows` rows in all; each slot at most once; the call and its tokens are counted
-        for the model and for each slot."""
+        for the model and for each slot (a call a slot shares with its `partner` counts there)."""
         n = sum(len(tokens) for _, tokens, _, _ in parts)
         n_rows = sum(out_to - out_from for _, _, out_from, out_to in parts)
         if n > self.n_batch or n_rows > self.max_logit_rows:
@@ -438,9 +438,10 @@ class Model:
             offset += out_to - out_from
             slot.tokens.extend(int(t) for t in tokens)
             slot._publish()
-            slot.stats.calls += 1
             slot.stats.tokens += len(tokens)
-            slot.stats.seconds += seconds
+            if slot.partner is None or all(other is not slot.partner for other, *_ in parts):
+                slot.stats.calls += 1
+                slot.stats.seconds += seconds
         self.stats.calls += 1
         self.stats.tokens += n
         self.stats.seconds += seconds

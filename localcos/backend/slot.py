@@ -62,13 +62,17 @@ class Sequences(Protocol):
 class Slot:
     """One sequence of a model's KV cache (llama.cpp's seq_id `seq_id`) and exactly the tokens it
     holds. Evaluated, rolled back and prefilled on its own, or in one call with other slots
-    (`Model.decode`); `stats` counts the calls it took part in."""
+    (`Model.decode`); `stats` counts the calls it took part in, except those it shared with its
+    `partner`, which count there."""
 
     def __init__(self, model: Sequences, seq_id: int) -> None:
         self.model = model
         self.seq_id = seq_id
         self.tokens: list[int] = []
         self.stats = ModelStats()
+        # the slot of the member this one's generation shares its model with (a second prompt's
+        # member reads the lead's model): a call they share counts once, for the partner
+        self.partner: "Slot | None" = None
         # (tokens, llama.cpp's KV positions) after the last call that changed the sequence,
         # published by the thread that drives the model for other threads to read
         self.cache_state: tuple[int, int] = (0, 0)

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "speedup the CoS paper's cost model expects; and each configuration's speed as a fraction of the largest "
         "model decoding alone (/big: what the ensemble costs over the big model).",
     )
-    add_options(p, ["models", "hardware", "combination", "level"], defaults=DEFAULTS, exclude={"parallel", "byte_gamma"})
+    add_options(p, ["models", "hardware", "combination", "level"], defaults=DEFAULTS, exclude={"parallel", "byte_gamma", "negative_prompt", "cfg_scale"})
     g = p.add_argument_group("what to compare")
     g.add_argument("--methods", default=None, help="default: all four (at the byte level: ensemble,cos)")
     g.add_argument("--alone", default="largest", help="models that also decode alone: largest (default), all, none, or indices (0,1)")

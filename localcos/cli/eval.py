@@ -55,7 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="a configuration: combination and generation flags of localcos generate over this command's, e.g. "
                       "'CD gated=--combine cd --gate 0.5'; repeat for several (default: each model alone, WE, CD; with --preset: each "
                       "model alone and the preset as configured). For models "
-                      "with different tokenizers, '--weights 0,1 --level token' runs one model alone on its own tokens")  # fmt: skip
+                      "with different tokenizers, '--weights 0,1 --level token' runs one model alone on its own tokens; "
+                      "'--contrast-prompt drop-examples --cfg-scale 1.5' has the lead model read each task without its "
+                      "examples too, as a second member (loaded once), and guides it away from that")  # fmt: skip
     what.add_argument("--baseline", metavar="NAME", help="the configuration the others are compared with (default: the best model alone)")
     run_group = p.add_argument_group("running the programs")
     run_group.add_argument("--run-code", action="store_true", help="allow running the programs the models write (sandboxed; required)")
@@ -70,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                            "with the limits only, able to read, write and connect anywhere you can (say so only in a "
                            "throwaway virtual machine; the results file and the table say so too)")  # fmt: skip
     add_options(p, ["models", "hardware", "combination", "method", "level", "sampling", "output"], defaults=DEFAULTS,
-                exclude={"synthetic", "synthetic_dtype", "json_schema", "grammar", "json_object"})  # fmt: skip
+                exclude={"synthetic", "synthetic_dtype", "json_schema", "grammar", "json_object", "negative_prompt"})  # fmt: skip
     out = p.add_argument_group("output")
     out.add_argument("--results", metavar="FILE", help="the JSON-lines results, appended as they come and resumed from "
                      "(default: localcos-eval-TASK.jsonl here)")  # fmt: skip
@@ -104,12 +106,13 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     if held < len(tasks) * len(configs):  # a finished run's summary loads no model
         results.check_resumable()
-        with EvalModels(settings, run_level, progress=loading_progress) as models:
+        with EvalModels(settings, run_level, progress=loading_progress, second_prompt=any(c.contrast for c in configs)) as models:
             models.load_alone(sorted({c.member for c in configs if c.own_tokens}), say=say)  # type: ignore[type-var]
             run_eval(tasks, configs, models.generate, results, limits, args.sandbox, report=say)
     baseline, summaries = summarize(results, tasks, configs, args.baseline)
     unit = "chars" if run_level.in_bytes else "tokens"
-    title = f"{task_name}: {len(tasks)} problems, {' + '.join(names)}, temperature {settings.generation.temperature:g}, max {settings.generation.max_tokens} {unit}"
+    title = (f"{task_name}: {len(tasks)} problems, {' + '.join(names)}, {run_level.value} level, temperature "
+             f"{settings.generation.temperature:g}, max {settings.generation.max_tokens} tokens")  # fmt: skip
     _report(args, title, baseline, summaries, unit, {"task": task_name, "problems": len(tasks), "models": names, "sandbox": args.sandbox,
                                                       "baseline": baseline, "unit": unit, "seconds": round(time.monotonic() - t0, 1)})  # fmt: skip
     return 0

@@ -33,10 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..chat import ChatFormatter, Message
+    from ..chat import ChatFormatter, Message, second_conversation
     from ..ensemble import Ensemble
     from ..config import default_parallel
     from ..config.parse import parse_int
+    from ..config.specs import check_second_prompt
     from ..stats import GenerationStats
 
     prompt = args.prompt
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.system is not None and not args.chat:
         raise ConfigError("--system needs --chat", param="system")
     settings = resolve(args, DEFAULTS)
+    check_second_prompt(prompt, settings.generation.negative_prompt)  # before any model loads
     config = settings.generation
     if config.seed is None:  # a seed the user can repeat: printed with the stats
         config = replace(config, seed=int.from_bytes(os.urandom(4), "little"))
@@ -58,22 +60,26 @@ def run(args: argparse.Namespace) -> int:
     if settings.load.parallel is None and n > 1 and not any(settings.load.rpc):  # --n: decode them together
         settings = replace(settings, load=replace(settings.load, parallel=default_parallel(settings.load.n_ctx, n)))
     with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress) as ens:
+        second: str | list[int] | None = None  # the second prompt's member's: the negative text (config), or its chat rendering
         if args.chat:
             formatter = ChatFormatter(ens, settings.chat_template_model)
             if formatter.note:
                 note(formatter.note)
             messages = ([Message("system", settings.system)] if settings.system else []) + [Message("user", prompt)]
             prompt_input: str | list[int] = formatter.tokens(messages)
+            conversation = second_conversation(messages, config.negative_prompt, settings.guide_system)
+            if conversation is not None:
+                second = formatter.tokens(conversation)
         else:
             prompt_input = prompt
         if args.json:
-            completions = ens.generate_many(prompt_input, n, config=config)
+            completions = ens.generate_many(prompt_input, n, config=config, second_prompt=second)
             stats = GenerationStats.aggregate([c.stats for c in completions])
             print(json.dumps({"completions": [c.to_dict() for c in completions], "stats": stats.to_dict()}))
             return 0
         completions = []
         if n == 1:
-            stream = ens.stream(prompt_input, config=config)
+            stream = ens.stream(prompt_input, config=config, second_prompt=second)
             for piece in stream:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
@@ -81,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             assert stream.completion is not None
             completions.append(stream.completion)
         else:
-            for i, c in enumerate(ens.generate_many(prompt_input, n, config=config)):
+            for i, c in enumerate(ens.generate_many(prompt_input, n, config=config, second_prompt=second)):
                 if i:
                     sys.stdout.write("\n---\n")
                 sys.stdout.write(c.text)

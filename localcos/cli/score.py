@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--sweep", action="append", help="a grid: weights=0:1:0.1 (the first model's weight), mu=0,0.05,0.1,0.2, "
         "plausibility=0.05,0.1 or gate=0.3,0.5,0.9; give it twice for the grid of two parameters"
     )
-    add_options(p, ["models", "hardware", "combination", "level"], defaults=BYTE_DEFAULTS, exclude={"synthetic", "synthetic_dtype", "byte_gamma"})
+    add_options(p, ["models", "hardware", "combination", "level"], defaults=BYTE_DEFAULTS,
+                exclude={"synthetic", "synthetic_dtype", "byte_gamma", "negative_prompt", "cfg_scale"})  # one text, one context
     refused = p.add_argument_group("not for score")
     for flag in ("--json-schema", "--grammar", "--json-object"):
         refused.add_argument(flag, dest=f"refused_{flag[2:].replace('-', '_')}", nargs="?", const=True, default=None,

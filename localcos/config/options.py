@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from ..backend import MIN_CTX
 from ..core.bytelevel import check_prune
-from ..core.combiners import check_gate, check_mu, check_plausibility
+from ..core.combiners import check_gate, check_mu, check_plausibility, check_scale
 from ..core.decoding import METHODS
 from ..core.lookup import LOOKUP_MODES
 from ..core.sampling import check_setting
@@ -38,6 +38,7 @@ from .parse import (
     parse_names,
     parse_ngram_sizes,
     parse_port,
+    parse_prompt_text,
     parse_proposer,
     parse_refs,
     parse_rpc,
@@ -50,6 +51,7 @@ SPLIT_MODES = ("none", "layer", "row")
 FLASH_ATTN = ("auto", "on", "off")
 COMBINE_LEVELS = ("logits", "probs")
 LEVELS = ("auto", "token", "byte", "mixed")
+CONTRAST_PROMPTS = ("drop-examples", "instruct")  # eval's second prompts, made from each task's (eval.contrast)
 MAX_QUEUE = 64  # the server's default
 
 # --- the options ---------------------------------------------------------------------------------
@@ -181,13 +183,20 @@ _OPTIONS = [
     _option("lead", "--lead", "combination", "combine", _at_least(0),
             "--gate: index of the model that decides alone where it is sure (default: cd's expert, else the model with "
             "the most parameters)", metavar="I"),
+    _option("cfg_scale", "--cfg-scale", "combination", "combine", lambda v, what: check_scale(parse_float(v, what), what),
+            "guidance (--combine cfg, which this option alone chooses): r = softmax(l_neg + S (l_pos - l_neg)), the model "
+            "reading the prompt against itself reading --negative-prompt; 1 is the model alone, above 1 toward what the prompt "
+            "adds (0 < S <= 20)", attr="scale", metavar="S"),
     _option("combine_level", "--combine-level", "combination", "combine", _choice(COMBINE_LEVELS),
             "custom combiner: what FUNCTION receives", default="logits", attr="level", choices=COMBINE_LEVELS),
     # the level models are combined at
     _option("level", "--level", "level", "load", _choice(LEVELS),
-            "combine next-token distributions (token: one tokenizer) or next-byte distributions (byte: any tokenizers, "
-            "each model in its own tokens); mixed: whole tokens of the lead where its likeliest has probability --gate or more, "
-            "the byte level elsewhere; auto: token when the models share a tokenizer, else byte", default="auto", choices=LEVELS),
+            "combine next-token distributions (token: one tokenizer; for one model llama.cpp's own decoding) or next-byte "
+            "distributions (byte: any tokenizers, each model in its own tokens); mixed: whole tokens of the lead where its "
+            "likeliest has probability --gate or more, the byte level elsewhere; auto: for one model decoding greedily or "
+            "truncated (temperature 0, --top-k, --top-p, --min-p) mixed, --gate 0.5 unless given (sampling at temperature 1 "
+            "is the model's own law at any gate: token), for several models token when they share a tokenizer, else byte",
+            default="auto", choices=LEVELS),
     _option("byte_paths", "--byte-paths", "level", "load", _at_least(1),
             "byte level: the most tokenisations of the text each model keeps (its llama.cpp sequences)", default=8, metavar="N"),
     _option("byte_prune", "--byte-prune", "level", "load", lambda v, what: check_prune(parse_float(v, what), what),
@@ -228,6 +237,10 @@ _OPTIONS = [
     _option("seed", "--seed", "sampling", "generation", parse_seed, "random seed; -1 = random (printed in the stats)", metavar="N"),
     _option("max_tokens", "--max-tokens", "output", "generation", _at_least(1), "tokens to generate at most", default=128, metavar="N"),
     _option("stop", "--stop", "output", "generation", parse_strings, "stop at this string (repeatable)", default=(), repeat=True, metavar="STR"),
+    _option("negative_prompt", "--negative-prompt", "combination", "generation", parse_prompt_text,
+            "a second prompt the lead model also reads, as a member of its own (its weights and its calls shared): the negative "
+            "of guidance (--cfg-scale), what --combine cd contrasts the prompt with, or a second phrasing --combine we averages; "
+            "with --chat, the user's message it stands for", metavar="TEXT"),
     _option("ignore_eos", "--ignore-eos", "output", "generation", parse_bool, "never stop at (or sample) end-of-generation tokens",
             default=False, switch=True),
     _option("json_schema", "--json-schema", "output", "generation", parse_json_schema,
@@ -236,10 +249,19 @@ _OPTIONS = [
             "structured output: only text of this GBNF grammar, llama.cpp's format (a file, or the grammar itself)", metavar="FILE|GBNF"),
     _option("json_object", "--json-object", "output", "generation", parse_bool, "structured output: one JSON object, any",
             default=False, switch=True),
+    # eval: a configuration's second prompt, made from each task's (a --variant's flag)
+    _option("contrast_prompt", "--contrast-prompt", "eval", "eval", _choice(CONTRAST_PROMPTS),
+            "a second prompt made from each task's, read by a second member of the lead model: drop-examples (the task "
+            "without its examples: >>> lines, Example blocks, MBPP's assert) or instruct (the task as a chat instruction, the "
+            "code repeated in the assistant's turn); combined as --combine says (cfg with --cfg-scale, cd, we)",
+            choices=CONTRAST_PROMPTS),
     # chat formatting
     _option("chat_template_model", "--chat-template-model", "chat", "chat", _at_least(0),
             "index of the model whose chat template formats messages (default: the preset's, else 0)", metavar="I"),
     _option("system", "--system", "chat", "chat", parse_text, "system message", metavar="TEXT"),
+    _option("guide_system", "--guide-system", "chat", "chat", parse_bool,
+            "guidance toward the system message: a second member of the lead model reads the conversation without it "
+            "(with --cfg-scale, or --combine cd)", default=False, switch=True),
     # the server (localcos serve)
     _option("host", "--host", "server", "server", parse_name, "address to listen on (127.0.0.1: this machine only)", default="127.0.0.1"),
     _option("port", "--port", "server", "server", parse_port, "port (0: any free one)", default=8080),

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..backend.rpc import Endpoint
 
 Gamma = int | tuple[int, ...] | str | None  # one value, one per model, "auto", or None (default)
-COMBINERS = ("we", "cd", "logit-mix")  # or FILE.py:FUNCTION / MODULE:FUNCTION
+COMBINERS = ("we", "cd", "logit-mix", "cfg")  # or FILE.py:FUNCTION / MODULE:FUNCTION
 # the code of a value that is not of the kind asked for at all (a word where a number goes), as
 # against one of the right kind out of range: a list reports the first as a malformed list
 INVALID_TYPE = "invalid_type"
@@ -218,7 +218,7 @@ def parse_combine(value: Any, what: str) -> str:
     text = _text(value)
     if text in COMBINERS or (text and is_custom_combine(text)):
         return text
-    raise ConfigError(f"{what} must be we, cd, logit-mix or FILE.py:FUNCTION, got {value!r}", param=param_of(what))
+    raise ConfigError(f"{what} must be we, cd, logit-mix, cfg or FILE.py:FUNCTION, got {value!r}", param=param_of(what))
 
 
 def parse_served_combine(value: Any, what: str) -> str:
@@ -285,6 +285,14 @@ def parse_text(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise ConfigError(f"{what} must be a string, got {value!r}", param=param_of(what))
     return value
+
+
+def parse_prompt_text(value: Any, what: str) -> str:
+    """A prompt of its own (a negative prompt): a string with something in it."""
+    text = parse_text(value, what)
+    if not text.strip():
+        raise ConfigError(f"{what} is empty: a second prompt with nothing in it contrasts nothing", param=param_of(what))
+    return text
 
 
 def parse_names(value: Any, what: str) -> tuple[str, ...]:

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Mapping
 from ..errors import ConfigError
 from .options import OPTIONS
 from .parse import parse_rpc
-from .specs import CombineSpec, GenerationConfig, LoadSpec, ServerSpec, Settings, check_for_models
+from .specs import MIXED_GATE, CombineSpec, GenerationConfig, LoadSpec, ServerSpec, Settings, check_for_models, imply_guidance
 
 
 def resolve(
@@ -55,19 +55,30 @@ def resolve(
 
         require_rpc()
     layers = given.get("n_gpu_layers")
+    generation = GenerationConfig(**_spec_values("generation", value))
+    combine_values = _spec_values("combine", value)
+    imply_guidance(combine_values, "cfg_scale" in given, "combine" in given)
+    # the members: the lead model a second time where it reads a second prompt
+    second_prompt = generation.negative_prompt is not None or bool(value("guide_system"))
+    level = value("level")
+    if level == "auto" and not second_prompt and one_model_decodes_mixed(n, generation, value("parallel"), rpc, given):
+        level = "mixed"
+        if combine_values["gate"] is None:
+            combine_values["gate"] = MIXED_GATE
     load = LoadSpec.make(
         sources.paths,
         labels=sources.labels,
         n_gpu_layers=tuple(sources.layers) if layers is None else layers,
         rpc=rpc,
-        **_spec_values("load", value, exclude={"n_gpu_layers", "rpc"}),
+        **{**_spec_values("load", value, exclude={"n_gpu_layers", "rpc"}), "level": level},
+        second_prompt=second_prompt,
     )
-    combine = CombineSpec(**_spec_values("combine", value)).loaded()
-    generation = GenerationConfig(**_spec_values("generation", value)).for_models(n, load.level)
+    combine = CombineSpec(**combine_values).loaded()
+    generation = generation.for_models(n, load.level)
     chat_model = sources.chat_model if value("chat_template_model") is None else value("chat_template_model")
-    check_for_models(generation, n, combine=combine, chat_template_model=chat_model, json=json, level=load.level)
-    return Settings(load, combine, generation, chat_template_model=chat_model, system=value("system"), name=sources.title,
-                    given=frozenset(given))  # fmt: skip
+    check_for_models(generation, n, combine=combine, chat_template_model=chat_model, json=json, level=load.level, second_prompt=second_prompt)
+    return Settings(load, combine, generation, chat_template_model=chat_model, system=value("system"), guide_system=bool(value("guide_system")),
+                    name=sources.title, given=frozenset(given))  # fmt: skip
 
 
 @dataclass
@@ -116,6 +127,25 @@ class _Sources:
         rpc = [registry.models[r].rpc if r in registry.models else None for r in labels]
         title = preset.name if preset else " + ".join(Path(r).name for r in labels)
         return cls(paths, labels, layers, rpc, title, chat_model)
+
+
+def one_model_decodes_mixed(n: int, generation: GenerationConfig, parallel: int | None, rpc: tuple, given: dict[str, Any]) -> bool:
+    """The one rule of the default level of one model (`--level auto`): its greedy or truncated
+    decoding (temperature 0, top-k, top-p, min-p) at the mixed level, which decodes its own whole
+    tokens where it is sure and its bytes where it is not (docs/algorithm.md, section 12); its
+    sampling from its own law (temperature 1, or another temperature, untruncated) at the token
+    level, llama.cpp's own (at temperature 1 the mixed level samples the same law, slower). What
+    the mixed level cannot do keeps the token level: a constraint, a method of several models,
+    several sequences at once (--parallel), a model on RPC servers, a chat template chosen by index."""
+    return (
+        n == 1
+        and generation.sampler().transforms
+        and generation.constraint is None
+        and generation.method in (None, "ensemble")
+        and (parallel or 1) == 1
+        and not any(rpc)
+        and "chat_template_model" not in given
+    )
 
 
 def resolve_server(values: Mapping[str, Any]) -> ServerSpec:

@@ -76,6 +76,9 @@ class LoadSpec:
     verbose: bool = False
     calibrate: bool = False  # measure the models' call costs again (not the cached profile)
     level: str = "auto"  # token, byte, mixed (byte where the lead is unsure), or auto (byte when the tokenizers differ)
+    # the members: each model reading the prompt, and where `second_prompt` the lead model a second
+    # time, reading a second prompt (a negative prompt, a contrast, another phrasing)
+    second_prompt: bool = False
     byte_paths: int = 8  # byte level: tokenisations (sequences) held per model
     byte_prune: float = 0.01  # byte level: relative mass below which a tokenisation is dropped
 
@@ -150,6 +153,7 @@ class CombineSpec:
     level: str = "logits"
     gate: float | None = None  # combine only where the lead model's top probability is below this
     lead: int | None = None  # the model a gate leaves alone where it is sure
+    scale: float | None = None  # cfg: guidance's scale (default 1.5)
     # a custom combiner's function, imported once when the spec is made (`loaded`): never again
     # per generation or per server request
     function: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
@@ -168,7 +172,7 @@ class CombineSpec:
             return gated(CustomCombiner(self.function, level=self.level, name=custom_name(self.combine)), self.gate, self.lead)
         return make_combiner(
             self.combine, weights=self.weights, mu=self.mu, plausibility=self.plausibility, expert=self.expert, level=self.level,
-            gate=self.gate, lead=self.lead,
+            gate=self.gate, lead=self.lead, scale=1.5 if self.scale is None else self.scale,
         )
 
 
@@ -192,6 +196,7 @@ class GenerationConfig:
     seed: int | None = None  # None: a fresh random seed (-1 means the same)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    negative_prompt: str | None = None  # what the member reading the second prompt reads (see LoadSpec.second_prompt)
     gamma: Gamma = "auto"  # planned from the measured call costs; a fixed length only where one is asked for
     proposer: int | str | None = None  # None: the model with the fewest parameters; "lookup": the context
     lookup: str = "auto"  # drafts looked up in the context: auto, on or off (cos, and proposer "lookup")
@@ -250,6 +255,9 @@ def default_method(n_models: int, level: str = "auto") -> str:
     return "cos" if n_models > 1 and level != "mixed" else "ensemble"
 
 
+MIXED_GATE = 0.5  # the gate of one model's mixed level where none is given (the preset coder-plus's)
+
+
 def check_level(level: str, generation: GenerationConfig, gated: bool) -> None:
     """The mixed level's rules, written once (the settings layer checks them before any model
     loads, the byte level's planning for every request): it needs a gate (`gated`: the gate
@@ -278,28 +286,75 @@ def check_for_models(
     chat_template_model: int = 0,
     json: bool = False,
     level: str = "auto",
+    second_prompt: bool = False,
 ) -> None:
-    """What the settings must satisfy for an ensemble of n models: model indices below n,
-    methods that need two models, one gamma or one per model, the combination's fit (weights
-    per model, cd's two models), the level's own rules (`check_level`). The settings layer calls
-    this before loading anything, the runtime's planning for every generation."""
+    """What the settings must satisfy for an ensemble of n models (and, with `second_prompt`,
+    the lead model a second time reading a second prompt: n + 1 members, which the combination,
+    the methods and the indices of members count): member indices in range, methods that need
+    two members, one gamma or one per member, the combination's fit (weights per member, cd's
+    and cfg's two), the members' own rules (`check_members`), the level's (`check_level`). The
+    settings layer calls this before loading anything, the runtime's planning for every
+    generation."""
+    members = n + second_prompt
 
-    def index(name: str, value: int | None) -> None:
-        if value is not None and value >= n:
-            raise ConfigError(f"{what(name, json)} must be a model index from 0 to {n - 1}, got {value}", param=name)
+    def index(name: str, value: int | None, count: int = members) -> None:
+        if value is not None and value >= count:
+            raise ConfigError(f"{what(name, json)} must be a model index from 0 to {count - 1}, got {value}", param=name)
 
     index("proposer", generation.proposer if isinstance(generation.proposer, int) else None)
-    index("chat_template_model", chat_template_model)
-    if generation.method not in (None, "ensemble") and n < 2:
+    index("chat_template_model", chat_template_model, n)
+    if generation.method not in (None, "ensemble") and members < 2:
         raise ConfigError(f"method {generation.method} needs at least 2 models; use --method ensemble for one", param="method")
     gamma = generation.gamma
-    if isinstance(gamma, tuple) and len(gamma) not in (1, n):
-        raise ConfigError(f"got {len(gamma)} gamma values for {n} models; give one, or one per model", param="gamma")
+    if isinstance(gamma, tuple) and len(gamma) not in (1, members):
+        raise ConfigError(f"got {len(gamma)} gamma values for {members} models; give one, or one per model", param="gamma")
+    check_second_member(generation, second_prompt, json)
     if combine is not None:
         index("expert", combine.expert)
         index("lead", combine.lead)
-        combine.combiner().fit(n, [1] * n)
+        check_members(n, combine, second_prompt, json)
+        combine.combiner().fit(members, [1] * members)
         check_level(level, generation, combine.gate is not None)
+
+
+def check_members(n: int, combine: CombineSpec, second_prompt: bool, json: bool = False) -> None:
+    """Guidance's rules, written once: it contrasts one model with itself under a second
+    prompt, so it needs that member and no other model."""
+    if combine.combine == "cfg" and not second_prompt:
+        raise ConfigError(f"{what('cfg_scale', json)} (guidance) needs a second prompt for the model to read: "
+                          f"{what('negative_prompt', json)} TEXT (in the chat also --guide-system)", param="cfg_scale")  # fmt: skip
+    if combine.combine == "cfg" and n > 1:
+        raise ConfigError(f"{what('cfg_scale', json)}: guidance contrasts one model with itself under a second prompt; give one model "
+                          "(with several, --combine we, cd or logit-mix takes the second prompt's member beside them)", param="cfg_scale")  # fmt: skip
+
+
+def check_second_member(generation: GenerationConfig, second_prompt: bool, json: bool = False) -> None:
+    """A negative prompt needs the member that reads it: models loaded with one."""
+    if generation.negative_prompt is not None and not second_prompt:
+        raise ConfigError(f"{what('negative_prompt', json)}: these models were loaded without a member for a second prompt "
+                          "(give --negative-prompt when they load: localcos serve --negative-prompt TEXT)", param="negative_prompt")  # fmt: skip
+
+
+def required_second_prompt(negative: str | Sequence[int] | None) -> str | Sequence[int]:
+    """The second prompt of models loaded with a member to read one: it must be given."""
+    if negative is None:
+        raise ConfigError("negative_prompt: these models were loaded with a member for a second prompt; give it one", param="negative_prompt")
+    return negative
+
+
+def imply_guidance(combine_values: dict[str, Any], gave_scale: bool, gave_combine: bool) -> None:
+    """--cfg-scale alone chooses guidance (--combine cfg): its scale is what it is for."""
+    if gave_scale and not gave_combine:
+        combine_values["combine"] = "cfg"
+
+
+def check_second_prompt(prompt: str | Sequence[int], negative: str | Sequence[int] | None, json: bool = False) -> None:
+    """A second prompt equal to the prompt (as text, or as tokens) contrasts nothing."""
+    if negative is None:
+        return
+    same = negative.strip() == prompt.strip() if isinstance(prompt, str) and isinstance(negative, str) else list(negative) == list(prompt)
+    if same:
+        raise ConfigError(f"{what('negative_prompt', json)} is the prompt itself: a second prompt must differ from it", param="negative_prompt")
 
 
 # --- serving -------------------------------------------------------------------------------------
@@ -333,6 +388,7 @@ class Settings:
     generation: GenerationConfig
     chat_template_model: int = 0
     system: str | None = None
+    guide_system: bool = False  # the chat: the second member reads the conversation without its system message
     name: str = ""  # what to call the ensemble: the preset, the synthetic set, or its models
     given: frozenset[str] = frozenset()  # the options the user gave (not defaults): what a level may refuse
 
@@ -363,6 +419,7 @@ class Settings:
             else:
                 value = opt.default if raw is None or (isinstance(raw, str) and not raw.strip()) else opt.check(raw, json=json)
             changes[opt.target][opt.attr] = value
+        imply_guidance(changes["combine"], "scale" in changes["combine"], "combine" in changes["combine"])
         combine = replace(self.combine, **changes["combine"])
         if combine.combine != self.combine.combine:
             # another combiner: the old one's parameters (a we preset's weights) do not carry over
@@ -371,12 +428,12 @@ class Settings:
         new = replace(self, combine=combine, generation=generation, **changes["chat"])
         if check:
             check_for_models(new.generation, len(new.load.paths), combine=new.combine, chat_template_model=new.chat_template_model, json=json,
-                             level=new.load.level)  # fmt: skip
+                             level=new.load.level, second_prompt=new.load.second_prompt)  # fmt: skip
         return new
 
 
 # every spec field has its option (a field without one could never be set by a front end)
-assert {f.name for f in fields(LoadSpec)} - {"paths", "labels"} == set(_BY_ATTR["load"])
+assert {f.name for f in fields(LoadSpec)} - {"paths", "labels", "second_prompt"} == set(_BY_ATTR["load"])
 assert {f.name for f in fields(CombineSpec)} - {"function"} == set(_BY_ATTR["combine"])
 assert {f.name for f in fields(GenerationConfig)} == set(_BY_ATTR["generation"])
 assert {f.name for f in fields(ServerSpec)} == set(_BY_ATTR["server"])

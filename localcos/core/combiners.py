@@ -283,6 +283,70 @@ class Contrastive(Combiner):
         return f"cd(mu={self.mu:g},expert={self.expert}{alpha})"
 
 
+MAX_SCALE = 20.0  # guidance's scale: beyond it the negative member's logits would swamp the row
+
+
+def check_scale(scale: float, what: str) -> float:
+    """The one rule of guidance's scale: finite, 0 < scale <= MAX_SCALE (1: the positive member
+    alone; above 1 toward what its prompt adds to the negative's)."""
+    return check_range(scale, what, above=0, maximum=MAX_SCALE)
+
+
+class Guidance(Combiner):
+    """Classifier-free guidance between two members, one model under two prompts (Sanchez et al.
+    2023): r = softmax((l_neg + s * (l_pos - l_neg)) / T), the positive member reading the
+    prompt, the negative one a weaker prompt. s = 1 is the positive member alone (the negative
+    is then never evaluated); s > 1 pushes toward what the prompt adds.
+
+    Args:
+        scale: s (0 < s <= MAX_SCALE).
+        positive: index of the positive member; default the one with more parameters (a member
+            reading a second prompt counts one fewer than its model: the one reading the prompt).
+    """
+
+    name = "cfg"
+
+    def __init__(self, scale: float = 1.5, positive: int | None = None) -> None:
+        self.scale = check_scale(float(scale), "cfg scale")
+        self.positive = positive
+
+    def fit(self, n_models: int, n_params: Sequence[int]) -> "Guidance":
+        if n_models != 2:
+            raise ConfigError(f"guidance (--cfg-scale) combines exactly 2 members, a prompt and a negative prompt; got {n_models}", param="cfg_scale")
+        positive = self.positive
+        if positive is None:
+            positive = 0 if n_params[0] >= n_params[1] else 1
+        if positive not in (0, 1):
+            raise ConfigError(f"the positive member must be 0 or 1, got {positive}", param="cfg_scale")
+        return Guidance(self.scale, positive)
+
+    @property
+    def negative(self) -> int:
+        assert self.positive is not None, "bind() the combiner first"
+        return 1 - self.positive
+
+    def uses(self, n_models: int) -> tuple[bool, ...]:
+        assert self.positive is not None, "bind() the combiner first"
+        return tuple(i == self.positive or self.scale != 1 for i in range(2))  # s = 1: the positive alone
+
+    def single_model(self) -> int | None:
+        return self.positive if self.scale == 1 else None
+
+    def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
+        assert self.positive is not None, "bind() the combiner first"
+        positive = np.asarray(logits[self.positive], dtype=np.float32)
+        if self.scale == 1:
+            return softmax(positive, temperature)  # the negative is not evaluated (see uses())
+        negative = np.asarray(logits[self.negative], dtype=np.float32)
+        with np.errstate(invalid="ignore"):
+            z = negative + np.float32(self.scale) * (positive - negative)
+        z[np.isneginf(positive)] = -np.inf  # banned tokens: inf - inf is nan
+        return softmax(z, temperature)
+
+    def describe(self) -> str:
+        return f"cfg(s={self.scale:g},positive={self.positive})"
+
+
 class LogitMix(_Weighted):
     """Logit-level mixture: r = softmax(sum_k w_k l_k / T) (e.g. decoding-time realignment)."""
 
@@ -341,10 +405,12 @@ class CustomCombiner(Combiner):
 
 
 def default_lead(combiner: Combiner, n_params: Sequence[int]) -> int:
-    """The model that leads where the settings name none: contrastive decoding's expert (fitted),
-    else the model with the most parameters (ties: the last)."""
+    """The model that leads where the settings name none: contrastive decoding's expert or
+    guidance's positive member (fitted), else the model with the most parameters (ties: the last)."""
     if isinstance(combiner, Contrastive) and combiner.expert is not None:
         return combiner.expert
+    if isinstance(combiner, Guidance) and combiner.positive is not None:
+        return combiner.positive
     return max(range(len(n_params)), key=lambda i: (n_params[i], i))
 
 
@@ -470,10 +536,11 @@ def make_combiner(
     level: str = "logits",
     gate: float | None = None,
     lead: int | None = None,
+    scale: float = 1.5,
 ) -> Combiner:
-    """A combiner by CLI name: we, cd, logit-mix, or FILE.py:FUNCTION / MODULE:FUNCTION; with
-    `gate`, combined only where the lead model is unsure (`gated`)."""
-    return gated(_make_combiner(kind, weights=weights, mu=mu, plausibility=plausibility, expert=expert, level=level), gate, lead)
+    """A combiner by CLI name: we, cd, logit-mix, cfg (guidance at `scale`), or FILE.py:FUNCTION /
+    MODULE:FUNCTION; with `gate`, combined only where the lead model is unsure (`gated`)."""
+    return gated(_make_combiner(kind, weights=weights, mu=mu, plausibility=plausibility, expert=expert, level=level, scale=scale), gate, lead)
 
 
 def gated(inner: Combiner, gate: float | None, lead: int | None = None) -> Combiner:
@@ -487,7 +554,7 @@ def gated(inner: Combiner, gate: float | None, lead: int | None = None) -> Combi
 
 
 def _make_combiner(
-    kind: str, *, weights: Sequence[float] | None, mu: float, plausibility: float | None, expert: int | None, level: str
+    kind: str, *, weights: Sequence[float] | None, mu: float, plausibility: float | None, expert: int | None, level: str, scale: float = 1.5
 ) -> Combiner:
     if kind == "we":
         return WeightedEnsemble(weights)
@@ -497,6 +564,10 @@ def _make_combiner(
         return Contrastive(mu, plausibility, expert)
     if kind == "logit-mix":
         return LogitMix(weights)
+    if kind == "cfg":
+        if weights is not None:
+            raise ConfigError("--weights does not apply to cfg; use --cfg-scale", param="weights")
+        return Guidance(scale)
     if ":" in kind:
         return load_custom(kind, level)
-    raise ConfigError(f"unknown combiner {kind!r}; use we, cd, logit-mix or FILE.py:FUNCTION", param="combine")
+    raise ConfigError(f"unknown combiner {kind!r}; use we, cd, logit-mix, cfg or FILE.py:FUNCTION", param="combine")

@@ -77,7 +77,16 @@ class Evaluate:
         return self.phase is Phase.PREFILL
 
 
-Step = Generator[Evaluate, np.ndarray, None]  # a round of decoding: its requests, their logits
+@dataclass(frozen=True)
+class Together:
+    """Requests a driver answers together, with their logits in order: the catch-ups of every
+    member r asks for, so that members of one model (one model under two prompts) share its
+    llama_decode call. Only for a decoder made with `together` (a driver that answers them)."""
+
+    requests: tuple[Evaluate, ...]
+
+
+Step = Generator["Evaluate | Together", "np.ndarray | list[np.ndarray]", None]  # a round of decoding: its requests, their logits
 
 
 @dataclass(frozen=True)
@@ -142,10 +151,12 @@ class Decoder:
         costs: Costs | None = None,
         constraint: Matcher | None = None,
         others: Callable[[], int] | None = None,
+        together: bool = False,
     ) -> None:
         if not isinstance(combiner, BoundCombiner):
             raise TypeError("the decoder takes a combiner bound to its models (Combiner.bind)")
         self.slots = list(slots)
+        self.together = together  # the driver answers `Together`: members' catch-ups in one round
         self.combiner = combiner
         self.sampler = sampler
         self.rng = rng
@@ -218,18 +229,28 @@ class Decoder:
     def catch_up(self, i: int, upto: int | None = None, phase: Phase = Phase.DECODING) -> Step:
         """Model i evaluates, in one batched call, every token of sequence()[:upto] its cache lacks
         (by default all of them, except a final end token: nothing follows it), for `phase`."""
+        request = self._request(i, upto, phase)
+        if request is not None:
+            self._take_rows(request, (yield request))
+
+    def _request(self, i: int, upto: int | None, phase: Phase) -> Evaluate | None:
+        """What model i must evaluate to catch up to `upto` (see `catch_up`), or None."""
         seq = self.sequence()
         if upto is None:
             upto = len(seq) - (1 if self.draft_room() == 0 and self.pending else 0)
         have = len(self.slots[i].tokens)
         if have >= upto:
-            return
+            return None
         # rows are needed for positions >= len(committed): the token at index k gives row k+1
         n_logits = upto - max(have, len(self.committed) - 1)
         if self.costs is not None:
             self.spent += self.costs(i, upto - have)
-        logits = yield Evaluate(i, seq[have:upto], n_logits, phase)
-        first = upto - n_logits + 1
+        return Evaluate(i, seq[have:upto], n_logits, phase)
+
+    def _take_rows(self, request: Evaluate, logits: np.ndarray) -> None:
+        """The rows a catch-up's call returned, each at its position."""
+        i, n_logits = request.model, request.n_logits
+        first = len(self.slots[i].tokens) - n_logits + 1
         self._ban(logits)
         rows, probs = self.rows[i], self.probs[i]
         lead = self.combiner.gate is not None and i == self.combiner.gate.lead
@@ -246,18 +267,27 @@ class Decoder:
         (lazy members), and catches up on what it skipped in one call when it is needed or
         drafts."""
         always = self.combiner.asks(opened=False)
-        for i, asked in enumerate(always):
-            if asked:
-                yield from self.catch_up(i, upto, phase)
+        yield from self._catch_up_all([i for i, asked in enumerate(always) if asked], upto, phase)
         gate = self.combiner.gate
         if gate is None:
             return
         last = len(self.slots[gate.lead].tokens) if upto is None else upto
         opened = [p for p in range(len(self.committed), last + 1) if self.gate_opens(p)]
         if opened:
-            for i, asked in enumerate(self.combiner.asks(opened=True)):
-                if asked and not always[i]:
-                    yield from self.catch_up(i, opened[-1], phase)
+            yield from self._catch_up_all([i for i, asked in enumerate(self.combiner.asks(opened=True)) if asked and not always[i]], opened[-1], phase)
+
+    def _catch_up_all(self, members: Sequence[int], upto: int | None, phase: Phase) -> Step:
+        """`catch_up` of each of `members`: together in one request where the driver takes it."""
+        if not self.together:
+            for i in members:
+                yield from self.catch_up(i, upto, phase)
+            return
+        requests = [r for r in (self._request(i, upto, phase) for i in members) if r is not None]
+        if len(requests) == 1:
+            self._take_rows(requests[0], (yield requests[0]))
+        elif requests:
+            for request, logits in zip(requests, (yield Together(tuple(requests)))):
+                self._take_rows(request, logits)
 
     def gate_opens(self, position: int) -> bool:
         """Whether r combines the models at `position` (the gate opens there), from the lead's

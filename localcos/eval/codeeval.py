@@ -30,6 +30,7 @@ class Generated:
     length: int
     seconds: float
     llama_seconds: float
+    note: str | None = None  # how it was decoded where that is not what its configuration says (a task with no second prompt)
 
 
 @dataclass
@@ -79,8 +80,11 @@ def run_eval(
                 continue
             out = generate(task.prompt, replace(config, settings=with_stops(config.settings)))
             outcome = run_program(task.program(out.text), limits, sandbox)
-            results.add(config, {"task_id": task.task_id, "passed": outcome.passed, "result": outcome.result, "length": out.length,
-                                 "seconds": round(out.seconds, 4), "llama_seconds": round(out.llama_seconds, 4), "completion": out.text})  # fmt: skip
+            record = {"task_id": task.task_id, "passed": outcome.passed, "result": outcome.result, "length": out.length,
+                      "seconds": round(out.seconds, 4), "llama_seconds": round(out.llama_seconds, 4), "completion": out.text}  # fmt: skip
+            if out.note is not None:
+                record["note"] = out.note
+            results.add(config, record)
             report(f"{progress.step(ran=True)} {task.task_id} {config.name}: {outcome.result}")
 
 

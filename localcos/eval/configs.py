@@ -10,12 +10,14 @@ from typing import Any, Sequence
 
 from ..config import OPTIONS, Settings, check_for_models, default_method
 from ..config.flags import parse_flags
+from ..config.specs import MIXED_GATE
 from ..core.level import Level
+from ..runtime.loaded import second_prompt_lead
 from ..errors import ConfigError
 
 _CONFIG_TARGETS = ("combine", "generation")
 # what a variant may set: the combination and generation options of `localcos generate`, and its level
-_VARIANT_OPTIONS = [opt for opt in OPTIONS.values() if opt.target in _CONFIG_TARGETS or opt.name == "level"]
+_VARIANT_OPTIONS = [opt for opt in OPTIONS.values() if opt.target in _CONFIG_TARGETS or opt.name in ("level", "contrast_prompt")]
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class EvalConfig:
     n_params: tuple[int, ...]  # the models' parameter counts: the combiner is fitted to them as it runs
     level: Level = Level.TOKEN
     run: Level = Level.TOKEN
+    contrast: str | None = None  # the second prompt made from each task's (`eval.contrast`), read by a second member
 
     @property
     def own_tokens(self) -> bool:
@@ -42,9 +45,18 @@ class EvalConfig:
         return self.level is Level.MIXED
 
     @property
+    def members(self) -> list[int]:
+        """The parameter counts of the members r combines: each model's, then a second prompt's
+        member's (its model's, one fewer: the prompt's member leads), as `LoadedModels` counts them."""
+        if self.contrast is None:
+            return list(self.n_params)
+        return [*self.n_params, self.n_params[second_prompt_lead(self.n_params)] - 1]
+
+    @property
     def member(self) -> int | None:
-        """The model whose own distribution r is (weights 1 and 0), or None for a combination."""
-        return self.settings.combiner().fit(len(self.n_params), self.n_params).single_model()
+        """The member whose own distribution r is (weights 1 and 0), or None for a combination."""
+        members = self.members
+        return self.settings.combiner().fit(len(members), members).single_model()
 
     @property
     def alone(self) -> bool:
@@ -58,6 +70,8 @@ class EvalConfig:
         not the one the run's models load for: what the results file records, so a resumed run
         never mixes two settings under one name."""
         values = {opt.name: opt.format(self.settings.value(opt.name)) for opt in OPTIONS.values() if opt.target in _CONFIG_TARGETS}
+        if self.contrast is not None:
+            values["contrast_prompt"] = self.contrast
         if self.run.in_bytes and self.level is not Level.BYTE:
             return {**values, "level": self.level.value}
         return values
@@ -79,7 +93,8 @@ def parse_config(text: str, base: Settings, n_params: Sequence[int], run: Level 
         raise ConfigError(f"--variant {name}: {e}", param="variant") from None
     raw = parse_flags(words, _VARIANT_OPTIONS, what=f"--variant {name}", param="variant",
                       refused="is not a combination or generation option of localcos generate, nor --level")  # fmt: skip
-    values: dict[str, Any] = {k: v for k, v in raw.items() if k != "level"}
+    values: dict[str, Any] = {k: v for k, v in raw.items() if k not in ("level", "contrast_prompt")}
+    contrast = OPTIONS["contrast_prompt"].check(raw["contrast_prompt"]) if "contrast_prompt" in raw else None
     asked = OPTIONS["level"].check(raw["level"]) if "level" in raw else "auto"
     level = run if asked == "auto" else Level(asked)
     if level.in_bytes and not run.in_bytes:
@@ -88,10 +103,16 @@ def parse_config(text: str, base: Settings, n_params: Sequence[int], run: Level 
     if level.in_bytes and "method" not in values and "method" not in base.given:  # the default method of the level it decodes at
         values["method"] = default_method(len(n_params), level.value)
     settings = base.with_values(values, check=False)
+    if level is Level.MIXED and settings.combine.gate is None and "level" not in base.given:
+        # the mixed level this run chose by default, with its default gate (as `generate` takes it)
+        settings = base.with_values({**values, "gate": MIXED_GATE}, check=False)
     # checked as the command line is, at the level this configuration decodes at (before any model loads)
     check_for_models(settings.generation, len(n_params), combine=settings.combine, chat_template_model=settings.chat_template_model,
-                     level=level.value)  # fmt: skip
-    config = EvalConfig(name, settings, tuple(n_params), level, run)
+                     level=level.value, second_prompt=contrast is not None)  # fmt: skip
+    if contrast is not None and level is Level.TOKEN and run.in_bytes:
+        raise ConfigError(f"--variant {name}: --contrast-prompt with --level token: a second prompt's member decodes at the run's "
+                          "level", param="variant")  # fmt: skip
+    config = EvalConfig(name, settings, tuple(n_params), level, run, contrast)
     if config.own_tokens and not config.alone:
         raise ConfigError(f"--variant {name}: --level token runs one model alone on its own tokens: give it all the weight "
                           "(e.g. --combine we --weights 0,1)", param="variant")  # fmt: skip
@@ -108,8 +129,9 @@ def unique_names(names: Sequence[str], paths: Sequence[str]) -> list[str]:
 
 def default_configs(base: Settings, names: Sequence[str], n_params: Sequence[int], run: Level = Level.TOKEN, preset: str | None = None) -> list[EvalConfig]:
     """Each model alone (on its own tokens, as it runs by itself), then, for a `preset`, the
-    preset as configured ("is it better than its models on my task?"), else the weighted
-    ensemble and, for two models, contrastive decoding, at the run's level."""
+    preset as configured ("is it better than its models on my task?"), for one model its run at
+    the run's level where that is not its own tokens ("is the mixed level better?"), else the
+    weighted ensemble and, for two models, contrastive decoding, at the run's level."""
     n, counts = len(names), tuple(n_params)
     configs = [
         EvalConfig(f"{name} alone", base.with_values({"combine": "we", "weights": ",".join("1" if j == i else "0" for j in range(n)),
@@ -118,6 +140,8 @@ def default_configs(base: Settings, names: Sequence[str], n_params: Sequence[int
     ]
     if preset is not None:
         return configs + [EvalConfig(preset, base, counts, run, run)]
+    if n == 1:
+        return configs + ([EvalConfig(f"{names[0]} {run.value}", base, counts, run, run)] if run is not Level.TOKEN else [])
     configs.append(EvalConfig("WE", base.with_values({"combine": "we", "weights": ""}), counts, run, run))
     if n == 2:
         configs.append(EvalConfig("CD", base.with_values({"combine": "cd"}), counts, run, run))

@@ -8,34 +8,54 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..core.level import Level
 from .codeeval import Generated
+from .contrast import TRANSFORMS, instruct_phrasing
 
 if TYPE_CHECKING:
     from ..config import Settings
     from ..ensemble import Ensemble
+    from ..runtime.bytelevel import ByteModels
     from .configs import EvalConfig
+
+NOTHING_TO_CHANGE = "{}: nothing to change in this task; decoded by the lead model alone"
 
 
 class EvalModels:
     """The run's models, loaded once for every configuration: at the token level an `Ensemble`,
     at the byte and mixed levels `ByteModels`; a model that also decodes alone on its own tokens
-    there (`load_alone`) is loaded a second time, by itself (`Ensemble.member`)."""
+    there (`load_alone`) is loaded a second time, by itself (`Ensemble.member`).
 
-    def __init__(self, settings: "Settings", run: Level, progress: Callable[[int, int, str], None] | None = None) -> None:
+    With `second_prompt` (a configuration reads a second prompt made from each task's:
+    `--contrast-prompt`), the lead model is also a member reading it, loaded once: `models`
+    holds that member, `plain` is the same loaded models without it, which the other
+    configurations decode on."""
+
+    def __init__(self, settings: "Settings", run: Level, progress: Callable[[int, int, str], None] | None = None,
+                 second_prompt: bool = False) -> None:  # fmt: skip
+        from ..core.combiners import WeightedEnsemble
         from ..ensemble import Ensemble
 
         self.settings = settings
         self.run = run
         self.alone: dict[int, Ensemble] = {}  # model index -> that model alone, on its own tokens
+        load = replace(settings.load, second_prompt=second_prompt)
         if run.in_bytes:
             from ..runtime.bytelevel import ByteModels
 
-            self.models: Ensemble | ByteModels = ByteModels.load(settings.load, settings.combiner(), progress=progress)
+            self.models: Ensemble | ByteModels = ByteModels.load(load, settings.combiner() if not second_prompt else WeightedEnsemble(),
+                                                                 progress=progress)  # fmt: skip
+            self.plain: Ensemble | ByteModels = self.models
+            if second_prompt:
+                m = self.models
+                assert isinstance(m, ByteModels)
+                self.plain = ByteModels(m.loaded, settings.combiner(), max_paths=load.byte_paths, prune=load.byte_prune,
+                                        profiles=m.costs.profiles[: len(m.loaded)], level=m.level)  # fmt: skip
         else:
-            self.models = Ensemble.from_spec(settings.load, settings.combiner(), progress=progress)
+            self.models = Ensemble.from_spec(load, WeightedEnsemble() if second_prompt else settings.combiner(), progress=progress)
+            self.plain = self.models if not second_prompt else Ensemble(self.models.loaded, settings.combiner(), profiles=self.models.profiles[: len(self.models.loaded)])
 
     @property
     def names(self) -> list[str]:
-        return self.models.names
+        return self.plain.names
 
     def load_alone(self, members: Sequence[int], say: Callable[[str], None] = lambda line: None) -> None:
         from ..ensemble import Ensemble
@@ -47,22 +67,54 @@ class EvalModels:
     def generate(self, prompt: str, config: "EvalConfig") -> Generated:
         """A completion of `prompt` under `config`, at its level (`max_tokens` the same length at
         every level: tokens, the lead's at the byte and mixed levels); its length in tokens, or in
-        characters in a run at the byte or mixed level (every configuration's speed in one unit)."""
+        characters in a run at the byte or mixed level (every configuration's speed in one unit).
+        A configuration reading a second prompt made from the task's reads it on the second
+        member; where the task gives nothing to change, the lead decodes alone (said in `note`)."""
         settings = config.settings
         if config.own_tokens:
             assert config.member is not None, "parse_config refuses --level token for a combination"
             own = self.alone[config.member].generate(prompt, config=replace(settings.generation, method="ensemble", gamma=None))
             return Generated(own.text, len(own.text), own.stats.seconds, own.stats.llama_seconds)
+        models, combiner, second, note = self.plain, settings.combiner(), None, None
+        if config.contrast is not None:
+            second = self._second_prompt(config.contrast, prompt)
+            if second is None:
+                combiner, note = _alone(len(self.plain.loaded), self._lead()), NOTHING_TO_CHANGE.format(config.contrast)
+            else:
+                models = self.models
         if self.run.in_bytes:
             from ..runtime.bytelevel import ByteModels, run_to_end
             from ..runtime.generation import completion_rng
 
-            assert isinstance(self.models, ByteModels)
-            plan = self.models.plan(self.models.prompts(prompt), settings.generation, combiner=settings.combiner(), level=config.level)
-            b = run_to_end(self.models.start(plan, completion_rng(settings.generation.seed, 0)))
-            return Generated(b.text, b.stats.chars, b.stats.seconds, b.stats.llama_seconds)
-        c = self.models.generate(prompt, config=settings.generation, combiner=settings.combiner())  # type: ignore[union-attr]
-        return Generated(c.text, len(c.token_ids), c.stats.seconds, c.stats.llama_seconds)
+            assert isinstance(models, ByteModels)
+            prompts = models.prompts(prompt) + ([second if isinstance(second, list) else models.models[-1].tokenize(second)] if second is not None else [])
+            plan = models.plan(prompts, settings.generation, combiner=combiner, level=config.level)
+            b = run_to_end(models.start(plan, completion_rng(settings.generation.seed, 0)))
+            return Generated(b.text, b.stats.chars, b.stats.seconds, b.stats.llama_seconds, note)
+        c = models.generate(prompt, config=settings.generation, combiner=combiner, second_prompt=second)  # type: ignore[union-attr]
+        return Generated(c.text, len(c.token_ids), c.stats.seconds, c.stats.llama_seconds, note)
+
+    def _lead(self) -> int:
+        from ..runtime.loaded import second_prompt_lead
+
+        return second_prompt_lead([m.n_params for m in self.plain.loaded])
+
+    def _second_prompt(self, contrast: str, prompt: str) -> str | list[int] | None:
+        """The second prompt of `contrast` for a task's `prompt`: text (`TRANSFORMS`), or the lead's
+        tokens of its chat template's rendering (instruct: the task as an instruction, the
+        assistant's turn repeating the code so both members continue the same text); None
+        where the task gives nothing to change."""
+        if contrast in TRANSFORMS:
+            return TRANSFORMS[contrast](prompt)
+        from ..chat import Message, render
+
+        lead = self.plain.loaded[self._lead()]
+        if not lead.chat_template:
+            return None
+        bos = lead.token_text(lead.bos).decode("utf-8", errors="replace") if lead.bos >= 0 else ""
+        text = render(lead.chat_template, [Message("user", instruct_phrasing(prompt))], bos_token=bos, eos_token="",
+                      add_generation_prompt=True) + "```python\n" + prompt  # fmt: skip
+        return lead.tokenize(text, add_bos=None if not (bos and text.startswith(bos)) else False, special=True)
 
     def close(self) -> None:
         for ens in self.alone.values():
@@ -74,3 +126,10 @@ class EvalModels:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _alone(n: int, lead: int):  # -> Combiner
+    """Model `lead` of `n` alone (weight 1; the others never evaluated)."""
+    from ..core.combiners import WeightedEnsemble
+
+    return WeightedEnsemble([1.0 if i == lead else 0.0 for i in range(n)])

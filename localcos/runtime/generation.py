@@ -9,12 +9,12 @@ from __future__ import annotations
 import codecs
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Generator
+from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence
 
 import numpy as np
 
-from ..backend.slot import prompt_calls
-from ..core.decoding import Decoder, Evaluate, Origin, Phase
+from ..backend.slot import Slot, prompt_calls
+from ..core.decoding import Decoder, Evaluate, Origin, Phase, Together
 from ..core.lookup import ContextIndex, LookupState, lookup_outcomes
 from ..core.speedmodel import AutoGamma
 from ..core.strategies import make_strategy
@@ -64,7 +64,7 @@ class Chunk:
     tokens: tuple[TokenEvent, ...]
 
 
-Work = Generator["Evaluate | Chunk", "np.ndarray | None", "Completion"]
+Work = Generator["Evaluate | Together | Chunk", "np.ndarray | list[np.ndarray] | None", "Completion"]
 
 
 def completion_rng(seed: int | None, index: int = 0) -> np.random.Generator:
@@ -76,7 +76,7 @@ def completion_rng(seed: int | None, index: int = 0) -> np.random.Generator:
 
 def cancelled_completion(loaded: LoadedModels, plan: Plan, prompt_seconds: float = 0.0) -> Completion:
     """The completion of a generation cancelled before it decoded anything."""
-    stats = GenerationStats(plan.config.method, plan.combiner.description, [ModelRunStats(m.name) for m in loaded.models],
+    stats = GenerationStats(plan.config.method, plan.combiner.description, [ModelRunStats(name) for name in loaded.run_names],
                             prompt_tokens=len(plan.prompt), prompt_seconds=prompt_seconds, seed=plan.config.seed,
                             finish_reasons={"cancelled": 1})  # fmt: skip
     return Completion("", [], "cancelled", [], stats)
@@ -116,14 +116,18 @@ class Generation:
         round after another. `cancelled()` is checked between requests of the prompt and between
         rounds; a cancelled generation leaves every cache holding exactly what it committed."""
         loaded, plan = self.loaded, self.plan
-        slots = [m.slots[self.slot] for m in loaded.models]
+        slots = [member[self.slot] for member in loaded.member_slots]
         prompt = list(plan.prompt)
+        prompts = [list(p) for p in plan.prompts]
         t_prompt = time.perf_counter()
-        prompt_rows = yield from self._prefill(slots, prompt)
+        prompt_rows = yield from self._prefill(slots, prompts)
         if prompt_rows is None:
             return cancelled_completion(loaded, plan, time.perf_counter() - t_prompt)
         t0 = time.perf_counter()
         before = [s.stats.snapshot() for s in slots]
+        # the decoder counts positions in the prompt's sequence: a member reading another prompt
+        # is seen through where its own prompt ends
+        views = [s if own == prompt else PromptShift(s, prompt, own) for s, own in zip(slots, prompts)]
         first = loaded.models[0]
         text = TextAssembler(first.piece, plan.config.stop)
         token_text = _TokenText(first.piece)
@@ -132,7 +136,7 @@ class Generation:
         def on_commit(token: int, origin: Origin) -> None:
             events.append(TokenEvent(token, token_text(token), origin))
 
-        dec = self.decoder = self._decoder(slots, prompt, prompt_rows, text, on_commit)
+        dec = self.decoder = self._decoder(views, prompt, prompt_rows, text, on_commit)
         rounds = make_strategy(dec, plan.strategy)
         while not dec.finished:
             if self.cancelled():
@@ -156,25 +160,31 @@ class Generation:
         stats = self._stats(dec, [s.stats.minus(b) for s, b in zip(slots, before)], time.perf_counter() - t0, t0 - t_prompt, finish_reason)
         return Completion(text.text, dec.generated, finish_reason, dec.origins, stats, dec.end_token)
 
-    def _prefill(self, slots: list, prompt: list[int]) -> Generator[Evaluate, np.ndarray, list[np.ndarray] | None]:
-        """Each model's row after the prompt: kept from before where it can be (`restore_prompt`,
-        `known_row`), else evaluated in calls of its `prompt_chunk` tokens; None where the
-        generation was cancelled between two of them."""
-        # every model's cache emptied before any call: a sequence admitted beside this one goes after
-        known = [s.model.restore_prompt(s, prompt) if self.fresh else s.known_row(prompt) for s in slots]
-        rows = []
-        for i, (s, row) in enumerate(zip(slots, known)):
-            if row is None:
-                for part, n_logits in prompt_calls(prompt, len(s.tokens), s.model.prompt_chunk):
-                    if self.cancelled():  # a long prompt goes in several calls: a cancel stops between two
-                        return None
-                    logits = yield Evaluate(i, part, n_logits, Phase.PREFILL)
-                row = logits[0]
-                if self.fresh:
-                    s.model.keep_prompt(s, prompt, row)
-                else:
-                    s.remember_row(prompt, row)
-            rows.append(row)
+    def _prefill(self, slots: list, prompts: list[list[int]]) -> Generator[Evaluate | Together, Any, list[np.ndarray] | None]:
+        """Each member's row after its prompt: kept from before where it can be (`restore_prompt`,
+        `known_row`), else evaluated in calls of its `prompt_chunk` tokens, the members' calls
+        side by side (one model's members share them); None where the generation was cancelled
+        between two of them."""
+        # every model's cache emptied before any call (once: a model's second member shares what
+        # its first holds of its prompt): a sequence admitted beside this one goes after
+        fresh = [self.fresh and all(t.model is not s.model for t in slots[:i]) for i, s in enumerate(slots)]
+        rows = [s.model.restore_prompt(s, prompt) if new else s.known_row(prompt) for s, prompt, new in zip(slots, prompts, fresh)]
+        evaluated = [i for i, row in enumerate(rows) if row is None]
+        calls = {i: iter(prompt_calls(prompts[i], len(slots[i].tokens), slots[i].model.prompt_chunk)) for i in evaluated}
+        while calls:
+            if self.cancelled():  # a long prompt goes in several calls: a cancel stops between two
+                return None
+            requests = [Evaluate(i, list(part), n_logits, Phase.PREFILL) for i, (part, n_logits) in ((i, next(c)) for i, c in calls.items())]
+            answers = [(yield requests[0])] if len(requests) == 1 else (yield Together(tuple(requests)))
+            for request, logits in zip(requests, answers):
+                if request.n_logits:  # the prompt's last call: the row after it
+                    rows[request.model] = logits[0]
+                    del calls[request.model]
+        for i in evaluated:
+            if fresh[i]:
+                slots[i].model.keep_prompt(slots[i], prompts[i], rows[i])
+            else:
+                slots[i].remember_row(prompts[i], rows[i])
         return rows
 
     def _decoder(self, slots: list, prompt: list[int], prompt_rows: list[np.ndarray], text: TextAssembler,
@@ -205,6 +215,7 @@ class Generation:
             costs=loaded.costs,
             others=self.others,
             constraint=Matcher(loaded.vocabulary(), plan.constraint) if plan.constraint is not None else None,
+            together=True,  # the scheduler answers a round's catch-ups together: one model's members share a call
         )
 
     def _stats(self, dec: Decoder, work: list, seconds: float, prompt_seconds: float, finish_reason: str) -> GenerationStats:
@@ -213,7 +224,7 @@ class Generation:
         return GenerationStats(
             method=plan.config.method,
             combiner=plan.combiner.description,
-            models=[ModelRunStats(m.name, w.calls, w.tokens, w.seconds) for m, w in zip(loaded.models, work)],
+            models=[ModelRunStats(name, w.calls, w.tokens, w.seconds) for name, w in zip(loaded.run_names, work)],
             tokens=len(dec.generated),
             seconds=seconds,
             prompt_tokens=len(plan.prompt),
@@ -233,6 +244,27 @@ class Generation:
             ensemble_llama_seconds=loaded.costs.ensemble_seconds(len(dec.generated)),
             finish_reasons={finish_reason: 1},
         )
+
+
+class PromptShift:
+    """A member's sequence as the decoder counts positions, where the member reads another prompt
+    than the request's: its tokens are the request's prompt, then what followed its own prompt
+    (the same tokens for every member); truncating at a position of the request's sequence
+    truncates at the same place after its own prompt."""
+
+    def __init__(self, slot: Slot, prompt: Sequence[int], own: Sequence[int]) -> None:
+        self.slot = slot
+        self.model = slot.model
+        self.name = slot.name
+        self._prompt = list(prompt)
+        self._shift = len(own) - len(prompt)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._prompt + self.slot.tokens[len(self._prompt) + self._shift :]
+
+    def truncate(self, n: int) -> None:
+        self.slot.truncate(n + self._shift)
 
 
 class _TokenText:

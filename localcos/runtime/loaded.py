@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 from ..backend import Model, RemoteModel, set_verbose, shared_vocab_size, tokenize_alike
+from ..backend.slot import Slot
 from ..core.combiners import BoundCombiner, Combiner, WeightedEnsemble
 from ..core.hostmem import keep_freed_memory
 from ..core.speedmodel import CallProfile, Costs
@@ -64,16 +65,29 @@ def load_models(
         raise
 
 
+def second_prompt_lead(n_params: Sequence[int]) -> int:
+    """The model that also reads a second prompt: the one with the most parameters (ties: the last)."""
+    return max(range(len(n_params)), key=lambda i: (n_params[i], i))
+
+
 class LoadedModels:
-    """Two or more GGUF models sharing one tokenizer, loaded, with what decoding needs to know of
-    them.
+    """Models sharing one tokenizer, loaded, with what decoding needs to know of them.
+
+    Its members are what a combination combines and a decoding method drives: each model reading
+    the prompt and, with `second_prompt`, the lead model a second time, reading a second prompt
+    (a negative prompt, a contrast, another phrasing: `Plan.prompts`). The two members of one
+    model share its weights (loaded once) and its calls; each has its own sequences (half of the
+    model's). `models`, `n_params`, `names` and `profiles` are per member (a model twice where
+    it is two members); `loaded` the models as loaded, once each.
 
     Args:
         models: loaded models (see `LoadedModels.from_spec`), their caches empty.
         combiner: default combination function (default: equal-weight `WeightedEnsemble`).
-        profiles: each model's call costs by rows per call (default: measured now on this
+        profiles: each member's call costs by rows per call (default: measured now on this
             machine, or read from the cache of earlier measurements; see `runtime.profile`).
         calibrate: measure the profiles again instead of reading the cache.
+        second_prompt: the lead model (`second_prompt_lead`) is also a member reading a second
+            prompt, on the second half of its sequences.
     """
 
     def __init__(
@@ -83,21 +97,38 @@ class LoadedModels:
         *,
         profiles: Sequence[CallProfile] | None = None,
         calibrate: bool = False,
+        second_prompt: bool = False,
     ) -> None:
         require_models(len(models))
         keep_freed_memory()  # vocabulary-sized arrays come and go every token (see core.hostmem)
-        self.models = list(models)
-        self.n_vocab = shared_vocab_size(self.models)
-        for m in self.models:
+        self.loaded = list(models)
+        self.n_vocab = shared_vocab_size(self.loaded)
+        for m in self.loaded:
             m.logits_vocab = self.n_vocab
-        self.n_ctx = min(m.n_ctx for m in self.models)
-        self.parallel = min(len(m.slots) for m in self.models)  # sequences decoded at once
-        first = self.models[0]
+        self.n_ctx = min(m.n_ctx for m in self.loaded)
+        # each member's sequences: a model's own, or the halves of the lead's
+        self.member_slots: list[list[Slot]] = [list(m.slots) for m in self.loaded]
+        self.models = list(self.loaded)
+        self.second_member: int | None = None  # the member reading the second prompt
+        if second_prompt:
+            lead = second_prompt_lead([m.n_params for m in self.loaded])
+            half = len(self.loaded[lead].slots) // 2
+            self.member_slots[lead], second = self.member_slots[lead][:half], self.member_slots[lead][half:]
+            self.models.append(self.loaded[lead])
+            self.member_slots.append(second)
+            for own, partner in zip(second, self.member_slots[lead]):
+                own.partner = partner  # a call both members share counts once
+            self.second_member = len(self.models) - 1
+        self.parallel = min(len(s) for s in self.member_slots)  # sequences decoded at once
+        first = self.loaded[0]
         self.end_tokens = frozenset(t for t in range(self.n_vocab) if first.is_eog(t))
         self._combiner = self.bind(combiner or WeightedEnsemble())
         # what a call of k rows costs each model here: --gamma auto, lookup's auto mode, the load
         # back-off and the speedup estimate plan with it
-        self.profiles = list(profiles) if profiles is not None else [call_profile(m, calibrate) for m in self.models]
+        if profiles is None:
+            own = {id(m): call_profile(m, calibrate) for m in self.loaded}
+            profiles = [own[id(m)] for m in self.models]
+        self.profiles = list(profiles)
         self._vocabulary: Vocabulary | None = None  # the constraints' view of the vocabulary
         self._vocabulary_lock = threading.Lock()
 
@@ -122,14 +153,23 @@ class LoadedModels:
             raise ConfigError(f"the {spec.level} level runs in `localcos generate` (and runtime.bytelevel.ByteModels) so far; "
                               f"leave out level {spec.level} here", param="level")  # fmt: skip
         parallel = (spec.parallel or 1) + extra_slots
+        lead = None
+        if spec.second_prompt:  # the lead model holds the second prompt's member's sequences too
+            from ..backend import read_info
+
+            if any(spec.rpc):
+                raise ConfigError("--negative-prompt: a model on RPC servers decodes one sequence; a second prompt needs two", param="rpc")
+            lead = second_prompt_lead([read_info(p, tokens=False).n_params for p in spec.paths])
 
         def open_model(i: int, path: Path, options: dict) -> Model:
             if spec.rpc[i]:
                 return RemoteModel(path, rpc=spec.rpc[i], timeout=spec.rpc_timeout, **options)
-            return Model(path, n_seq=parallel, **options)
+            return Model(path, n_seq=parallel * (2 if i == lead else 1), **options)
 
-        return load_models(spec, open_model, lambda models: cls(models, combiner, calibrate=spec.calibrate), progress=progress,
-                           max_logit_rows=max_logit_rows)  # fmt: skip
+        def build(models: list[Model]) -> "LoadedModels":
+            return cls(models, combiner, calibrate=spec.calibrate, second_prompt=spec.second_prompt)
+
+        return load_models(spec, open_model, build, progress=progress, max_logit_rows=max_logit_rows)
 
     # --- the ensemble ------------------------------------------------------------------------------
     @property
@@ -161,15 +201,24 @@ class LoadedModels:
 
     @property
     def n_params(self) -> list[int]:
-        return [m.n_params for m in self.models]
+        """Each member's parameter count, what a combination chooses roles by where the settings
+        leave them open: the member reading a second prompt counts one fewer than its model, so
+        the one reading the prompt is the expert, the lead and the positive member."""
+        return [m.n_params - (i == self.second_member) for i, m in enumerate(self.models)]
 
     @property
     def names(self) -> list[str]:
-        """The models' names for people (GGUF general.name, else the file name)."""
-        return [m.label for m in self.models]
+        """The members' names for people (GGUF general.name, else the file name)."""
+        return [m.label + (" (second prompt)" if i == self.second_member else "") for i, m in enumerate(self.models)]
+
+    @property
+    def run_names(self) -> list[str]:
+        """The members as a generation's statistics name them: each model's file, the second
+        prompt's member so marked."""
+        return [m.name + (" (second prompt)" if i == self.second_member else "") for i, m in enumerate(self.models)]
 
     def close(self) -> None:
-        for m in self.models:
+        for m in self.loaded:
             m.close()
 
     def __enter__(self):  # -> Self

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from ..config.specs import GenerationConfig, check_for_models
+from ..config.specs import GenerationConfig, check_for_models, check_second_prompt, required_second_prompt
 from ..core.combiners import BoundCombiner, Combiner
 from ..core.strategies import StrategyChoice, choose_strategy
 from ..core.lookup import LookupSettings
@@ -38,6 +38,16 @@ class Plan:
     banned: tuple[int, ...]  # tokens no model may propose nor r sample (ignore_eos)
     lookup: LookupSettings | None  # drafts looked up in the context, when they may ride along
     constraint: Constraint | None
+    second_prompt: tuple[int, ...] | None = None  # what the member reading a second prompt reads
+
+    @property
+    def prompts(self) -> list[tuple[int, ...]]:
+        """Each member's prompt: the request's, and the second prompt for its member (last)."""
+        return [self.prompt] * (self.members - (self.second_prompt is not None)) + ([self.second_prompt] if self.second_prompt is not None else [])
+
+    @property
+    def members(self) -> int:
+        return self.combiner.n_models
 
 
 def check_token_ids(loaded: LoadedModels, tokens: Sequence[int], param: str = "prompt") -> None:
@@ -68,15 +78,26 @@ def plan(
     combiner: Combiner | BoundCombiner | None = None,
     *,
     param: str = "prompt",
+    second_prompt: str | Sequence[int] | None = None,
 ) -> Plan:
     """The plan of generating from `prompt` (text, or token ids) with `config` and `combiner`
-    (default: the ensemble's) on `loaded`. Bad input raises a `ConfigError` or a
-    `PromptTooLongError` whose `param` names the setting at fault (`param` names the prompt)."""
+    (default: the ensemble's) on `loaded`; where it has a member reading a second prompt, that
+    one reads `second_prompt` (text or token ids: a chat's own rendering), default
+    `config.negative_prompt`. Bad input raises a `ConfigError` or a `PromptTooLongError` whose
+    `param` names the setting at fault (`param` names the prompt)."""
     n_params = loaded.n_params
+    has_second = loaded.second_member is not None
     config = config.for_models(len(n_params))
-    check_for_models(config, len(n_params), json=True)
+    check_for_models(config, len(loaded.loaded), json=True, second_prompt=has_second)
     bound = loaded.combiner if combiner is None else loaded.bind(combiner)
     tokens = prompt_tokens(loaded, prompt, param)
+    second = None
+    if has_second:
+        wanted = required_second_prompt(config.negative_prompt if second_prompt is None else second_prompt)
+        if isinstance(prompt, str) and isinstance(wanted, str):
+            check_second_prompt(prompt, wanted, json=True)
+        second = tuple(prompt_tokens(loaded, wanted, "negative_prompt"))
+        check_second_prompt(tokens, second, json=True)
     strategy = choose_strategy(config.method, config.gamma, config.proposer, n_params)
     lookup = None
     if config.lookup != "off" and strategy.lookup_in_cos:
@@ -87,9 +108,11 @@ def plan(
         combiner=bound,
         sampler=config.sampler(),
         strategy=strategy,
-        max_length=min(len(tokens) + config.max_tokens, loaded.n_ctx),
+        # every member's sequence fits the context (positions counted in the request's prompt's)
+        max_length=len(tokens) + min(config.max_tokens, loaded.n_ctx - max(len(tokens), len(second or ()))),
         end_tokens=frozenset() if config.ignore_eos else loaded.end_tokens,
         banned=tuple(sorted(loaded.end_tokens)) if config.ignore_eos else (),
         lookup=lookup,
         constraint=config.constraint,
+        second_prompt=second,
     )

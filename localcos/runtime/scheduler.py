@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..core.decoding import Decoder, Evaluate
+from ..core.decoding import Decoder, Evaluate, Together
 from .generation import Chunk, Completion, Generation, Work, cancelled_completion, completion_rng
 from .profile import call_groups
 
@@ -61,7 +61,8 @@ class Submission:
     # its prompt's cells were just evaluated for it (a server's echo scoring): it shares them
     # rather than starting from an emptied cache (its text may then differ from a fresh one's)
     shares_cells: bool = False
-    request: Evaluate | None = None  # what it waits for
+    request: Evaluate | Together | None = None  # what it waits for
+    answers: dict[int, np.ndarray] = field(default_factory=dict, repr=False)  # a Together's logits so far, by request
     generation: Generation | None = None
     work: Work | None = field(default=None, repr=False)
 
@@ -135,10 +136,15 @@ class Scheduler(Rounds):
         for sequence in list(self.live):
             if sequence.request is None and sequence.state is State.QUEUED and not self._waits_for_a_donor(sequence):
                 self._resume(sequence, None, finished)
-        for i, model in enumerate(self.loaded.models):
-            waiting = [s for s in self.live if s.request is not None and s.request.model == i]
-            for sequence, logits in zip(waiting, self._evaluate(i, model, waiting)):
-                self._resume(sequence, logits, finished)
+        for model in self.loaded.loaded:  # one call (or a few) per model, for every member of it
+            waiting = [(s, k, r) for s in self.live for k, r in enumerate(_requests(s.request)) if k not in s.answers
+                       and self.loaded.models[r.model] is model]  # fmt: skip
+            for (sequence, k, _), logits in zip(waiting, self._evaluate(model, waiting)):
+                sequence.answers[k] = logits
+            for sequence in dict.fromkeys(s for s, _, _ in waiting):
+                if len(sequence.answers) == len(_requests(sequence.request)):  # every part answered: it runs on
+                    answers = [sequence.answers[k] for k in range(len(sequence.answers))]
+                    self._resume(sequence, answers if isinstance(sequence.request, Together) else answers[0], finished)
         if self.observe is not None:
             for sequence in self.live:
                 self.observe(sequence)
@@ -178,13 +184,14 @@ class Scheduler(Rounds):
         """A sequence whose prompt another one is evaluating right now starts once that one is
         done, and then shares its cells (`n` completions of one prompt evaluate it once)."""
         return any(
-            other is not sequence and other.request is not None and other.request.prefill and other.plan.prompt == sequence.plan.prompt
+            other is not sequence and any(r.prefill for r in _requests(other.request)) and other.plan.prompt == sequence.plan.prompt
             for other in self.live
         )
 
-    def _resume(self, sequence: Submission, value: np.ndarray | None, finished: list[Submission]) -> None:
+    def _resume(self, sequence: Submission, value: np.ndarray | list[np.ndarray] | None, finished: list[Submission]) -> None:
         """Run a sequence on until it needs logits again (or ends)."""
         sequence.request = None
+        sequence.answers = {}
         assert sequence.work is not None
         while True:
             try:
@@ -197,35 +204,43 @@ class Scheduler(Rounds):
                 self.free.append(sequence.slot)
                 finished.append(sequence)
                 return
-            if isinstance(item, Evaluate):
+            if isinstance(item, (Evaluate, Together)):
                 sequence.request = item
-                sequence.state = State(item.phase.value)
+                sequence.state = State(_requests(item)[0].phase.value)
                 return
             value = None
             if sequence.on_chunk is not None:
                 sequence.on_chunk(item)
 
-    def _evaluate(self, i: int, model: Any, waiting: list[Submission]) -> list[np.ndarray]:
-        """Every waiting request to model i, in calls of at most n_batch tokens and
-        max_logit_rows rows, grouped as the model's call profile says they cost least
-        (`runtime.profile.call_groups`: one call for all where rows batch well); the logits
+    def _evaluate(self, model: Any, waiting: list[tuple[Submission, int, Evaluate]]) -> list[np.ndarray]:
+        """Every waiting request to `model` (from any of its members), in calls of at most
+        n_batch tokens and max_logit_rows rows, grouped as the model's call profile says they cost
+        least (`runtime.profile.call_groups`: one call for all where rows batch well); the logits
         copied out (the next call reuses llama.cpp's buffer)."""
         results: list[np.ndarray | None] = [None] * len(waiting)
         shared: list[int] = []  # the requests that may share calls, and their parts of a call
         parts = []
-        for k, sequence in enumerate(waiting):
-            request = sequence.request
-            assert request is not None
-            slot = model.slots[sequence.slot]
+        profile = None
+        for k, (sequence, _, request) in enumerate(waiting):
+            assert sequence.slot is not None
+            slot = self.loaded.member_slots[request.model][sequence.slot]
+            profile = self.loaded.profiles[request.model]
             if len(request.tokens) > model.n_batch or request.n_logits > model.max_logit_rows:  # too big to share a call
                 results[k] = slot.evaluate(request.tokens, request.n_logits)
             else:
                 shared.append(k)
                 parts.append((slot, request.tokens, len(request.tokens) - request.n_logits, len(request.tokens)))
-        for group in call_groups(model, self.loaded.profiles[i], parts):
+        for group in call_groups(model, profile, parts) if parts else ():
             for j, view in zip(group, model.decode([parts[j] for j in group])):
                 results[shared[j]] = np.array(view)
         return results  # type: ignore[return-value]
+
+
+def _requests(request: Evaluate | Together | None) -> tuple[Evaluate, ...]:
+    """A sequence's pending requests: one, several answered together, or none."""
+    if request is None:
+        return ()
+    return request.requests if isinstance(request, Together) else (request,)
 
 
 def run_completions(

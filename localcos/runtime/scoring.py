@@ -170,7 +170,10 @@ def score_tokens(
 
 def _checked(loaded: "LoadedModels", tokens: Sequence[int], start: int) -> list[int]:
     """The tokens to score, as ints, once they are known to fit: something to score from `start`
-    (>= 1), within the context, every id in the vocabulary."""
+    (>= 1), within the context, every id in the vocabulary; models loaded without a second
+    prompt's member (a scored text has one context)."""
+    if loaded.second_member is not None:
+        raise ConfigError("score reads one text in one context: load the models without --negative-prompt to score", param="negative_prompt")
     tokens = [int(t) for t in tokens]
     n = len(tokens)
     if not 1 <= start <= n:

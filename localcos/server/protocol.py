@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
-from ..chat import ChatFormatter, Message, OwnTemplates
+from ..chat import ChatFormatter, Message, OwnTemplates, second_conversation
 from ..config import Settings
 from ..core.combiners import BoundCombiner
 from ..errors import Cancelled, LocalcosError, RemoteError
@@ -146,15 +146,17 @@ def _settings_for(served: ServedEnsemble, request: GenerationRequest, max_tokens
         raise from_localcos(e) from None
 
 
-def _plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[str | list[int]], param: str, **tokenize: Any) -> list[Plan]:
+def _plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[str | list[int]], param: str, second: list[int] | None = None,
+           **tokenize: Any) -> list[Plan]:  # fmt: skip
     """One runtime plan per prompt, the combination bound to the models once for all of them: a
-    misfit (weights for another number of models, cd over three, a prompt too long) is this
-    request's 400, not an error in the queue."""
+    misfit (weights for another number of models, cd over three, a prompt too long, a second
+    prompt without its member) is this request's 400, not an error in the queue. `second`: what
+    the second prompt's member reads, where it is not the request's negative_prompt (a chat's)."""
     ens = served.ensemble
     try:
         bound = ens.bind(settings.combiner())
-        return [plan(ens, p if not isinstance(p, str) or not tokenize else ens.tokenize(p, **tokenize), settings.generation, bound, param=param)
-                for p in prompts]  # fmt: skip
+        return [plan(ens, p if not isinstance(p, str) or not tokenize else ens.tokenize(p, **tokenize), settings.generation, bound, param=param,
+                     second_prompt=second) for p in prompts]  # fmt: skip
     except LocalcosError as e:
         raise from_localcos(e, param) from None
 
@@ -183,9 +185,13 @@ def render(served: ServedEnsemble, request_messages: Sequence[ChatMessage], tool
     """The conversation's prompt tokens, through the models' chat template (400 without one),
     which also describes `tools` (OpenAI's function definitions) to the models; at the byte
     level each model's own."""
+    return render_messages(served, messages(request_messages), tools)
+
+
+def render_messages(served: ServedEnsemble, conversation: list[Message], tools: Sequence[dict] | None = None) -> list[int] | list[list[int]]:
+    """`render` of a conversation already read (a second prompt's is made from the request's)."""
     if served.formatter is None:
         raise APIError(400, "these models carry no chat template; use /v1/completions", param="messages")
-    conversation = messages(request_messages)
     if served.settings.system and conversation[0].role != "system":
         conversation = [Message("system", served.settings.system), *conversation]
     try:
@@ -229,7 +235,11 @@ def plan_chat(served: ServedEnsemble, request: ChatCompletionRequest) -> Request
         return _byte_chat(served, request, _settings_for(served, request, max_tokens), max_tokens)
     tools, constraint, definitions = _tools(served, request) if request.tools else (None, None, None)
     settings = _settings_for(served, request, max_tokens, constraint)
-    plans = _plans(served, settings, [render(served, request.messages, definitions)], "messages")
+    second = None
+    if served.ensemble.second_member is not None:  # the conversation as the second prompt's member reads it
+        conversation = second_conversation(messages(request.messages), settings.generation.negative_prompt, served.settings.guide_system)
+        second = None if conversation is None else render_messages(served, conversation, definitions)
+    plans = _plans(served, settings, [render(served, request.messages, definitions)], "messages", second)
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     return Request(
         "chat", plans, [""], request.n, request.stream, max_tokens, False, logprobs,

@@ -29,7 +29,8 @@ MAX_TOP_LOGPROBS = 20
 # request fields that are options of the settings layer (localcos's extras included)
 SETTINGS_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "seed", "stop", "method", "gamma", "byte_gamma", "combine", "weights", "mu",
-    "plausibility", "expert", "gate", "lead", "proposer", "ignore_eos", "lookup", "lookup_ngram", "lookup_tokens",
+    "plausibility", "expert", "gate", "lead", "proposer", "ignore_eos", "lookup", "lookup_ngram", "lookup_tokens", "negative_prompt",
+    "cfg_scale",
 )  # fmt: skip
 
 
@@ -133,6 +134,8 @@ class GenerationRequest(_Body):
     expert: Annotated[int | None, _option("expert")] = None
     gate: Annotated[float | None, _option("gate")] = None
     lead: Annotated[int | None, _option("lead")] = None
+    negative_prompt: Annotated[str | None, _option("negative_prompt")] = None  # the second prompt's member's (text completions)
+    cfg_scale: Annotated[float | None, _option("cfg_scale")] = None
     proposer: Annotated[int | Literal["lookup"] | None, _option("proposer")] = None
     lookup: Annotated[str | None, _option("lookup")] = None
     lookup_ngram: Annotated[tuple[int, int] | None, _option("lookup_ngram")] = None

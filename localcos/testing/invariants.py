@@ -50,9 +50,10 @@ class checked:
     def __init__(self, ens: LoadedModels) -> None:
         self.ens = ens
 
-    def generate_many(self, prompt: str | Sequence[int], n: int, *, config: GenerationConfig | None = None, combiner: Any = None, **settings: Any) -> list[Completion]:
+    def generate_many(self, prompt: str | Sequence[int], n: int, *, config: GenerationConfig | None = None, combiner: Any = None,
+                      second_prompt: str | Sequence[int] | None = None, **settings: Any) -> list[Completion]:  # fmt: skip
         config = (config or GenerationConfig()).with_values(settings)
-        return run_completions(self.ens, plan(self.ens, prompt, config, combiner), n, observe=observe)
+        return run_completions(self.ens, plan(self.ens, prompt, config, combiner, second_prompt=second_prompt), n, observe=observe)
 
     def generate(self, prompt: str | Sequence[int], **settings: Any) -> Completion:
         return self.generate_many(prompt, 1, **settings)[0]

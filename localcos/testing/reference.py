@@ -89,13 +89,15 @@ def greedy(path: str, prompt: str, n: int, n_ctx: int = 512) -> list[int]:
         llm.close()
 
 
-def greedy_combined(paths: Sequence[str], combine: Callable[[list[np.ndarray]], np.ndarray], prompt: Sequence[int], n: int) -> list[int]:
+def greedy_combined(paths: Sequence[str], combine: Callable[[list[np.ndarray]], np.ndarray], prompt: Sequence[int], n: int,
+                    prompts: Sequence[Sequence[int]] | None = None) -> list[int]:  # fmt: skip
     """Greedy collaborative decoding written straight on llama-cpp-python's `Llama`: every model
-    evaluates every token, the next token is the argmax of `combine(each model's last logits)`."""
+    evaluates every token, the next token is the argmax of `combine(each model's last logits)`.
+    `prompts`: each model's own prompt (a model under two prompts: its path twice), else `prompt`."""
     llms = [reference_llama(p, n_ctx=128, n_batch=128, logits_all=True) for p in paths]
     try:
-        for llm in llms:
-            llm.eval(list(prompt))
+        for llm, own in zip(llms, prompts or [prompt] * len(llms)):
+            llm.eval(list(own))
         out: list[int] = []
         for _ in range(n):
             rows = [np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64) for llm in llms]

@@ -471,6 +471,11 @@ class ByteGeneration:
                 return "length"
         return ""
 
+    def _llama_seconds(self) -> float:
+        """Seconds in the models' llama.cpp calls so far, each model once (a second prompt's
+        member reads the lead's model: its calls are the model's)."""
+        return sum({id(m.model): m.llama_seconds for m in self.members}.values())
+
     def _stats(self, data: bytearray, text: TextAssembler, finish: str, cos: bool, seconds: float, prompt_seconds: float,
                llama_seconds: float) -> ByteStats:  # fmt: skip
         return ByteStats(
@@ -509,7 +514,7 @@ class ByteGeneration:
         self._count_from = self.max_tokens or 0  # n bytes hold n tokens at most
         self._taken = (0, 0)
         t0 = time.perf_counter()
-        llama0 = sum(m.llama_seconds for m in self.members)
+        llama0 = self._llama_seconds()
         utf8 = Utf8State()
         data = bytearray()
         text = TextAssembler(_one_byte, self.stop)  # the token level's UTF-8 assembly, stop search and hold-back
@@ -542,7 +547,7 @@ class ByteGeneration:
         tail = text.take_final()
         if tail:
             yield tail
-        stats = self._stats(data, text, finish, cos, time.perf_counter() - t0, t0 - t_prompt, sum(m.llama_seconds for m in self.members) - llama0)
+        stats = self._stats(data, text, finish, cos, time.perf_counter() - t0, t0 - t_prompt, self._llama_seconds() - llama0)
         self.completion = ByteCompletion(text.text, bytes(data), finish, stats)
         return self.completion
 

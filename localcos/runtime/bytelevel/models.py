@@ -4,13 +4,14 @@ and call profile; requests planned once (`plan`) and started (`start`)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
 from ...backend import Model
 from ...backend.model import MAX_SEQUENCES
-from ...config.specs import GenerationConfig, check_level
+from ...config.specs import GenerationConfig, check_level, check_second_member, check_second_prompt, required_second_prompt
 from ...core.bytelevel import check_prune
 from ...core.combiners import BoundCombiner, Gated
 from ...core.hostmem import keep_freed_memory
@@ -39,20 +40,40 @@ LANE_CELLS = 4
 
 class ByteModels:
     """Models loaded for byte-level decoding: each with `max_paths` sequences in one unified KV
-    cache, and its byte vocabulary."""
+    cache, and its byte vocabulary. Its members: each model reading the prompt and, with
+    `second_prompt`, the lead model a second time (its next `max_paths` sequences) reading a
+    second prompt, as `LoadedModels`'s; `models` is per member, `loaded` once each."""
 
     def __init__(
-        self, models: Sequence[Model], combiner: BoundCombiner, *, max_paths: int, prune: float, profiles: Sequence[CallProfile] | None = None,
-        level: Level = Level.BYTE,
-    ) -> None:
+        self, models: Sequence[Model], combiner: "BoundCombiner | Combiner", *, max_paths: int, prune: float,
+        profiles: Sequence[CallProfile] | None = None, level: Level = Level.BYTE, second_prompt: bool = False,
+    ) -> None:  # fmt: skip
+        from ..loaded import second_prompt_lead
+
         keep_freed_memory()  # every row's vocabulary-sized arrays come and go (see core.hostmem)
+        self.loaded = list(models)
         self.models = list(models)
+        slots = [m.slots[:max_paths] for m in models]
+        self.second_member: int | None = None
+        if second_prompt:
+            lead = second_prompt_lead([m.n_params for m in models])
+            self.models.append(models[lead])
+            slots.append(models[lead].slots[max_paths : 2 * max_paths])
+            self.second_member = len(self.models) - 1
         self.level = level  # what a request decodes at unless it names another: byte, or mixed
         self.combiner = combiner
-        # each model's call cost by rows (`runtime.profile`): what --byte-gamma auto plans with
-        self.costs = Costs(list(profiles) if profiles is not None else [call_profile(m) for m in self.models])
-        self.members = [ByteMember(m, max_paths=max_paths, prune=prune, price=p, slots=m.slots[:max_paths]) for m, p in zip(self.models, self.costs.profiles)]
+        # each member's call cost by rows (`runtime.profile`): what --byte-gamma auto plans with
+        if profiles is None:
+            own = {id(m): call_profile(m) for m in self.loaded}
+            profiles = [own[id(m)] for m in self.models]
+        self.costs = Costs(list(profiles))
+        self.members = [ByteMember(m, max_paths=max_paths, prune=prune, price=p, slots=s) for m, p, s in zip(self.models, self.costs.profiles, slots)]
         self.n_ctx = min(m.n_ctx for m in self.models)
+
+    @property
+    def n_params(self) -> list[int]:
+        """Each member's parameter count as a combination reads roles (`LoadedModels.n_params`)."""
+        return [m.n_params - (i == self.second_member) for i, m in enumerate(self.models)]
 
     @classmethod
     def load(
@@ -74,16 +95,25 @@ class ByteModels:
         lanes = max(1, min(lanes, MAX_SEQUENCES // spec.byte_paths))
         cells = None if lanes == 1 else spec.n_ctx * LANE_CELLS * lanes
         level = Level.MIXED if spec.level == Level.MIXED.value else Level.BYTE
+        lead = None
+        if spec.second_prompt:  # the lead model holds the second prompt's member's paths too
+            from ...backend import read_info
+            from ..loaded import second_prompt_lead
+
+            lead = second_prompt_lead([read_info(p, tokens=False).n_params for p in spec.paths])
 
         def build(models: list[Model]) -> "ByteModels":
             for m in models:
                 byte_vocab(m)
-            profiles = [call_profile(m, spec.calibrate) for m in models]
-            bound = combiner.bind(len(models), [m.n_params for m in models])
-            return cls(models, bound, max_paths=spec.byte_paths, prune=spec.byte_prune, profiles=profiles, level=level)
+            own = {id(m): call_profile(m, spec.calibrate) for m in models}
+            made = cls(models, combiner, max_paths=spec.byte_paths, prune=spec.byte_prune, level=level, second_prompt=spec.second_prompt,
+                       profiles=[own[id(m)] for m in (models + ([models[lead]] if lead is not None else []))])  # fmt: skip
+            return made
 
-        return load_models(spec, lambda i, path, options: Model(path, n_seq=spec.byte_paths * lanes, cells=cells, **options), build,
-                           progress=progress, max_logit_rows=max(32, spec.byte_paths * min(lanes, 4)))  # fmt: skip
+        def open_model(i: int, path: Path, options: dict) -> Model:
+            return Model(path, n_seq=spec.byte_paths * lanes * (2 if i == lead else 1), cells=cells, **options)
+
+        return load_models(spec, open_model, build, progress=progress, max_logit_rows=max(32, spec.byte_paths * min(lanes, 4)))
 
     def lanes(self) -> list[list[ByteMember]]:
         """Members that score texts side by side (`eval.bytescore`), one list per text, one
@@ -99,17 +129,22 @@ class ByteModels:
 
     @property
     def names(self) -> list[str]:
-        """The models' names for people (`Model.label`), as the token level's."""
-        return [m.label for m in self.models]
+        """The members' names for people (`Model.label`), as the token level's."""
+        return [m.label + (" (second prompt)" if i == self.second_member else "") for i, m in enumerate(self.models)]
 
     def document_starts(self) -> list[list[int]]:
         """Each model's context for a text of its own: its BOS, or where it has none its
         end-of-text token (what its training put between documents)."""
         return [[m.bos if m.bos >= 0 else m.eos] for m in self.models]
 
-    def prompts(self, text: str) -> list[list[int]]:
-        """The prompt text in each model's own tokens (each adds BOS as its metadata says)."""
-        return [m.tokenize(text) for m in self.models]
+    def prompts(self, text: str, second: str | None = None) -> list[list[int]]:
+        """The prompt text in each model's own tokens (each adds BOS as its metadata says), and
+        `second` in the lead's for a member reading a second prompt (left out where None: `plan`
+        then reads the request's negative_prompt)."""
+        out = [m.tokenize(text) for m in self.loaded]
+        if self.second_member is not None and second is not None:
+            out.append(self.models[self.second_member].tokenize(second))
+        return out
 
     @property
     def combiner(self) -> BoundCombiner:
@@ -119,7 +154,7 @@ class ByteModels:
     @combiner.setter
     def combiner(self, combiner: "BoundCombiner | Combiner") -> None:
         if not isinstance(combiner, BoundCombiner):
-            combiner = combiner.bind(len(self.models), [m.n_params for m in self.models])
+            combiner = combiner.bind(len(self.models), self.n_params)
         self._combiner = combiner
 
     def stream(self, prompts: Sequence[Sequence[int]], *, config: GenerationConfig) -> "ByteStream":
@@ -146,9 +181,16 @@ class ByteModels:
         models (default the loaded one); token-counted drafts (gamma), a proposer, lookup on
         and a prompt longer than a model's context are refused (`ConfigError`, naming `param`).
         `level`: the byte or the mixed level (default: the level the models loaded for), whose
-        rules `config.check_level` states."""
+        rules `config.check_level` states. Where a member reads a second prompt, `prompts` has
+        its tokens last, or it reads `config.negative_prompt` (in the lead's tokens)."""
         level = self.level if level is None else level
         config = config.for_models(len(self.models), level.value)
+        check_second_member(config, self.second_member is not None, json=True)
+        prompts = list(prompts)
+        if self.second_member is not None and len(prompts) == len(self.loaded):
+            prompts.append(self.models[self.second_member].tokenize(required_second_prompt(config.negative_prompt)))
+        if self.second_member is not None:
+            check_second_prompt(prompts[0], prompts[-1], json=True)
         method = config.method
         if config.gamma != "auto":
             raise ConfigError("gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
@@ -162,7 +204,7 @@ class ByteModels:
         for m, p in zip(self.models, prompts):
             if len(p) >= m.n_ctx:
                 raise ConfigError(f"the prompt is {len(p)} tokens for {m.name}, which holds {m.n_ctx}", param=param)
-        bound = self.combiner if combiner is None else combiner.bind(len(self.models), [m.n_params for m in self.models])
+        bound = self.combiner if combiner is None else combiner.bind(len(self.models), self.n_params)
         check_level(level.value, config, isinstance(bound.combiner, Gated))
         return BytePlan(tuple(tuple(p) for p in prompts), config, bound, method, level)
 
@@ -176,7 +218,7 @@ class ByteModels:
     def start(self, plan: BytePlan, rng: np.random.Generator, cancelled: Callable[[], bool] | None = None) -> ByteGeneration:
         """The generation of `plan` drawing from `rng` (`run()` drives it); one at a time."""
         config = plan.config
-        lead = self.models[plan.combiner.lead_model([m.n_params for m in self.models])]
+        lead = self.models[plan.combiner.lead_model(self.n_params)]
         return ByteGeneration(self.members, plan.prompts, plan.combiner, config.sampler(), rng, max_tokens=config.max_tokens,
                               count_tokens=lambda data: len(lead.tokenize(data, add_bos=False)),
                               stop=config.stop, n_ctx=self.n_ctx, ignore_end=config.ignore_eos, method=plan.method,
@@ -199,7 +241,7 @@ class ByteModels:
                 m.view.prune = p
 
     def close(self) -> None:
-        for m in self.models:
+        for m in self.loaded:
             m.close()
 
     def __enter__(self) -> "ByteModels":

@@ -1,0 +1,165 @@
+"""Prompt members: a member is a model and the prompt it reads. One model under two prompts
+(guidance, cd against a weaker prompt, an average of two phrasings) loads once, shares its calls,
+and decodes what llama-cpp-python's own logits under the two prompts say."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pytest
+
+from localcos import Ensemble
+from localcos.core.combiners import Contrastive, Guidance, WeightedEnsemble
+from localcos.errors import ConfigError
+from localcos.eval.contrast import drop_examples, instruct_phrasing
+from localcos.testing import reference
+from localcos.testing.loopback import ServeProcess
+from localcos.testing.reference import in_child
+
+N = 12
+PROMPT, NEGATIVE = "The river flows from the mountains", "A letter arrived"
+
+
+# the combinations written on llama-cpp-python's rows (module-level: the reference runs in a child)
+def _guided(rows):
+    return rows[1] + 1.8 * (rows[0] - rows[1])
+
+
+def _cd(rows):
+    return rows[0] - 0.5 * rows[1]
+
+
+def _we(rows):
+    return sum(np.exp(r - r.max()) / np.exp(r - r.max()).sum() for r in rows)
+
+
+@pytest.mark.parametrize("method", ["ensemble", "sd", "cos"])
+def test_guidance_decodes_what_llama_cpps_logits_under_two_prompts_say_with_one_load(models, method):
+    """Greedy guidance equals guidance written straight on llama-cpp-python (two `Llama`s, each
+    after its own prompt), whatever the method; the model loads once and its two members' rows
+    go in one call (a call both take part in counts once, for the prompt's member)."""
+    path = str(models["base"])
+    with Ensemble.load([path], combiner=Guidance(scale=1.8), second_prompt=True) as ens:
+        assert len(ens.loaded) == 1 and ens.models[0] is ens.models[1]
+        prompt, negative = ens.tokenize(PROMPT), ens.tokenize(NEGATIVE)
+        out = ens.generate(prompt, second_prompt=negative, method=method, temperature=0, max_tokens=N, ignore_eos=True)
+        calls = ens.loaded[0].stats.calls
+    want = in_child(reference.greedy_combined, [path, path], _guided, prompt, N, [prompt, negative])
+    assert out.token_ids == want
+    own, second = out.stats.models
+    assert second.name.endswith("(second prompt)") and second.tokens >= N - 1
+    if method == "ensemble":  # every step's two rows in one call
+        assert second.calls == 0 and own.calls == N - 1
+    assert sum(out.stats.calls) <= calls  # no call counted twice
+
+
+def test_scale_1_is_the_model_alone_and_never_evaluates_the_second_prompt(models):
+    path = str(models["base"])
+    with Ensemble.load([path], combiner=Guidance(scale=1.0), second_prompt=True) as ens:
+        out = ens.generate(PROMPT, second_prompt=NEGATIVE, temperature=0, max_tokens=N, ignore_eos=True)
+        assert out.stats.models[1].tokens == 0  # after its prompt: r never asked for its rows
+    assert out.token_ids == in_child(reference.greedy, path, PROMPT, N)
+
+
+def test_cd_and_an_average_take_the_second_prompts_member_beside_the_models(models):
+    """--combine cd contrasts the prompt with the weaker one (its amateur: the member reading the
+    second prompt counts one fewer), we averages the two phrasings; both as written on llama.cpp."""
+    path = str(models["base"])
+    for combiner, combine in (
+(Contrastive(mu=0.5, plausibility=None), _cd), (WeightedEnsemble([0.5, 0.5]), _we)):
+        with Ensemble.load([path], combiner=combiner, second_prompt=True) as ens:
+            prompt_ids, negative = ens.tokenize(PROMPT), ens.tokenize(NEGATIVE)
+            out = ens.generate(prompt_ids, second_prompt=negative, temperature=0, max_tokens=N, ignore_eos=True)
+        assert out.token_ids == in_child(reference.greedy_combined, [path, path], combine, prompt_ids, N, [prompt_ids, negative]), combiner
+
+
+def test_a_second_prompt_needs_its_member_and_differs_from_the_prompt(models):
+    path = str(models["base"])
+    with Ensemble.load([path], combiner=Guidance(scale=1.5), second_prompt=True) as ens:
+        with pytest.raises(ConfigError, match="negative_prompt"):
+            ens.generate(PROMPT, temperature=0, max_tokens=2)  # loaded for one: give it
+        with pytest.raises(ConfigError, match="prompt itself"):
+            ens.generate(PROMPT, second_prompt=PROMPT, max_tokens=2)
+    with pytest.raises(ConfigError, match="a prompt and a negative prompt"):
+        Ensemble.load([path], combiner=Guidance(scale=1.5))  # guidance without the member
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--negative-prompt", ""], "--negative-prompt is empty"),
+        (["--negative-prompt", PROMPT], "--negative-prompt is the prompt itself"),
+        (["--cfg-scale", "1.5"], "--cfg-scale (guidance) needs a second prompt"),
+        (["--negative-prompt", "x", "--cfg-scale", "0"], "--cfg-scale must be"),
+        (["--negative-prompt", "x", "--cfg-scale", "21"], "--cfg-scale must be <= 20"),
+        (["--negative-prompt", "x", "--cfg-scale", "2", "--models-twice"], "guidance contrasts one model with itself"),
+    ],
+)
+def test_bad_second_prompts_are_one_line_before_anything_loads(args, message, models):
+    """Checked by the settings layer, from the files' headers."""
+    path = str(models["base"])
+    models = [path, path] if "--models-twice" in args else [path]
+    args = [a for a in args if a != "--models-twice"]
+    proc = subprocess.run([sys.executable, "-m", "localcos", "generate", "--models", ",".join(models), "--prompt", PROMPT, *args],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and message in err[0], proc.stderr
+
+
+def test_generate_on_the_command_line_is_the_library(models):
+    path = str(models["base"])
+    proc = subprocess.run([sys.executable, "-m", "localcos", "generate", "--models", path, "--prompt", PROMPT, "--negative-prompt", NEGATIVE,
+                           "--cfg-scale", "1.8", "--temperature", "0", "--max-tokens", str(N), "--ignore-eos", "--json"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    with Ensemble.load([path], combiner=Guidance(scale=1.8), second_prompt=True) as ens:
+        want = ens.generate(PROMPT, second_prompt=NEGATIVE, temperature=0, max_tokens=N, ignore_eos=True).token_ids
+    out = json.loads(proc.stdout)
+    assert out["completions"][0]["token_ids"] == want and out["stats"]["combiner"] == "cfg(s=1.8,positive=0)"
+
+
+def test_a_server_takes_a_second_prompt_per_request_and_rejects_bad_ones(models):
+    path = str(models["base"])
+    server = ServeProcess(["--models", path, "--negative-prompt", NEGATIVE, "--cfg-scale", "1.8", "--alias", "guided"], start_timeout=90)
+    try:
+        post = lambda body: httpx.post(server.url + "/v1/completions", json={"model": "guided", "max_tokens": N, "temperature": 0,  # noqa: E731
+                                                                             "ignore_eos": True, **body}, timeout=120)  # fmt: skip
+        with Ensemble.load([path], combiner=Guidance(scale=1.8), second_prompt=True) as ens:
+            served = ens.generate(PROMPT, second_prompt=NEGATIVE, temperature=0, max_tokens=N, ignore_eos=True).text
+            other = ens.generate(PROMPT, second_prompt="Once upon a time", temperature=0, max_tokens=N, ignore_eos=True).text
+        assert post({"prompt": PROMPT}).json()["choices"][0]["text"] == served  # the server's own second prompt
+        assert post({"prompt": PROMPT, "negative_prompt": "Once upon a time"}).json()["choices"][0]["text"] == other
+        for body, param in (({"cfg_scale": 0}, "cfg_scale"), ({"cfg_scale": 50}, "cfg_scale"), ({"negative_prompt": ""}, "negative_prompt"),
+                            ({"negative_prompt": PROMPT}, "negative_prompt"), ({"negative_prompt": 5}, "negative_prompt")):  # fmt: skip
+            response = post({"prompt": PROMPT, **body})
+            assert response.status_code == 400 and response.json()["error"]["param"] == param, (body, response.text)
+    finally:
+        server.stop()
+
+
+def test_drop_examples_keeps_the_task_and_drops_its_examples():
+    humaneval = 'def add(a, b):\n    """Add two numbers.\n    >>> add(1, 2)\n    3\n    >>> add(0, 0)\n    0\n    """\n'
+    assert drop_examples(humaneval) == 'def add(a, b):\n    """Add two numbers.\n    """\n'
+    mbpp = 'def add(a, b):\n    """Write a function to add two numbers.\n    For example: assert add(1, 2) == 3\n    """\n'  # eval's MBPP shape
+    assert drop_examples(mbpp) == 'def add(a, b):\n    """Write a function to add two numbers.\n    """\n'
+    headed = 'def f(x):\n    """Double x.\n    Example:\n    f(2) == 4\n\n    Returns an int.\n    """\n'
+    assert drop_examples(headed) == 'def f(x):\n    """Double x.\n\n    Returns an int.\n    """\n'
+    worked = 'def g(s):\n    """Reverse s.\n    Input: "ab"\n    Output: "ba"\n    """\n'
+    assert drop_examples(worked) == 'def g(s):\n    """Reverse s.\n    """\n'
+    assert drop_examples('def h():\n    """Nothing to drop."""\n') is None
+    assert humaneval in instruct_phrasing(humaneval)
+
+
+def test_an_unknown_contrast_prompt_is_one_line_before_anything_loads(models, tmp_path):
+    task = tmp_path / "t.jsonl"
+    task.write_text(json.dumps({"task_id": "t/1", "prompt": "def f():\n", "test": "def check(c):\n    pass\n", "entry_point": "f"}) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "localcos", "eval", "--models", str(models["base"]), "--task", str(task), "--run-code",
+                           "--results", str(tmp_path / "r.jsonl"), "--variant", "x=--contrast-prompt louder"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and "--contrast-prompt" in err[0] and "drop-examples" in err[0], proc.stderr
+    assert not (tmp_path / "r.jsonl").exists()
