@@ -292,6 +292,14 @@ def test_eval_refuses_in_one_line(models, task_file, tmp_path):
     results = tmp_path / "r.jsonl"
     assert run("eval", "--models", pair, "--task", str(task_file), "--run-code", "--max-tokens", "4", "--problems", "1", "--results", str(results),
                "--variant", "v=--mu 0.1 --combine cd").returncode == 0  # fmt: skip
+    # records written before an option existed ran at its default: the same settings, resumed
+    header, *records = [json.loads(line) for line in results.read_text().splitlines()]
+    for record in records:
+        del record["settings"]["negative_prompt"], record["settings"]["cfg_scale"]
+    results.write_text("".join(json.dumps(x) + "\n" for x in (header, *records)))
+    same = run("eval", "--models", pair, "--task", str(task_file), "--run-code", "--max-tokens", "4", "--problems", "1", "--results", str(results),
+               "--variant", "v=--mu 0.1 --combine cd")  # fmt: skip
+    assert same.returncode == 0 and "resuming: 1 done" in same.stderr and len(results.read_text().splitlines()) == 2, same.stderr
     proc = run("eval", "--models", pair, "--task", str(task_file), "--run-code", "--max-tokens", "4", "--problems", "1", "--results", str(results),
                "--variant", "v=--mu 0.3 --combine cd")  # fmt: skip
     assert proc.returncode == 2 and "holds results for 'v' with other settings (mu)" in proc.stderr

@@ -163,3 +163,30 @@ def test_an_unknown_contrast_prompt_is_one_line_before_anything_loads(models, tm
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(err) == 1 and "--contrast-prompt" in err[0] and "drop-examples" in err[0], proc.stderr
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_eval_reads_each_task_without_its_examples_and_says_where_there_were_none(models, tmp_path):
+    """eval --contrast-prompt drop-examples: the second member reads the task without its
+    examples (the text is the library's with that second prompt); a task with nothing to drop is
+    decoded by the model alone, and its record and progress line say so."""
+    path = models["base"]
+    with_examples = 'def f(x):\n    """Double x.\n    >>> f(2)\n    4\n    """\n'
+    without = 'def g(x):\n    """Halve x."""\n'
+    task = tmp_path / "t.jsonl"
+    task.write_text("".join(json.dumps({"task_id": f"t/{i}", "prompt": p, "test": "def check(c):\n    pass\n", "entry_point": p[4]}) + "\n"
+                            for i, p in enumerate((with_examples, without))))  # fmt: skip
+    results = tmp_path / "r.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "localcos", "eval", "--models", str(path), "--task", str(task), "--run-code", "--timeout", "2",
+                           "--max-tokens", "8", "--level", "token", "--results", str(results),
+                           "--variant", "alone=--combine we", "--variant", "cfg=--contrast-prompt drop-examples --cfg-scale 3"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    by = {(r["config"], r["task_id"]): r for r in map(json.loads, results.read_text().splitlines()[1:])}
+    assert "note" not in by[("cfg", "t/0")] and "nothing to change" in by[("cfg", "t/1")]["note"]
+    assert any(line.split("] ", 1)[-1].startswith("t/1 cfg: ") and line.endswith("(drop-examples: nothing to change in this task; decoded by the "
+               "lead model alone)") for line in proc.stderr.splitlines())  # fmt: skip
+    assert by[("cfg", "t/1")]["completion"] == by[("alone", "t/1")]["completion"]
+    with Ensemble.load([path], combiner=Guidance(scale=3), second_prompt=True) as ens:
+        guided = ens.generate(with_examples, second_prompt=drop_examples(with_examples), max_tokens=8, temperature=0).text
+    completion = by[("cfg", "t/0")]["completion"]
+    assert completion and guided.startswith(completion) and completion != by[("alone", "t/0")]["completion"]

@@ -85,7 +85,8 @@ def run_eval(
             if out.note is not None:
                 record["note"] = out.note
             results.add(config, record)
-            report(f"{progress.step(ran=True)} {task.task_id} {config.name}: {outcome.result}")
+            said = f" ({out.note})" if out.note is not None else ""
+            report(f"{progress.step(ran=True)} {task.task_id} {config.name}: {outcome.result}{said}")
 
 
 def with_stops(settings: Settings) -> Settings:

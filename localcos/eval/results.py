@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config.options import OPTIONS
 from ..errors import ConfigError
 from ..files import storage_error
 
@@ -74,10 +75,14 @@ class ResultsFile:
                 raise storage_error(self.path, e) from None
 
     def check(self, config: EvalConfig) -> None:
-        """A configuration whose name the file holds with other settings is refused."""
+        """A configuration whose name the file holds with other settings is refused. An option
+        the file's records predate ran at its default, and compares as its default."""
         known = self.identities.get(config.name)
-        if known is not None and known != config.identity:
-            changed = sorted(k for k in set(known) | set(config.identity) if known.get(k) != config.identity.get(k))
+        if known is None:
+            return
+        wanted = config.identity
+        changed = sorted(k for k in set(known) | set(wanted) if _recorded(known, k) != wanted.get(k))
+        if changed:
             raise ConfigError(f"{self.path} holds results for {config.name!r} with other settings ({', '.join(changed)}); "
                               "give it another name or another --results", param="variant")  # fmt: skip
 
@@ -121,3 +126,12 @@ def _json_or_none(line: bytes) -> Any:
 
 def _is_record(value: Any) -> bool:
     return isinstance(value, dict) and all(isinstance(value.get(k), t) for k, t in _RECORD_FIELDS.items())
+
+
+def _recorded(identity: dict[str, str], key: str) -> str | None:
+    """A setting as a record holds it; an option added since the record was written is its
+    default (the only value the run that wrote it could have used)."""
+    if key in identity:
+        return identity[key]
+    option = OPTIONS.get(key)
+    return option.format(option.default) if option is not None else None
