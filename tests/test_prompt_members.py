@@ -190,3 +190,12 @@ def test_eval_reads_each_task_without_its_examples_and_says_where_there_were_non
         guided = ens.generate(with_examples, second_prompt=drop_examples(with_examples), max_tokens=8, temperature=0).text
     completion = by[("cfg", "t/0")]["completion"]
     assert completion and guided.startswith(completion) and completion != by[("alone", "t/0")]["completion"]
+    # at the mixed level (one model's default), a task with nothing to drop is the model alone behind the same gate
+    mixed = tmp_path / "mixed.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "localcos", "eval", "--models", str(path), "--task", str(task), "--run-code", "--timeout", "2",
+                           "--max-tokens", "8", "--temperature", "0", "--results", str(mixed),
+                           "--variant", "plus=--gate 0.5", "--variant", "cfg=--contrast-prompt drop-examples --cfg-scale 3 --gate 0.5"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    by = {(r["config"], r["task_id"]): r for r in map(json.loads, mixed.read_text().splitlines()[1:])}
+    assert "nothing to change" in by[("cfg", "t/1")]["note"] and by[("cfg", "t/1")]["completion"] == by[("plus", "t/1")]["completion"]

@@ -79,7 +79,7 @@ class EvalModels:
         if config.contrast is not None:
             second = self._second_prompt(config.contrast, prompt)
             if second is None:
-                combiner, note = _alone(len(self.plain.loaded), self._lead()), NOTHING_TO_CHANGE.format(config.contrast)
+                combiner, note = _alone(len(self.plain.loaded), self._lead(), combiner), NOTHING_TO_CHANGE.format(config.contrast)
             else:
                 models = self.models
         if self.run.in_bytes:
@@ -128,8 +128,10 @@ class EvalModels:
         self.close()
 
 
-def _alone(n: int, lead: int):  # -> Combiner
-    """Model `lead` of `n` alone (weight 1; the others never evaluated)."""
-    from ..core.combiners import WeightedEnsemble
+def _alone(n: int, lead: int, configured):  # (int, int, Combiner) -> Combiner
+    """Model `lead` of `n` alone (weight 1; the others never evaluated), behind the configured
+    combination's gate where it has one (the mixed level decides whole tokens by it)."""
+    from ..core.combiners import Gated, WeightedEnsemble
 
-    return WeightedEnsemble([1.0 if i == lead else 0.0 for i in range(n)])
+    alone = WeightedEnsemble([1.0 if i == lead else 0.0 for i in range(n)])
+    return Gated(alone, configured.threshold, lead=lead) if isinstance(configured, Gated) else alone
