@@ -37,7 +37,9 @@ def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def localcos_flags() -> set[str]:
-    flags: set[str] = set()
+    from localcos.eval.configs import VARIANT_OPTIONS
+
+    flags: set[str] = {opt.flag for opt in VARIANT_OPTIONS}  # what `eval --variant` reads
     for parser in [build_parser(), *subcommand_parsers().values()]:
         for action in parser._actions:
             flags.update(s for s in action.option_strings if s.startswith("--"))

@@ -16,8 +16,9 @@ from ..runtime.loaded import second_prompt_lead
 from ..errors import ConfigError
 
 _CONFIG_TARGETS = ("combine", "generation")
-# what a variant may set: the combination and generation options of `localcos generate`, and its level
-_VARIANT_OPTIONS = [opt for opt in OPTIONS.values() if opt.target in _CONFIG_TARGETS or opt.name in ("level", "contrast_prompt")]
+# the flags `eval --variant` reads: the combination and generation options of `localcos generate`, the
+# level, the contrast prompt
+VARIANT_OPTIONS = [opt for opt in OPTIONS.values() if opt.target in _CONFIG_TARGETS or opt.name in ("level", "contrast_prompt")]
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def parse_config(text: str, base: Settings, n_params: Sequence[int], run: Level 
         words = shlex.split(flags)
     except ValueError as e:
         raise ConfigError(f"--variant {name}: {e}", param="variant") from None
-    raw = parse_flags(words, _VARIANT_OPTIONS, what=f"--variant {name}", param="variant",
+    raw = parse_flags(words, VARIANT_OPTIONS, what=f"--variant {name}", param="variant",
                       refused="is not a combination or generation option of localcos generate, nor --level")  # fmt: skip
     values: dict[str, Any] = {k: v for k, v in raw.items() if k not in ("level", "contrast_prompt")}
     contrast = OPTIONS["contrast_prompt"].check(raw["contrast_prompt"]) if "contrast_prompt" in raw else None
