@@ -175,13 +175,16 @@ def test_eval_reads_each_task_without_its_examples_and_says_where_there_were_non
     task = tmp_path / "t.jsonl"
     task.write_text("".join(json.dumps({"task_id": f"t/{i}", "prompt": p, "test": "def check(c):\n    pass\n", "entry_point": p[4]}) + "\n"
                             for i, p in enumerate((with_examples, without))))  # fmt: skip
-    results = tmp_path / "r.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "localcos", "eval", "--models", str(path), "--task", str(task), "--run-code", "--timeout", "2",
-                           "--max-tokens", "8", "--level", "token", "--results", str(results),
-                           "--variant", "alone=--combine we", "--variant", "cfg=--contrast-prompt drop-examples --cfg-scale 3"],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    by = {(r["config"], r["task_id"]): r for r in map(json.loads, results.read_text().splitlines()[1:])}
+
+    def evaluate(*args: str) -> tuple[subprocess.CompletedProcess, dict]:
+        """eval of the two tasks with `args`: the process and its records by (configuration, task)."""
+        results = tmp_path / f"r{len(list(tmp_path.glob('r*.jsonl')))}.jsonl"
+        proc = subprocess.run([sys.executable, "-m", "localcos", "eval", "--models", str(path), "--task", str(task), "--run-code", "--timeout", "2",
+                               "--max-tokens", "8", "--results", str(results), *args], capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc, {(r["config"], r["task_id"]): r for r in map(json.loads, results.read_text().splitlines()[1:])}
+
+    proc, by = evaluate("--level", "token", "--variant", "alone=--combine we", "--variant", "cfg=--contrast-prompt drop-examples --cfg-scale 3")
     assert "note" not in by[("cfg", "t/0")] and "nothing to change" in by[("cfg", "t/1")]["note"]
     assert any(line.split("] ", 1)[-1].startswith("t/1 cfg: ") and line.endswith("(drop-examples: nothing to change in this task; decoded by the "
                "lead model alone)") for line in proc.stderr.splitlines())  # fmt: skip
@@ -191,11 +194,5 @@ def test_eval_reads_each_task_without_its_examples_and_says_where_there_were_non
     completion = by[("cfg", "t/0")]["completion"]
     assert completion and guided.startswith(completion) and completion != by[("alone", "t/0")]["completion"]
     # at the mixed level (one model's default), a task with nothing to drop is the model alone behind the same gate
-    mixed = tmp_path / "mixed.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "localcos", "eval", "--models", str(path), "--task", str(task), "--run-code", "--timeout", "2",
-                           "--max-tokens", "8", "--temperature", "0", "--results", str(mixed),
-                           "--variant", "plus=--gate 0.5", "--variant", "cfg=--contrast-prompt drop-examples --cfg-scale 3 --gate 0.5"],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    by = {(r["config"], r["task_id"]): r for r in map(json.loads, mixed.read_text().splitlines()[1:])}
+    _, by = evaluate("--temperature", "0", "--variant", "plus=--gate 0.5", "--variant", "cfg=--contrast-prompt drop-examples --cfg-scale 3 --gate 0.5")
     assert "nothing to change" in by[("cfg", "t/1")]["note"] and by[("cfg", "t/1")]["completion"] == by[("plus", "t/1")]["completion"]
