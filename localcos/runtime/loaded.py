@@ -65,6 +65,12 @@ def load_models(
         raise
 
 
+def member_names(names: Sequence[str], second_member: int | None) -> list[str]:
+    """Members' names for people and statistics: each model's `names`, the member reading a
+    second prompt so marked (the same model twice otherwise reads as one)."""
+    return [name + (" (second prompt)" if i == second_member else "") for i, name in enumerate(names)]
+
+
 def second_prompt_lead(n_params: Sequence[int]) -> int:
     """The model that also reads a second prompt: the one with the most parameters (ties: the last)."""
     return max(range(len(n_params)), key=lambda i: (n_params[i], i))
@@ -209,13 +215,13 @@ class LoadedModels:
     @property
     def names(self) -> list[str]:
         """The members' names for people (GGUF general.name, else the file name)."""
-        return [m.label + (" (second prompt)" if i == self.second_member else "") for i, m in enumerate(self.models)]
+        return member_names([m.label for m in self.models], self.second_member)
 
     @property
     def run_names(self) -> list[str]:
         """The members as a generation's statistics name them: each model's file, the second
         prompt's member so marked."""
-        return [m.name + (" (second prompt)" if i == self.second_member else "") for i, m in enumerate(self.models)]
+        return member_names([m.name for m in self.models], self.second_member)
 
     def close(self) -> None:
         for m in self.loaded:

@@ -130,7 +130,9 @@ class ByteModels:
     @property
     def names(self) -> list[str]:
         """The members' names for people (`Model.label`), as the token level's."""
-        return [m.label + (" (second prompt)" if i == self.second_member else "") for i, m in enumerate(self.models)]
+        from ..loaded import member_names
+
+        return member_names([m.label for m in self.models], self.second_member)
 
     def document_starts(self) -> list[list[int]]:
         """Each model's context for a text of its own: its BOS, or where it has none its
