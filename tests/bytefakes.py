@@ -237,7 +237,7 @@ class FakeMember:
     def call_rows(self) -> int:
         return self.tree_limit
 
-    def score(self, draft: bytes, extend: int | None = None):
+    def score(self, draft: bytes, extend: int | None = None, distributions: bool = True):
         """As `ByteMember.score`: the lattice's rows ahead, then the replay (missing rows
         counted)."""
         from localcos.core.bytelevel import replay
@@ -255,7 +255,7 @@ class FakeMember:
             self.missed += len(paths)
             self._evaluate(paths)
 
-        return replay(self.view, draft, known, evaluate)
+        return replay(self.view, draft, known, evaluate, distributions)
 
     @property
     def longest(self) -> int:

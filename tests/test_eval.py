@@ -504,6 +504,20 @@ def test_a_variant_reads_its_flags_as_the_command_line_does(models):
             parse_config(text, settings, [1, 2])
 
 
+def test_variants_with_their_own_gates_run_at_the_mixed_level_the_run_names(models):
+    """eval --level mixed without a gate of its own: the run's combination is never decoded where
+    --variant configurations are given, so each variant's gate is what the level needs."""
+    from localcos.config import resolve
+    from localcos.eval.configs import parse_config
+
+    values = {"models": f"{models['base']},{models['sibling']}", "level": "mixed"}
+    with pytest.raises(ConfigError, match="--level mixed needs --gate G"):
+        resolve(values)
+    base = resolve(values, decoded=False)
+    gated = [parse_config(f"g{g}=--gate {g}", base, [1, 2], Level.MIXED) for g in (0.3, 0.5)]
+    assert [c.settings.combine.gate for c in gated] == [0.3, 0.5] and all(c.level is Level.MIXED for c in gated)
+
+
 @pytest.mark.slow
 def test_the_mixed_levels_rules_refuse_before_any_model_loads(models, task_file, tmp_path):
     # --level mixed needs a gate, and takes the ensemble's step: refused in one line by the settings
@@ -513,7 +527,9 @@ def test_the_mixed_levels_rules_refuse_before_any_model_loads(models, task_file,
     base = ["eval", "--models", f"{models['base']},{models['sibling']}", "--task", str(task_file), "--run-code", "--results", str(results)]
     for extra, message in ((["--level", "mixed"], "--level mixed needs --gate G"),
                            (["--level", "mixed", "--gate", "0.5", "--variant", "x=--method cos"], "--method cos: not available at the mixed level"),
-                           (["--level", "byte", "--variant", "x=--level mixed"], "--level mixed needs --gate G")):  # fmt: skip
+                           (["--level", "byte", "--variant", "x=--level mixed"], "--variant x: --level mixed needs --gate G"),
+                           # the run's own combination is not decoded where variants are given: each variant needs its gate
+                           (["--level", "mixed", "--variant", "a=--gate 0.5", "--variant", "b=--combine we"], "--variant b: --level mixed needs --gate G")):  # fmt: skip
         proc = subprocess.run([sys.executable, "-c", no_load, *base, *extra], capture_output=True, text=True, timeout=120)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], (extra, proc.stderr)

@@ -256,6 +256,12 @@ def test_bench_and_score_at_the_mixed_level(real_models, tmp_path):
     report = json.loads((tmp_path / "b.json").read_text())
     assert report["level"] == "mixed" and [r["config"] for r in report["summary"]] == ["ensemble", "alone-0"]  # the model on its own tokens beside
     assert all(0 <= r["host"] < 1 for r in report["summary"]) and "host" in proc.stdout
+    # same text: the prompts where the model alone wrote the mixed level's very text, and the speed there
+    texts = {r["config"]: r["text"] for r in report["runs"]}
+    alone = report["summary"][1]
+    assert alone["same_text"] == (texts["alone-0"] == texts["ensemble"]) and report["summary"][0]["same_text"] is None
+    assert (alone["vs_ensemble_there"] is not None) == bool(alone["same_text"])
+    assert ("the mixed level, where alone-0 wrote the same text" in proc.stdout) == bool(alone["same_text"])
     score = subprocess.run([sys.executable, "-m", "localcos", "score", "--models", qwen, "--level", "mixed", "--gate", "0.3", "--file", __file__],
                            capture_output=True, text=True, timeout=300)  # fmt: skip
     lines = score.stderr.strip().splitlines()
@@ -294,18 +300,17 @@ def test_a_greedy_token_step_reads_the_likeliest_token_from_the_logits_alone(ign
             assert log_p == pytest.approx(np.log(view.paths[0].row.end), abs=1e-5)
 
 
-def test_one_model_at_temperature_0_decodes_mixed_by_default_and_level_token_is_llama_cpps_own(real_models):
-    """`generate` of one model, greedy: the mixed level unless asked otherwise (its stats say so);
-    `--level token` gives llama.cpp's own decoding of its tokens, token for token the text the
-    token level writes; sampling at temperature 1 stays at the token level."""
+def test_one_model_decodes_its_own_tokens_by_default_and_level_mixed_takes_gate_0_5(real_models):
+    """`generate` of one model, greedy: llama.cpp's own decoding of its tokens unless asked
+    otherwise, token for token the token level's text (`--level token` the same); `--level
+    mixed` decodes at the mixed level with gate 0.5 (its stats say so)."""
     from localcos import Ensemble
 
     qwen = real_models["qwen2"]
-    mixed, stats = _generate([qwen])
-    assert stats["level"] == "mixed" and "gate(0.5" in stats["combiner"] and 0 < stats["token_bytes"] <= stats["bytes"]
+    default, stats = _generate([qwen])
     token, token_stats = _generate([qwen], "--level", "token")
-    assert "level" not in token_stats and token_stats["tokens"] == 20
+    assert "level" not in stats and "level" not in token_stats and token_stats["tokens"] == 20
     with Ensemble.load([qwen], n_ctx=256) as ens:
-        assert token == ens.generate("The river runs", temperature=0, max_tokens=20, ignore_eos=True).text
-    _, sampled = _generate([qwen], "--temperature", "1", "--seed", "3")
-    assert "level" not in sampled  # the model's own law: its own tokens
+        assert default == token == ens.generate("The river runs", temperature=0, max_tokens=20, ignore_eos=True).text
+    _, mixed = _generate([qwen], "--level", "mixed")
+    assert mixed["level"] == "mixed" and "gate(0.5" in mixed["combiner"] and 0 < mixed["token_bytes"] <= mixed["bytes"]

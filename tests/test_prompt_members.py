@@ -193,6 +193,28 @@ def test_eval_reads_each_task_without_its_examples_and_says_where_there_were_non
         guided = ens.generate(with_examples, second_prompt=drop_examples(with_examples), max_tokens=8, temperature=0).text
     completion = by[("cfg", "t/0")]["completion"]
     assert completion and guided.startswith(completion) and completion != by[("alone", "t/0")]["completion"]
-    # at the mixed level (one model's default), a task with nothing to drop is the model alone behind the same gate
-    _, by = evaluate("--temperature", "0", "--variant", "plus=--gate 0.5", "--variant", "cfg=--contrast-prompt drop-examples --cfg-scale 3 --gate 0.5")
+    # at the mixed level, a task with nothing to drop is the model alone behind the same gate
+    _, by = evaluate("--temperature", "0", "--level", "mixed", "--variant", "plus=--gate 0.5", "--variant", "cfg=--contrast-prompt drop-examples --cfg-scale 3 --gate 0.5")
     assert "nothing to change" in by[("cfg", "t/1")]["note"] and by[("cfg", "t/1")]["completion"] == by[("plus", "t/1")]["completion"]
+
+
+def test_at_byte_steps_the_second_prompts_member_takes_each_byte_in_the_leads_call(models):
+    """At the mixed level with gate 1 (every step the byte level's, the gate open wherever the
+    lead's next byte is not certain), where the gate opened the member reading the second prompt
+    takes the byte in the call that advances the lead: the model makes fewer calls than its two
+    members take part in (each member counts every call it took part in)."""
+    from localcos.config.specs import GenerationConfig, LoadSpec
+    from localcos.core.combiners import Gated
+    from localcos.runtime.bytelevel import ByteModels, run_to_end
+    from localcos.runtime.generation import completion_rng
+
+    spec = LoadSpec.make([models["base"]], level="mixed", second_prompt=True, byte_paths=4)
+    with ByteModels.load(spec, Gated(WeightedEnsemble([0.5, 0.5]), 1.0, lead=0)) as loaded:
+        prompts = loaded.prompts(PROMPT, NEGATIVE)
+        plan = loaded.plan(prompts, GenerationConfig(temperature=0.0, max_tokens=N, ignore_eos=True))
+        before = loaded.loaded[0].stats.calls
+        out = run_to_end(loaded.start(plan, completion_rng(0, 0)))
+        model_calls = loaded.loaded[0].stats.calls - before
+    own, second = out.stats.calls
+    assert out.stats.bytes >= N and out.stats.gate_opened > out.stats.gate_decided / 2
+    assert own <= model_calls < own + second, (model_calls, own, second)  # shared calls count once for the model

@@ -271,7 +271,12 @@ def _bench_bytes(args: argparse.Namespace, settings, level: Level) -> int:
               f"max {max_tokens} tokens | --byte-paths {settings.load.byte_paths}, --byte-prune {settings.load.byte_prune:g} | {cpu_name()}")  # fmt: skip
         print(bytebench.format_byte_table(rows, names))
         if alone_ids:
-            print(f"\nalone-I: model I on its own token path ({', '.join(f'{i} = {names[i]}' for i in alone_ids)})")
+            print(f"\nalone-I: model I on its own token path ({', '.join(f'{i} = {names[i]}' for i in alone_ids)}); same text: the "
+                  "prompts where it wrote the ensemble's very text, x ens there: its speed there against the ensemble's")  # fmt: skip
+        for r in rows:
+            if level is Level.MIXED and r.same_text and r.vs_ensemble_there:
+                print(f"the mixed level, where {r.config} wrote the same text ({r.same_text} of {len(prompts)} prompts at T={r.temperature:g}): "
+                      f"{1 / r.vs_ensemble_there:.2f}x its speed")  # fmt: skip
         noise = sorted(bytebench.timing_noise(runs))
         if noise:
             print(f"\ntiming noise: the ensemble ran each prompt twice (before and after the others); the two runs differ by "

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     tasks = select(tasks, args.problems)
     if args.plot:
         require_matplotlib()
-    settings = resolve(args, DEFAULTS)
+    settings = resolve(args, DEFAULTS, decoded=not args.variant)  # each --variant is checked over them
     run_level = decoding_level(settings)
     names, configs = _configs(args, settings, run_level)
     results_path = args.results or f"localcos-eval-{task_name.split('.')[0]}.jsonl"

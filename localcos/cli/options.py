@@ -113,9 +113,10 @@ def option_values(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in OPTIONS if hasattr(args, name)}
 
 
-def resolve(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> Settings:
-    """The command's settings: its options through the settings layer."""
-    return resolve_settings(option_values(args), defaults=defaults, progress=info, building=say)
+def resolve(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None, decoded: bool = True) -> Settings:
+    """The command's settings: its options through the settings layer (`decoded`: see
+    `config.resolve.resolve`)."""
+    return resolve_settings(option_values(args), defaults=defaults, progress=info, building=say, decoded=decoded)
 
 
 def loading_progress(i: int, n: int, name: str) -> None:

@@ -193,9 +193,8 @@ _OPTIONS = [
     _option("level", "--level", "level", "load", _choice(LEVELS),
             "combine next-token distributions (token: one tokenizer; for one model llama.cpp's own decoding) or next-byte "
             "distributions (byte: any tokenizers, each model in its own tokens); mixed: whole tokens of the lead where its "
-            "likeliest has probability --gate or more, the byte level elsewhere; auto: for one model decoding greedily or "
-            "truncated (temperature 0, --top-k, --top-p, --min-p) mixed, --gate 0.5 unless given (sampling at temperature 1 "
-            "is the model's own law at any gate: token), for several models token when they share a tokenizer, else byte",
+            "likeliest has probability --gate or more (one model: --gate 0.5 unless given), the byte level elsewhere; "
+            "auto: token when the models share a tokenizer (one model: llama.cpp's own decoding), else byte",
             default="auto", choices=LEVELS),
     _option("byte_paths", "--byte-paths", "level", "load", _at_least(1),
             "byte level: the most tokenisations of the text each model keeps (its llama.cpp sequences)", default=8, metavar="N"),

@@ -19,13 +19,17 @@ def resolve(
     progress: Callable[[str], None] | None = None,
     building: Callable[[str], None] | None = None,
     json: bool = False,
+    decoded: bool = True,
 ) -> Settings:
     """Settings from option values (`None` or absent = not given), the way every front end makes
     them: models from --models, --preset or --synthetic (a preset fills what the user left
     open), models.toml for names and per-model defaults, `defaults` (the front end's own, such
     as the chat's temperature) over the declared ones. Hub files are downloaded as needed;
     `progress` hears about each model, `building` about synthetic models being built (which
-    takes a while, once). Everything that can be checked before loading is checked here."""
+    takes a while, once). Everything that can be checked before loading is checked here; where
+    the settings are not `decoded` as they are (the base of eval's --variant configurations,
+    each checked over them), their combination's and generation's fit to the models is left to
+    those."""
     given = _given(values, json, skip={"server"})
     front = dict(defaults or {})
 
@@ -61,10 +65,8 @@ def resolve(
     # the members: the lead model a second time where it reads a second prompt
     second_prompt = generation.negative_prompt is not None or bool(value("guide_system"))
     level = value("level")
-    if level == "auto" and not second_prompt and one_model_decodes_mixed(n, generation, value("parallel"), rpc, given):
-        level = "mixed"
-        if combine_values["gate"] is None:
-            combine_values["gate"] = MIXED_GATE
+    if level == "mixed" and n == 1 and not second_prompt and combine_values["gate"] is None:
+        combine_values["gate"] = MIXED_GATE  # one model's mixed level: coder-plus's gate unless given
     load = LoadSpec.make(
         sources.paths,
         labels=sources.labels,
@@ -76,7 +78,8 @@ def resolve(
     combine = CombineSpec(**combine_values).loaded()
     generation = generation.for_models(n, load.level)
     chat_model = sources.chat_model if value("chat_template_model") is None else value("chat_template_model")
-    check_for_models(generation, n, combine=combine, chat_template_model=chat_model, json=json, level=load.level, second_prompt=second_prompt)
+    if decoded:
+        check_for_models(generation, n, combine=combine, chat_template_model=chat_model, json=json, level=load.level, second_prompt=second_prompt)
     return Settings(load, combine, generation, chat_template_model=chat_model, system=value("system"), guide_system=bool(value("guide_system")),
                     name=sources.title, given=frozenset(given))  # fmt: skip
 
@@ -127,25 +130,6 @@ class _Sources:
         rpc = [registry.models[r].rpc if r in registry.models else None for r in labels]
         title = preset.name if preset else " + ".join(Path(r).name for r in labels)
         return cls(paths, labels, layers, rpc, title, chat_model)
-
-
-def one_model_decodes_mixed(n: int, generation: GenerationConfig, parallel: int | None, rpc: tuple, given: dict[str, Any]) -> bool:
-    """The one rule of the default level of one model (`--level auto`): its greedy or truncated
-    decoding (temperature 0, top-k, top-p, min-p) at the mixed level, which decodes its own whole
-    tokens where it is sure and its bytes where it is not (docs/algorithm.md, section 12); its
-    sampling from its own law (temperature 1, or another temperature, untruncated) at the token
-    level, llama.cpp's own (at temperature 1 the mixed level samples the same law, slower). What
-    the mixed level cannot do keeps the token level: a constraint, a method of several models,
-    several sequences at once (--parallel), a model on RPC servers, a chat template chosen by index."""
-    return (
-        n == 1
-        and generation.sampler().transforms
-        and generation.constraint is None
-        and generation.method in (None, "ensemble")
-        and (parallel or 1) == 1
-        and not any(rpc)
-        and "chat_template_model" not in given
-    )
 
 
 def resolve_server(values: Mapping[str, Any]) -> ServerSpec:

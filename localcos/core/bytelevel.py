@@ -599,14 +599,16 @@ def replay(
     draft: bytes,
     known: Mapping[tuple[int, ...], Row],
     evaluate: Callable[[list[TokenPath]], None],
+    distributions: bool = True,
 ) -> tuple[list[np.ndarray], list[ViewState]]:
     """Advance `view` through `draft`, each new path's row taken from `known` (token sequence ->
     `ByteView.normalise`d row) or, where it is not there, from `evaluate(paths)` (which must
     `set_row` each). Returns the view's distribution and state at every position reached, the
     current one first: all len(draft) + 1 of them, or fewer when a byte of the draft has
     probability 0 under the held paths (the view then stays at the last byte it could take).
-    The view is exactly where advancing (and settling) one byte at a time would bring it."""
-    dists = [view.distribution()]
+    The view is exactly where advancing (and settling) one byte at a time would bring it.
+    Without `distributions` (a catch-up reads none of them) the first list is empty."""
+    dists = [view.distribution()] if distributions else []
     states = [view.snapshot()]
     for byte in draft:
         try:
@@ -623,7 +625,8 @@ def replay(
         if missing:
             evaluate(missing)
         view.settle()
-        dists.append(view.distribution())
+        if distributions:
+            dists.append(view.distribution())
         states.append(view.snapshot())
     return dists, states
 

@@ -10,7 +10,6 @@ from typing import Any, Sequence
 
 from ..config import OPTIONS, Settings, check_for_models, default_method
 from ..config.flags import parse_flags
-from ..config.specs import MIXED_GATE
 from ..core.level import Level
 from ..runtime.loaded import second_prompt_lead
 from ..errors import ConfigError
@@ -104,12 +103,12 @@ def parse_config(text: str, base: Settings, n_params: Sequence[int], run: Level 
     if level.in_bytes and "method" not in values and "method" not in base.given:  # the default method of the level it decodes at
         values["method"] = default_method(len(n_params), level.value)
     settings = base.with_values(values, check=False)
-    if level is Level.MIXED and settings.combine.gate is None and "level" not in base.given:
-        # the mixed level this run chose by default, with its default gate (as `generate` takes it)
-        settings = base.with_values({**values, "gate": MIXED_GATE}, check=False)
     # checked as the command line is, at the level this configuration decodes at (before any model loads)
-    check_for_models(settings.generation, len(n_params), combine=settings.combine, chat_template_model=settings.chat_template_model,
-                     level=level.value, second_prompt=contrast is not None)  # fmt: skip
+    try:
+        check_for_models(settings.generation, len(n_params), combine=settings.combine, chat_template_model=settings.chat_template_model,
+                         level=level.value, second_prompt=contrast is not None)  # fmt: skip
+    except ConfigError as e:
+        raise ConfigError(f"--variant {name}: {e}", param="variant") from None
     if contrast is not None and level is Level.TOKEN and run.in_bytes:
         raise ConfigError(f"--variant {name}: --contrast-prompt with --level token: a second prompt's member decodes at the run's "
                           "level", param="variant")  # fmt: skip

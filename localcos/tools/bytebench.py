@@ -2,7 +2,9 @@
 ensemble and byte-level cos at each draft length, and chosen models alone on their own token path,
 interleaved prompt by prompt on the same prompts and seeds. Speed is characters per second (what
 the byte level and a token path have in common); a configuration's ratio to the ensemble is over
-all prompts' characters and seconds, with its worst prompt beside it."""
+all prompts' characters and seconds, with its worst prompt beside it, and over the prompts where it
+wrote the ensemble's very text (a model alone against the mixed level: the same text, so the
+ratio there is the cost of the level itself)."""
 
 from __future__ import annotations
 
@@ -50,11 +52,12 @@ class ByteRun:
     tokens: int  # what max_tokens counts: a model alone's own, the lead's at the byte level
     seconds: float
     llama_seconds: float  # of `seconds`, inside llama.cpp
+    text: str = ""
     stats: ByteStats | None = None  # None: a model alone (token path)
 
     def to_dict(self) -> dict:
         out = {"config": self.config.label, "prompt": self.prompt, "task": self.task, "temperature": self.temperature,
-               "chars": self.chars, "tokens": self.tokens, "seconds": self.seconds, "llama_seconds": self.llama_seconds}  # fmt: skip
+               "chars": self.chars, "tokens": self.tokens, "seconds": self.seconds, "llama_seconds": self.llama_seconds, "text": self.text}  # fmt: skip
         if self.stats is not None:
             out["stats"] = self.stats.to_dict()
         return out
@@ -86,12 +89,12 @@ def run_byte_benchmark(
                     progress(len(runs), total, f"T={t:g} {task} {config.label}")
                 if config.alone is not None:
                     own = alone[config.alone].generate(prompt, max_tokens=max_tokens, temperature=t, seed=seed + i, method=ENSEMBLE)
-                    runs.append(ByteRun(config, i, task, t, len(own.text), len(own.token_ids), own.stats.seconds, own.stats.llama_seconds))
+                    runs.append(ByteRun(config, i, task, t, len(own.text), len(own.token_ids), own.stats.seconds, own.stats.llama_seconds, own.text))
                     continue
                 plan = models.plan(models.prompts(prompt), GenerationConfig(method=config.method, max_tokens=max_tokens, temperature=t,
                                                                             byte_gamma=config.gamma))  # fmt: skip
                 c = run_to_end(models.start(plan, completion_rng(seed, i)))
-                runs.append(ByteRun(config, i, task, t, c.stats.chars, c.stats.tokens, c.stats.seconds, c.stats.llama_seconds, c.stats))
+                runs.append(ByteRun(config, i, task, t, c.stats.chars, c.stats.tokens, c.stats.seconds, c.stats.llama_seconds, c.text, c.stats))
     if progress:
         progress(total, total, "done")
     return runs
@@ -112,6 +115,8 @@ class ByteRow:
     calls_per_char: list[float] = field(default_factory=list)
     most_paths: list[int] = field(default_factory=list)
     host: float | None = None  # the share of its time outside llama.cpp
+    same_text: int | None = None  # prompts where it wrote the ensemble's very text (None: the ensemble's own row)
+    vs_ensemble_there: float | None = None  # its speed over those prompts against the ensemble's
 
 
 def summarize_bytes(runs: Sequence[ByteRun]) -> list[ByteRow]:
@@ -129,12 +134,21 @@ def summarize_bytes(runs: Sequence[ByteRun]) -> list[ByteRow]:
             stats = [r.stats for r in mine if r.stats is not None]
             total = ByteStats.aggregate(stats) if stats else ByteStats()
             seconds = sum(r.seconds for r in mine)
+            same = [p for p, group in _by_prompt(mine).items() if p in base and all(r.text == base[p][0].text for r in group)]
+            there = _speed(_base_of(base, same))
             rows.append(ByteRow(
                 t, label, speed, speed / base_speed if base_speed else None, min(per_prompt) if per_prompt else None,
                 total.accepted, total.drafted, total.ensemble_steps, [c / max(total.chars, 1) for c in total.calls], total.most_paths,
                 (seconds - sum(r.llama_seconds for r in mine)) / seconds if seconds > 0 else None,
+                None if label == ENSEMBLE else len(same),
+                _speed([r for r in mine if r.prompt in same]) / there if label != ENSEMBLE and there > 0 else None,
             ))  # fmt: skip
     return rows
+
+
+def _base_of(base: dict[int, list[ByteRun]], prompts: Sequence[int]) -> list[ByteRun]:
+    """The ensemble's runs of `prompts`."""
+    return [r for p in prompts for r in base[p]]
 
 
 def _by_prompt(runs: Sequence[ByteRun]) -> dict[int, list[ByteRun]]:
@@ -160,8 +174,8 @@ def _speed(runs: Sequence[ByteRun]) -> float:
 
 
 def format_byte_table(rows: Sequence[ByteRow], names: Sequence[str]) -> str:
-    header = (f"{'T':>4}  {'configuration':<14}{'chars/s':>9}{'x ens':>8}{'worst':>8}{'host':>7}{'accepted':>12}{'no draft':>10}  "
-              f"calls/char, most paths ({', '.join(names)})")  # fmt: skip
+    header = (f"{'T':>4}  {'configuration':<14}{'chars/s':>9}{'x ens':>8}{'worst':>8}{'host':>7}{'accepted':>12}{'no draft':>10}"
+              f"{'same text':>11}{'x ens there':>13}  calls/char, most paths ({', '.join(names)})")  # fmt: skip
     lines = [header, "-" * len(header)]
     for r in rows:
         ratio = "-" if r.vs_ensemble is None else f"{r.vs_ensemble:.2f}x"
@@ -170,5 +184,8 @@ def format_byte_table(rows: Sequence[ByteRow], names: Sequence[str]) -> str:
         steps = str(r.ensemble_steps) if r.config.startswith("cos") else "-"
         per_model = "; ".join(f"{c:.2f}, {p}" for c, p in zip(r.calls_per_char, r.most_paths)) or "token path"
         host = "-" if r.host is None else f"{100 * r.host:.0f}%"
-        lines.append(f"{r.temperature:>4g}  {r.config:<14}{r.chars_per_second:>9.1f}{ratio:>8}{worst:>8}{host:>7}{accepted:>12}{steps:>10}  {per_model}")
+        same = "-" if r.same_text is None else str(r.same_text)
+        there = "-" if r.vs_ensemble_there is None else f"{r.vs_ensemble_there:.2f}x"
+        lines.append(f"{r.temperature:>4g}  {r.config:<14}{r.chars_per_second:>9.1f}{ratio:>8}{worst:>8}{host:>7}{accepted:>12}{steps:>10}"
+                     f"{same:>11}{there:>13}  {per_model}")  # fmt: skip
     return "\n".join(lines)

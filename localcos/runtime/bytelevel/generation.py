@@ -27,6 +27,7 @@ class Member(Protocol):
     sequences), or a test's NumPy stand-in."""
 
     view: ByteView
+    model: object  # the model it reads: members of one model share its calls
     calls: int  # llama.cpp calls made
     tree_rows: int  # rows evaluated ahead for drafts (`score`)
     missed: int  # rows a draft's replay asked for that were not evaluated ahead
@@ -42,7 +43,9 @@ class Member(Protocol):
     def advance(self, byte: int) -> None: ...
     def snapshot(self) -> ViewState: ...
     def rollback(self, state: ViewState) -> None: ...
-    def score(self, draft: bytes, extend: int | None = None) -> tuple[list[np.ndarray], list[ViewState]]: ...
+    def score(self, draft: bytes, extend: int | None = None, distributions: bool = True) -> tuple[list[np.ndarray], list[ViewState]]: ...
+    @staticmethod
+    def advance_together(members: Sequence["Member"], data: Sequence[int]) -> None: ...  # members of one model, rows in shared calls
 
 
 @dataclass
@@ -245,7 +248,7 @@ class ByteGeneration:
         done = 0
         while done < len(data):
             piece = data[done : done + member.call_rows]
-            _, states = member.score(piece, extend=1)
+            _, states = member.score(piece, extend=1, distributions=False)
             member.rollback(states[-1])
             done += len(states) - 1
             if len(states) <= len(piece):
@@ -274,12 +277,31 @@ class ByteGeneration:
         symbol = self.sampler.draw(r, self.rng)
         self._consume(symbol)
         if symbol != END:
-            for i, member in enumerate(self.members):
-                if self.lazy[i] and not observe:
-                    self.behind[i].append(symbol)
-                else:
+            if observe:
+                for i, member in enumerate(self.members):
                     self._advance(i, member, symbol)
+            else:
+                self._advance_byte_step(symbol, [dist is not None for dist in dists])
         return _Round([symbol], gates=[opened])
+
+    def _advance_byte_step(self, symbol: int, read: Sequence[bool]) -> None:
+        """After an ensemble step: every member r always asks for takes `symbol`; a lazy one
+        takes it too where r read it here (it is caught up) and its model advances anyway (a
+        second prompt's member of the lead's model: its rows join that call, where catching up
+        later would be a call of its own); the other lazy members fall behind by it."""
+        models = {id(m.model) for m, lazy in zip(self.members, self.lazy) if not lazy}
+        groups: dict[int, list[int]] = {}  # the members taking it, by model
+        for i, member in enumerate(self.members):
+            if not self.lazy[i] or (read[i] and id(member.model) in models):
+                groups.setdefault(id(member.model), []).append(i)
+            else:
+                self.behind[i].append(symbol)
+        for group in groups.values():
+            if len(group) == 1 or self.auto is not None:  # the auto plan counts each member's own calls
+                for i in group:
+                    self._advance(i, self.members[i], symbol)
+            else:
+                type(self.members[group[0]]).advance_together([self.members[i] for i in group], [symbol] * len(group))
 
     def _token_step(self, utf8: Utf8State) -> _Round | None:
         """The mixed level's step where it applies (see `level`): a whole token of the lead's

@@ -136,14 +136,14 @@ class ByteMember:
         self.view.restore(state)
         self._hold()
 
-    def score(self, draft: bytes, extend: int | None = None) -> tuple[list[np.ndarray], list[ViewState]]:
-        """The view's distribution at each position of `draft` (see `core.bytelevel.replay`),
-        its rows evaluated ahead in one call along the view's likely tokenisations of the draft
-        (`ByteView.lattice`: the `extend` heaviest through the whole draft, default all).
-        The view ends after the draft; `rollback` to one of the states (the last one included)
-        makes its sequences consistent again."""
+    def score(self, draft: bytes, extend: int | None = None, distributions: bool = True) -> tuple[list[np.ndarray], list[ViewState]]:
+        """The view's distribution at each position of `draft` (see `core.bytelevel.replay`;
+        none without `distributions`), its rows evaluated ahead in one call along the view's
+        likely tokenisations of the draft (`ByteView.lattice`: the `extend` heaviest through the
+        whole draft, default all). The view ends after the draft; `rollback` to one of the
+        states (the last one included) makes its sequences consistent again."""
         known = self._evaluate_ahead(draft, extend)
-        return replay(self.view, draft, known, self._evaluate_missing)
+        return replay(self.view, draft, known, self._evaluate_missing, distributions)
 
     @property
     def call_rows(self) -> int:
