@@ -71,13 +71,12 @@ def main() -> None:
     shared = differ = 0
     with Ensemble.load([path]) as alone, ByteEnsemble.load([path], Gated(WeightedEnsemble(), args.gate), level="mixed") as ens:
         for n, task in enumerate(tasks):
+            t0, s0 = steps.calls, steps.seconds  # the token level takes no byte-level steps
             if n % 2:  # each level first on every second problem: what a warm cache gives goes to both
-                t0, s0 = steps.calls, steps.seconds
                 m = ens.generate(task.prompt, **settings)
                 a = alone.generate(task.prompt, **settings)
             else:
                 a = alone.generate(task.prompt, **settings)
-                t0, s0 = steps.calls, steps.seconds
                 m = ens.generate(task.prompt, **settings)
             if a.text != m.text:
                 differ += 1

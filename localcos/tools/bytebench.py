@@ -135,7 +135,7 @@ def summarize_bytes(runs: Sequence[ByteRun]) -> list[ByteRow]:
             total = ByteStats.aggregate(stats) if stats else ByteStats()
             seconds = sum(r.seconds for r in mine)
             same = [p for p, group in _by_prompt(mine).items() if p in base and all(r.text == base[p][0].text for r in group)]
-            there = _speed(_base_of(base, same))
+            there = _speed([r for p in same for r in base[p]])  # the ensemble's runs of those prompts
             rows.append(ByteRow(
                 t, label, speed, speed / base_speed if base_speed else None, min(per_prompt) if per_prompt else None,
                 total.accepted, total.drafted, total.ensemble_steps, [c / max(total.chars, 1) for c in total.calls], total.most_paths,
@@ -144,11 +144,6 @@ def summarize_bytes(runs: Sequence[ByteRun]) -> list[ByteRow]:
                 _speed([r for r in mine if r.prompt in same]) / there if label != ENSEMBLE and there > 0 else None,
             ))  # fmt: skip
     return rows
-
-
-def _base_of(base: dict[int, list[ByteRun]], prompts: Sequence[int]) -> list[ByteRun]:
-    """The ensemble's runs of `prompts`."""
-    return [r for p in prompts for r in base[p]]
 
 
 def _by_prompt(runs: Sequence[ByteRun]) -> dict[int, list[ByteRun]]:
