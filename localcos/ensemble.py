@@ -101,22 +101,30 @@ class Ensemble(LoadedModels):
         return cls.from_spec(spec.member(i), progress=progress)
 
     # --- scoring -----------------------------------------------------------------------------------
-    def score(self, text: str | Sequence[int], *, combiner: Combiner | None = None, members: bool = True) -> Scores:
+    def score(self, text: str | Sequence[int], *, combiner: Combiner | None = None, members: bool = True,
+              second_prompt: str | Sequence[int] | None = None) -> Scores:  # fmt: skip
         """Log-probabilities (temperature 1) of every token of `text` after the first, each given
         the ones before it, under r (the ensemble's combination, or `combiner`) and, with
-        `members`, under each model alone. The text must fit the context."""
+        `members`, under each model alone (a second prompt's member too). The text must fit the
+        context. Where the models were loaded with a second prompt's member, it reads
+        `second_prompt` (text or token ids) in place of the text's first token (the document
+        start) and the rest of the text after it."""
         tokens = self.tokenize(text) if isinstance(text, str) else [int(t) for t in text]
         if len(tokens) < 2:
             raise ConfigError(f"nothing to score: the text has {len(tokens)} token(s)", param="text")
-        return score_tokens(self, tokens, 1, combiners=None if combiner is None else [combiner], members=members)
+        second = self.tokenize(second_prompt) if isinstance(second_prompt, str) else second_prompt
+        return score_tokens(self, tokens, 1, combiners=None if combiner is None else [combiner], members=members,
+                            second=None if second is None else (second, 1))  # fmt: skip
 
     def loglikelihood(
-        self, context: str | Sequence[int], continuations: Sequence[str | Sequence[int]], *, combiner: Combiner | None = None
+        self, context: str | Sequence[int], continuations: Sequence[str | Sequence[int]], *, combiner: Combiner | None = None,
+        second_prompt: str | Sequence[int] | None = None,
     ) -> list[Loglikelihood]:
         """How likely each continuation is after `context` (summed and per token, under r and
         each model): multiple-choice scoring. The context is evaluated once; each continuation
-        after it, rolled back between them."""
-        return loglikelihood(self, context, continuations, combiner=combiner)
+        after it, rolled back between them. A second prompt's member reads `second_prompt` in
+        place of the context."""
+        return loglikelihood(self, context, continuations, combiner=combiner, second_prompt=second_prompt)
 
     # --- generation ------------------------------------------------------------------------------
     def generate(
@@ -299,5 +307,5 @@ class ByteEnsemble(ByteModels):
 
     def _plan(self, prompt: str | Sequence[Sequence[int]], config: GenerationConfig | None, combiner: Combiner | None, settings: dict) -> BytePlan:
         config = _config(config, settings)
-        prompts = self.prompts(prompt) if isinstance(prompt, str) else [list(p) for p in prompt]
+        prompts = self.prompts(prompt, phrasing=config.phrasing) if isinstance(prompt, str) else [list(p) for p in prompt]
         return self.plan(prompts, config, combiner=combiner)

@@ -1,8 +1,9 @@
 """The mixed level (docs/algorithm.md, section 12): whole tokens of the lead where its likeliest
 whole token has at least the gate's probability and its view is one tokenisation at a character
 boundary, the byte level elsewhere. Sampled exactly (the process's law enumerated by brute force
-on fakes), greedy its argmax at every step, and on llama.cpp models with real tokenizers the
-token level's text at gate 0 and the byte level's at gate 1."""
+on fakes), greedy its argmax at every step (a byte step at the lead's boundary spelled by the
+lead's likeliest token beginning with that byte), and on llama.cpp models with real tokenizers
+the token level's text at gate 0."""
 
 from __future__ import annotations
 
@@ -174,25 +175,64 @@ def test_the_mixed_level_samples_its_process_exactly(case):
     assert_matches(Counter({index[k]: c for k, c in counts.items()}), np.array([exact[k] for k in keys]), f"mixed level, {case}")
 
 
-def test_greedy_takes_each_steps_argmax():
-    for case, (models, combiner, lead, gate) in CASES.items():
-        prompts = _prompts(models)
-        counts, token_bytes = sample(models, combiner, lead, gate, 1, seed=1, temperature=0, prompts=prompts)
+# one model, reseeded: cases where greedy over bytes across tokens writes another text than the
+# lead's spelling of each byte step in one token
+RESEEDED = {f"alone, seed {seed}": ([TinyModel(VOCAB_A.pieces, VOCAB_A.end_tokens, seed=seed)], Gated(WeightedEnsemble(), 0.6, lead=0), 0, 0.6)
+            for seed in (10, 15, 17, 30, 39)}  # fmt: skip
+
+
+def test_greedy_takes_each_steps_argmax_and_the_lead_spells_a_byte_step_from_its_boundary():
+    followed = 0
+    for case, (models, combiner, lead, gate) in {**CASES, **RESEEDED}.items():
+        prompts = _prompts(models) or [PROMPT] * len(models)
+        counts, token_bytes = sample(models, combiner, lead, gate, 1, seed=1, temperature=0, prompts=_prompts(models))
         ((data, ended),) = counts
-        assert _greedy_reference(models, combiner, lead, gate, prompts or [PROMPT] * len(models)) == (data, ended), case
+        assert _greedy_reference(models, combiner, lead, gate, prompts) == (data, ended), case
+        followed += _greedy_reference(models, combiner, lead, gate, prompts, follow=False) != (data, ended)
+    assert followed, "the lead's spelling of a byte step must change some case's text (else this test has no power over it)"
 
 
-def _greedy_reference(models, combiner, lead, gate, prompts):
-    """Every step's argmax, by the brute-force rule (`mixed_step`)."""
+def _descent(model: TinyModel, q: np.ndarray, spelled: bytes) -> int | None:
+    """The lead's token spelling a byte step that began with `spelled`, by brute force: among its
+    whole tokens (q > 0) that begin with the bytes so far, the token of exactly those bytes if it
+    is at least as likely as those going on with any one byte together, else that byte, on."""
+    while True:
+        under = [t for t, pc in enumerate(model.pieces) if pc.startswith(spelled) and valid_utf8_prefix(pc) and q[t] > 0]
+        if not under:
+            return None
+        exact = [t for t in under if model.pieces[t] == spelled]
+        on: dict[int, float] = {}
+        for t in under:
+            if len(model.pieces[t]) > len(spelled):
+                on[model.pieces[t][len(spelled)]] = on.get(model.pieces[t][len(spelled)], 0.0) + q[t]
+        byte = min(on, key=lambda c: (-on[c], c)) if on else None
+        if byte is not None and on[byte] > sum(q[t] for t in exact):
+            spelled += bytes([byte])
+            continue
+        return min(exact, key=lambda t: (-q[t], model.pieces[t]))
+
+
+def _greedy_reference(models, combiner, lead, gate, prompts, follow: bool = True):
+    """Every step's argmax, by the brute-force rule (`mixed_step`); with `follow`, a byte step
+    taken where the lead's one tokenisation ends at a character boundary is spelled by the
+    lead's token its greedy descent from that byte reaches (`_descent`, where it has one)."""
     bound = combiner.bind(len(models), [1, 2])
+    model = models[lead]
     base, rel, s = (), b"", b""
     while True:
         kind, tokens, p = mixed_step(models, bound, lead, gate, base, rel, s, prompts)
         k = int(np.argmax(p))
         if k == len(p) - 1:
             return s, True
-        piece = models[lead].pieces[k] if kind == "token" else bytes([k])
-        base, rel = (tokens + (k,), b"") if kind == "token" else (tokens, rel + piece)
+        if kind == "token":
+            piece, base, rel = model.pieces[k], tokens + (k,), b""
+        else:
+            piece, base, rel = bytes([k]), tokens, rel + bytes([k])
+            held = _held(model, prompts[lead] + tokens, rel[:-1])
+            if follow and complete_utf8(s) and len(held) == 1 and held[0][1] == len(rel) - 1:
+                t = _descent(model, model.probs(prompts[lead] + tokens + held[0][0]), piece)
+                if t is not None:
+                    piece, base, rel = model.pieces[t], tokens + held[0][0] + (t,), b""
         for b in piece:
             s += bytes([b])
             if _chars(s) >= LENGTH:
@@ -224,24 +264,26 @@ def _generate(models, *args):
     return out["completions"][0]["text"], stats[0] if isinstance(stats, list) else stats  # the byte level: one per completion
 
 
-def test_on_llama_cpp_models_gate_near_0_is_the_leads_tokens_and_gate_1_its_bytes(real_models):
+def test_on_llama_cpp_models_gate_near_0_is_the_leads_tokens_and_gate_1_its_spelled_bytes(real_models):
     """One model with a real tokenizer: at gate ~0 every step at a boundary takes a whole token,
     which is the model's own greedy text on its tokens; at gate 1 (the lead never certain) every
-    step is a byte step, the byte level's greedy text; in between both kinds of step happen."""
+    step is a byte step that the lead spells whole; in between both kinds of step happen."""
     qwen = real_models["qwen2"]
     own, _ = _generate([qwen], "--level", "token")  # llama.cpp's own decoding of its tokens
     tokens, stats0 = _generate([qwen], "--level", "mixed", "--gate", "1e-9")
     assert stats0["level"] == "mixed" and stats0["token_bytes"] == stats0["bytes"] > 0
     # max_tokens: the same length at every level, the lead's tokens: every step a whole token, its own text cut where it cuts alone
     assert tokens == own and stats0["tokens"] == 20
-    byte_text, _ = _generate([qwen], "--level", "byte")
-    bytes_only, stats1 = _generate([qwen], "--level", "mixed", "--gate", "1")
-    assert stats1["token_bytes"] == 0 and bytes_only == byte_text
+    # at gate 1 the lead is never sure: r chooses each step's first byte and the lead spells it
+    # with a whole token, so the text is the lead's tokens, and another text than its own greedy
+    spelled, stats1 = _generate([qwen], "--level", "mixed", "--gate", "1")
+    assert stats1["token_bytes"] == stats1["bytes"] > 0 and stats1["tokens"] == 20 and spelled != own
+    assert stats1["gate_opened"] == stats1["gate_decided"] == 20
     _, stats = _generate([qwen], "--level", "mixed", "--gate", "0.3")
-    assert 0 < stats["token_bytes"] < stats["bytes"]
+    assert 0 < stats["gate_opened"] < stats["gate_decided"]
     # a second tokenizer consulted only at byte steps: never where every step is a whole token
-    mixed, both = _generate([qwen, real_models["llama3"]], "--level", "mixed", "--gate", "0.3", "--combine", "we")
-    assert 0 < both["token_bytes"] < both["bytes"] and both["calls"][1] > 0
+    mixed, both = _generate([qwen, real_models["llama3"]], "--level", "mixed", "--gate", "0.9", "--combine", "we")
+    assert 0 < both["gate_opened"] < both["gate_decided"] and both["calls"][1] > 0
     # (a context the skipped bytes cannot fill: a lazy member takes them where they could reach its end)
     _, tokens_only = _generate([qwen, real_models["llama3"]], "--level", "mixed", "--gate", "1e-9", "--combine", "we", "--ctx", "1024")
     assert tokens_only["token_bytes"] == tokens_only["bytes"] > 0 and tokens_only["calls"][1] == 0

@@ -15,7 +15,9 @@ import pytest
 from localcos import Ensemble
 from localcos.core.combiners import Contrastive, Guidance, WeightedEnsemble
 from localcos.errors import ConfigError
-from localcos.eval.contrast import drop_examples, instruct_phrasing
+from localcos.eval.contrast import drop_examples
+from localcos.phrasing import instruct_phrasing
+from localcos.runtime.scoring import _calls
 from localcos.testing import reference
 from localcos.testing.loopback import ServeProcess
 from localcos.testing.reference import in_child
@@ -132,6 +134,13 @@ def test_a_server_takes_a_second_prompt_per_request_and_rejects_bad_ones(models)
             served = ens.generate(PROMPT, second_prompt=NEGATIVE, temperature=0, max_tokens=N, ignore_eos=True).text
             other = ens.generate(PROMPT, second_prompt="Once upon a time", temperature=0, max_tokens=N, ignore_eos=True).text
         assert post({"prompt": PROMPT}).json()["choices"][0]["text"] == served  # the server's own second prompt
+        # log-probabilities of what it wrote: the second prompt's member reading its prompt in place of the request's
+        scored = post({"prompt": PROMPT, "logprobs": 1, "return_token_ids": True}).json()["choices"][0]
+        with Ensemble.load([path], combiner=Guidance(scale=1.8), second_prompt=True) as ens:
+            (want,) = ens.loglikelihood(ens.tokenize(PROMPT), [scored["token_ids"]], second_prompt=ens.tokenize(NEGATIVE))
+        assert abs(sum(scored["logprobs"]["token_logprobs"]) - want.logprob) < 0.05 and want.logprob != sum(want.members[:1])
+        echo = post({"prompt": PROMPT, "echo": True, "max_tokens": 0})
+        assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo"
         assert post({"prompt": PROMPT, "negative_prompt": "Once upon a time"}).json()["choices"][0]["text"] == other
         for body, param in (({"cfg_scale": 0}, "cfg_scale"), ({"cfg_scale": 50}, "cfg_scale"), ({"negative_prompt": ""}, "negative_prompt"),
                             ({"negative_prompt": PROMPT}, "negative_prompt"), ({"negative_prompt": 5}, "negative_prompt")):  # fmt: skip
@@ -139,6 +148,56 @@ def test_a_server_takes_a_second_prompt_per_request_and_rejects_bad_ones(models)
             assert response.status_code == 400 and response.json()["error"]["param"] == param, (body, response.text)
     finally:
         server.stop()
+
+
+def _log_softmax(rows: np.ndarray) -> np.ndarray:
+    z = rows.astype(np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def test_score_reads_the_second_prompt_in_place_of_the_document_start_in_the_leads_calls(models):
+    """Guidance's log-probabilities of a text: the prompt's member reads the text, the second
+    reads the negative prompt and then the text after its first token; both as llama-cpp-python's
+    logits of the two sequences say, the second member's rows in the lead's calls."""
+    path = str(models["base"])
+    text = PROMPT + " and down to the sea where the boats wait for the morning tide"
+    with Ensemble.load([path], combiner=Guidance(scale=1.8), second_prompt=True, n_ctx=256) as ens:
+        tokens, negative = ens.tokenize(text), ens.tokenize(NEGATIVE)
+        calls = ens.loaded[0].stats.calls
+        scores = ens.score(text, second_prompt=NEGATIVE)
+        calls = ens.loaded[0].stats.calls - calls
+        model = ens.loaded[0]
+        shared = len(list(_calls(len(tokens), 1, 0, model.n_batch // 2, model.max_logit_rows // 2)))  # each call's tokens and rows split in two
+        with pytest.raises(ConfigError, match="negative_prompt"):
+            ens.score(text)  # loaded for a second prompt: give it one
+    own = _log_softmax(in_child(reference.all_logits, path, tokens)[:-1])
+    second = _log_softmax(in_child(reference.all_logits, path, negative + tokens[1:])[len(negative) - 1 : -1])
+    guided = _log_softmax(second + 1.8 * (own - second))
+    at = np.arange(len(tokens) - 1), np.asarray(tokens[1:])
+    # within llama.cpp's batch variance (calls of other shapes; guidance scales it by 1.8)
+    assert np.allclose(scores.logprobs, guided[at], atol=1e-2)
+    assert scores.members is not None and np.allclose(scores.members[0], own[at], atol=1e-2) and np.allclose(scores.members[1], second[at], atol=1e-2)
+    assert abs(scores.logprobs.sum() - own[at].sum()) > 1.0  # the second prompt moved the scores
+    assert calls == 1 + shared  # the negative prompt's own call, then both members' rows in each call
+
+
+def test_score_on_the_command_line_takes_a_negative_prompt(models, tmp_path):
+    path = str(models["base"])
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"the river {i} runs past the mill and the bridge" for i in range(40)))
+    proc = subprocess.run([sys.executable, "-m", "localcos", "score", "--models", path, "--file", str(text), "--ctx", "64",
+                           "--negative-prompt", NEGATIVE, "--cfg-scale", "1.5", "--json", str(tmp_path / "s.json")],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "s.json").read_text())
+    rows = {row["label"]: row["value"] for row in report["rows"]}
+    assert set(rows) == {"cfg(s=1.5,positive=0)", "t-base", "t-base (second prompt)"} and len(set(rows.values())) == 3
+    assert report["n_ctx"] == 64 - (len(Ensemble.load([path], n_ctx=64).tokenize(NEGATIVE)) - 1)  # the windows leave it room
+    assert report["llama_seconds"] <= report["seconds"]  # the model's calls counted once
+    bytes_level = subprocess.run([sys.executable, "-m", "localcos", "score", "--models", path, "--file", str(text), "--level", "byte",
+                                  "--negative-prompt", NEGATIVE, "--cfg-scale", "1.5"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert bytes_level.returncode == 2 and "at the token level" in bytes_level.stderr, bytes_level.stderr
 
 
 def test_drop_examples_keeps_the_task_and_drops_its_examples():
@@ -199,8 +258,9 @@ def test_eval_reads_each_task_without_its_examples_and_says_where_there_were_non
 
 
 def test_at_byte_steps_the_second_prompts_member_takes_each_byte_in_the_leads_call(models):
-    """At the mixed level with gate 1 (every step the byte level's, the gate open wherever the
-    lead's next byte is not certain), where the gate opened the member reading the second prompt
+    """At the mixed level with gate 1, sampled (every step the byte level's, the gate open wherever
+    the lead's next byte is not certain; greedy would spell each step with a whole token of the
+    lead), where the gate opened the member reading the second prompt
     takes the byte in the call that advances the lead: the model makes fewer calls than its two
     members take part in (each member counts every call it took part in)."""
     from localcos.config.specs import GenerationConfig, LoadSpec
@@ -211,7 +271,7 @@ def test_at_byte_steps_the_second_prompts_member_takes_each_byte_in_the_leads_ca
     spec = LoadSpec.make([models["base"]], level="mixed", second_prompt=True, byte_paths=4)
     with ByteModels.load(spec, Gated(WeightedEnsemble([0.5, 0.5]), 1.0, lead=0)) as loaded:
         prompts = loaded.prompts(PROMPT, NEGATIVE)
-        plan = loaded.plan(prompts, GenerationConfig(temperature=0.0, max_tokens=N, ignore_eos=True))
+        plan = loaded.plan(prompts, GenerationConfig(temperature=1.0, max_tokens=N, ignore_eos=True))
         before = loaded.loaded[0].stats.calls
         out = run_to_end(loaded.start(plan, completion_rng(0, 0)))
         model_calls = loaded.loaded[0].stats.calls - before

@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     if args.system is not None and not args.chat:
         raise ConfigError("--system needs --chat", param="system")
     settings = resolve(args, DEFAULTS)
+    if args.chat and settings.generation.phrasing != "raw":
+        raise ConfigError("--phrasing instruct phrases a text prompt as a chat of its own; give it without --chat", param="phrasing")
     check_second_prompt(prompt, settings.generation.negative_prompt)  # before any model loads
     config = settings.generation
     if config.seed is None:  # a seed the user can repeat: printed with the stats
@@ -109,7 +111,7 @@ def _generate_bytes(args: argparse.Namespace, settings, config, prompt: str, n: 
             messages = ([Message("system", settings.system)] if settings.system else []) + [Message("user", prompt)]
             prompts = OwnTemplates(models).tokens(messages)
         else:
-            prompts = models.prompts(prompt)
+            prompts = models.prompts(prompt, phrasing=config.phrasing)
         plan = models.plan(prompts, config)
         completions = []
         for k in range(n):

@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "plausibility=0.05,0.1 or gate=0.3,0.5,0.9; give it twice for the grid of two parameters"
     )
     add_options(p, ["models", "hardware", "combination", "level"], defaults=BYTE_DEFAULTS,
-                exclude={"synthetic", "synthetic_dtype", "byte_gamma", "negative_prompt", "cfg_scale"})  # one text, one context
+                exclude={"synthetic", "synthetic_dtype", "byte_gamma"})
     refused = p.add_argument_group("not for score")
     for flag in ("--json-schema", "--grammar", "--json-object"):
         refused.add_argument(flag, dest=f"refused_{flag[2:].replace('-', '_')}", nargs="?", const=True, default=None,
@@ -80,20 +80,23 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--level mixed is a way of decoding (whole tokens where the lead is sure); score reads the byte level's "
                           "probabilities of a given text: --level byte", param="level")  # fmt: skip
     if level.in_bytes:
+        if settings.load.second_prompt:
+            raise ConfigError("--negative-prompt: score reads a second prompt's member at the token level (models of one tokenizer, "
+                              "--level token); at the byte level it reads one text", param="negative_prompt")  # fmt: skip
         return _score_bytes(args, settings, text, items, grid, labels, sweep)
     with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, max_logit_rows=SCORING_LOGIT_ROWS) as ens:
         combiners = [s.combiner() for s in grid]
         names = ens.names
         rss_loaded = current_rss_mb()
-        llama0 = sum(m.stats.seconds for m in ens.models)
+        llama0 = sum(m.stats.seconds for m in ens.loaded)
         t0 = time.perf_counter()
         with _Progress("windows" if args.file else "items") as bar, RssSampler() as rss:
             if args.file:
-                result = perplexity_task.perplexity(ens, text, combiners, progress=bar.update)
+                result = perplexity_task.perplexity(ens, text, combiners, progress=bar.update, second_prompt=settings.generation.negative_prompt)
             else:
-                choices = choice_task.score_choices(ens, items, combiners, progress=bar.update)
+                choices = choice_task.score_choices(ens, items, combiners, progress=bar.update, second_prompt=settings.generation.negative_prompt)
         seconds = time.perf_counter() - t0
-        llama = sum(m.stats.seconds for m in ens.models) - llama0
+        llama = sum(m.stats.seconds for m in ens.loaded) - llama0
         bound = [ens.bind(c).description for c in combiners]
     if args.file:
         rows, speed = _perplexity_rows(args.file, result, bound, labels, names, seconds)

@@ -51,6 +51,7 @@ SPLIT_MODES = ("none", "layer", "row")
 FLASH_ATTN = ("auto", "on", "off")
 COMBINE_LEVELS = ("logits", "probs")
 LEVELS = ("auto", "token", "byte", "mixed")
+PHRASINGS = ("raw", "instruct")  # how a member reads a text prompt (localcos.phrasing)
 CONTRAST_PROMPTS = ("drop-examples", "instruct")  # eval's second prompts, made from each task's (eval.contrast)
 MAX_QUEUE = 64  # the server's default
 
@@ -240,6 +241,11 @@ _OPTIONS = [
             "a second prompt the lead model also reads, as a member of its own (its weights and its calls shared): the negative "
             "of guidance (--cfg-scale), what --combine cd contrasts the prompt with, or a second phrasing --combine we averages; "
             "with --chat, the user's message it stands for", metavar="TEXT"),
+    _option("phrasing", "--phrasing", "output", "generation", _choice(PHRASINGS),
+            "how the models read a text prompt: raw (as it is) or instruct (the prompt is code to complete: read as the "
+            "chat template's instruction \"Complete this Python function.\", the assistant's turn repeating the code and "
+            "going on from it, as a completion would; an instruction-tuned code model writes better code so)",
+            default="raw", choices=PHRASINGS),
     _option("ignore_eos", "--ignore-eos", "output", "generation", parse_bool, "never stop at (or sample) end-of-generation tokens",
             default=False, switch=True),
     _option("json_schema", "--json-schema", "output", "generation", parse_json_schema,

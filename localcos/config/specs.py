@@ -197,6 +197,7 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     negative_prompt: str | None = None  # what the member reading the second prompt reads (see LoadSpec.second_prompt)
+    phrasing: str = "raw"  # how the members read a text prompt (localcos.phrasing); a prompt of token ids is read as it is
     gamma: Gamma = "auto"  # planned from the measured call costs; a fixed length only where one is asked for
     proposer: int | str | None = None  # None: the model with the fewest parameters; "lookup": the context
     lookup: str = "auto"  # drafts looked up in the context: auto, on or off (cos, and proposer "lookup")

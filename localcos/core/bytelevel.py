@@ -446,6 +446,35 @@ class ByteView:
         k = int(vocab.position[np.flatnonzero(whole == best)].min())  # ties: the first in sorted order, as argmax over `token_probs`
         return k, best / (allowed + (0.0 if ignore_end else end)), math.log(best / total)
 
+    def greedy_spelling(self, first: int) -> int | None:
+        """At a boundary: the token a greedy descent of the one path's next-token distribution
+        spells from byte `first`, over the tokens that may follow a character boundary whole.
+        At each prefix, the token of exactly those bytes ends the descent if it is at least as
+        likely as the tokens going on with any one next byte together; else the descent goes on
+        with that byte (ties: the first in sorted order). So each byte is decided as greedy over
+        bytes decides it, by the mass of every token that begins with it, but within one token of
+        the lead. Its sorted position; None where no such token begins with `first`."""
+        path = self.boundary()
+        assert path is not None and path.row is not None, "at a boundary only, its row given"
+        vocab = self.vocab
+        lo, hi = int(vocab.root_bounds[first]), int(vocab.root_bounds[first + 1])
+        p = path.row.probs[lo:hi] * vocab.whole[lo:hi]
+        if not p.any():
+            return None
+        a, b, depth = 0, hi - lo, 1
+        while True:  # tokens a..b (of the range) share `depth` bytes; those of exactly `depth` sort first
+            exact = a + int(np.count_nonzero(vocab.lengths[lo + a : lo + b] == depth))
+            stop = float(p[a:exact].sum())
+            if exact < b:
+                starts = np.flatnonzero(np.diff(vocab.column(depth, lo + exact, lo + b))) + 1
+                bounds = np.concatenate(([0], starts, [b - exact])) + exact
+                mass = np.add.reduceat(p[exact:b], bounds[:-1] - exact)
+                g = int(mass.argmax())
+                if mass[g] > stop:
+                    a, b, depth = int(bounds[g]), int(bounds[g + 1]), depth + 1
+                    continue
+            return lo + a + int(p[a:exact].argmax())
+
     def take_token(self, k: int, log_p: float | None = None) -> Advance:
         """At a boundary: append the token at sorted position `k` whole. Its bytes join the text
         and it makes the one new path (its row needed); no other tokenisation of its bytes is

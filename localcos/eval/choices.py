@@ -69,9 +69,11 @@ def score_choices(
     combiners: Sequence[Combiner],
     *,
     progress: Callable[[int, int], None] | None = None,
+    second_prompt: str | None = None,
 ) -> ChoiceScores:
     """Log-likelihood of every choice after its context: the context evaluated once per item,
-    each choice after it (rolled back with seq_rm between them)."""
+    each choice after it (rolled back with seq_rm between them); a second prompt's member reads
+    `second_prompt` in place of each context."""
     n_models = len(ens.models)
     out = ChoiceScores([[] for _ in combiners], [[] for _ in range(n_models)], [], [it.answer for it in items])
     for number, item in enumerate(items):
@@ -79,7 +81,7 @@ def score_choices(
         sums_m: list[list[float]] = [[] for _ in range(n_models)]
         counts = []
         try:
-            scored = continuation_scores(ens, item.context, item.choices, combiners, what="choice")
+            scored = continuation_scores(ens, item.context, item.choices, combiners, what="choice", second_prompt=second_prompt)
         except ConfigError as e:
             raise ConfigError(f"item {number + 1}: {e}", param=e.param) from None
         for s in scored:

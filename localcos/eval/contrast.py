@@ -50,12 +50,6 @@ def drop_examples(prompt: str) -> str | None:
     return None if out == prompt else out
 
 
-def instruct_phrasing(prompt: str) -> str:
-    """The user's turn of the chat phrasing: the task as an instruction with its code (the
-    assistant's turn then repeats the code, so that both members continue the same text)."""
-    return f"Complete this Python function.\n```python\n{prompt}```"
-
-
 TRANSFORMS: dict[str, Callable[[str], str | None]] = {"drop-examples": drop_examples}
-CHAT_TRANSFORMS = ("instruct",)  # rendered by the lead model's chat template (`EvalModels`)
+CHAT_TRANSFORMS = ("instruct",)  # the task read as --phrasing instruct reads a prompt (localcos.phrasing), by the lead model
 assert set(TRANSFORMS) | set(CHAT_TRANSFORMS) == set(CONTRAST_PROMPTS)

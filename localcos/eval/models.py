@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..core.level import Level
 from .codeeval import Generated
-from .contrast import TRANSFORMS, instruct_phrasing
+from .contrast import TRANSFORMS
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -87,7 +87,7 @@ class EvalModels:
             from ..runtime.generation import completion_rng
 
             assert isinstance(models, ByteModels)
-            prompts = models.prompts(prompt) + ([second if isinstance(second, list) else models.models[-1].tokenize(second)] if second is not None else [])
+            prompts = models.prompts(prompt, phrasing=settings.generation.phrasing) + ([second if isinstance(second, list) else models.models[-1].tokenize(second)] if second is not None else [])
             plan = models.plan(prompts, settings.generation, combiner=combiner, level=config.level)
             b = run_to_end(models.start(plan, completion_rng(settings.generation.seed, 0)))
             return Generated(b.text, b.stats.chars, b.stats.seconds, b.stats.llama_seconds, note)
@@ -106,15 +106,10 @@ class EvalModels:
         where the task gives nothing to change."""
         if contrast in TRANSFORMS:
             return TRANSFORMS[contrast](prompt)
-        from ..chat import Message, render
+        from ..phrasing import phrased_tokens
 
         lead = self.plain.loaded[self._lead()]
-        if not lead.chat_template:
-            return None
-        bos = lead.token_text(lead.bos).decode("utf-8", errors="replace") if lead.bos >= 0 else ""
-        text = render(lead.chat_template, [Message("user", instruct_phrasing(prompt))], bos_token=bos, eos_token="",
-                      add_generation_prompt=True) + "```python\n" + prompt  # fmt: skip
-        return lead.tokenize(text, add_bos=None if not (bos and text.startswith(bos)) else False, special=True)
+        return phrased_tokens([lead], prompt, contrast) if lead.chat_template else None
 
     def close(self) -> None:
         for ens in self.alone.values():

@@ -90,20 +90,28 @@ def perplexity(
     *,
     n_ctx: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    second_prompt: str | None = None,
 ) -> PerplexityResult:
-    """Perplexity of `text` under each of `combiners` and each model, in llama-perplexity's windows."""
+    """Perplexity of `text` under each of `combiners` and each model, in llama-perplexity's
+    windows. Where the models have a second prompt's member, it reads `second_prompt` in place of
+    each window's document start (its BOS; before the window where the model adds none), and
+    the windows leave room for it (default: the context less the prompt's extra tokens)."""
     if not text.strip():
         raise ConfigError("the text is empty", param="text")
-    n_ctx = n_ctx or ens.n_ctx
-    if n_ctx > ens.n_ctx:
-        raise ConfigError(f"windows of {n_ctx} tokens do not fit the context of {ens.n_ctx}", param="ctx")
-    tokens = ens.tokenize(text)
     first = ens.models[0]
-    chunks = windows(tokens, n_ctx, first.bos if first.add_bos and first.bos >= 0 else None)
+    bos = first.bos if first.add_bos and first.bos >= 0 else None
+    second = None if second_prompt is None else (ens.tokenize(second_prompt), int(bos is not None))
+    room = ens.n_ctx - (len(second[0]) - second[1] if second else 0)
+    n_ctx = n_ctx or room
+    if n_ctx > room:
+        raise ConfigError(f"windows of {n_ctx} tokens do not fit the context of {ens.n_ctx}" + (" beside the second prompt" if second else ""),
+                          param="ctx")  # fmt: skip
+    tokens = ens.tokenize(text)
+    chunks = windows(tokens, n_ctx, bos)
     combined = [NLL() for _ in combiners]
     members = [NLL() for _ in ens.models]
     for w, chunk in enumerate(chunks):
-        s = score_tokens(ens, chunk, n_ctx // 2 + 1, combiners=combiners, members=True)
+        s = score_tokens(ens, chunk, n_ctx // 2 + 1, combiners=combiners, members=True, second=second)
         for nll, logprobs in zip(combined, s.combined):
             nll.add(logprobs)
         assert s.members is not None

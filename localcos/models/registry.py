@@ -45,7 +45,7 @@ BUILTIN = _builtin_models_toml()
 
 _MODEL_KEYS = {"repo", "file", "path", "packages", "member", "sha256", "description", "n_gpu_layers", "rpc"}
 # The generation settings a preset fills (each an option of the settings layer, by the same name).
-PRESET_SETTINGS = ("combine", "weights", "mu", "plausibility", "expert", "gate", "lead", "method", "gamma", "level")
+PRESET_SETTINGS = ("combine", "weights", "mu", "plausibility", "expert", "gate", "lead", "method", "gamma", "level", "phrasing")
 _ENSEMBLE_KEYS = {"description", "models", "chat_template", *PRESET_SETTINGS}
 
 
@@ -88,6 +88,7 @@ class EnsembleEntry:
     method: str | None = None
     gamma: int | tuple[int, ...] | str | None = None
     level: str | None = None  # token, byte or mixed (default: auto)
+    phrasing: str | None = None  # how the members read a text prompt: raw or instruct (localcos.phrasing)
     chat_template: str | None = None
     description: str = ""
     source: str = ""
@@ -387,7 +388,7 @@ class _Parser:
         for key in ("mu", "plausibility", "gate"):
             if key in body and not _is_number(body[key]):
                 raise self.fail("ensembles", name, key, "must be a number")
-        for key in ("combine", "method", "level", "chat_template", "description"):
+        for key in ("combine", "method", "level", "phrasing", "chat_template", "description"):
             if key in body and not isinstance(body[key], str):
                 raise self.fail("ensembles", name, key, "must be a string")
         for key in ("expert", "lead"):
@@ -415,6 +416,7 @@ class _Parser:
             method=body.get("method"),
             gamma=gamma,
             level=body.get("level"),
+            phrasing=body.get("phrasing"),
             chat_template=body.get("chat_template"),
             description=body.get("description", ""),
             source=str(self.path),

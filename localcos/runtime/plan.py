@@ -19,6 +19,7 @@ from ..core.lookup import LookupSettings
 from ..core.sampling import Sampler
 from ..errors import ConfigError, PromptTooLongError
 from ..grammar import Constraint
+from .loaded import second_prompt_lead
 
 if TYPE_CHECKING:
     from .loaded import LoadedModels
@@ -57,10 +58,16 @@ def check_token_ids(loaded: LoadedModels, tokens: Sequence[int], param: str = "p
         raise ConfigError(f"token id {bad} is outside the shared vocabulary of {loaded.n_vocab}", param=param)
 
 
-def prompt_tokens(loaded: LoadedModels, prompt: str | Sequence[int], param: str = "prompt") -> list[int]:
-    """The tokens of a prompt (text, or token ids), checked: not empty, ids of the vocabulary,
-    and shorter than the context (so at least one token can follow)."""
-    tokens = loaded.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+def prompt_tokens(loaded: LoadedModels, prompt: str | Sequence[int], param: str = "prompt", phrasing: str = "raw") -> list[int]:
+    """The tokens of a prompt (text, read as `phrasing` says, or token ids, read as they are),
+    checked: not empty, ids of the vocabulary, and shorter than the context (so at least one
+    token can follow)."""
+    if isinstance(prompt, str):
+        from ..phrasing import phrased_tokens
+
+        tokens = phrased_tokens(loaded.loaded, prompt, phrasing, lead=second_prompt_lead([m.n_params for m in loaded.loaded])) if prompt else []
+    else:
+        tokens = [int(t) for t in prompt]
     if not tokens:
         raise ConfigError("the prompt is empty", param=param)
     check_token_ids(loaded, tokens, param)
@@ -90,7 +97,7 @@ def plan(
     config = config.for_models(len(n_params))
     check_for_models(config, len(loaded.loaded), json=True, second_prompt=has_second)
     bound = loaded.combiner if combiner is None else loaded.bind(combiner)
-    tokens = prompt_tokens(loaded, prompt, param)
+    tokens = prompt_tokens(loaded, prompt, param, config.phrasing)
     second = None
     if has_second:
         wanted = required_second_prompt(config.negative_prompt if second_prompt is None else second_prompt)

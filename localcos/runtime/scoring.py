@@ -108,6 +108,7 @@ def score_tokens(
     cancelled: Callable[[], bool] | None = None,
     slot: int = 0,
     reuse: ScoreCache | None = None,
+    second: tuple[Sequence[int], int] | None = None,
 ) -> Scores:
     """Scores of tokens[start:], each given the tokens before it (start >= 1).
 
@@ -118,33 +119,63 @@ def score_tokens(
     The models evaluate in their slot `slot` (a server scores in a slot of its own). With `reuse`
     (one combiner, no members), the scores of a prefix scored before are taken from it and only
     the rest is evaluated; what is scored is added to it.
+
+    Where the models have a second prompt's member (`LoadedModels.second_member`), `second` =
+    (its prompt, k): it reads its prompt in place of tokens[:k] (k <= start: a text's document
+    start, or a context), so each scored token is given its prompt and the tokens after k before
+    it. Its rows go in the lead's calls (one model, one call), each call's tokens split between
+    the two.
     """
     if reuse is not None:
         return _score_reusing(loaded, tokens, start, combiners, top, progress, cancelled, slot, reuse)
-    tokens = _checked(loaded, tokens, start)
+    tokens = _checked(loaded, tokens, start, second)
     n = len(tokens)
     bound = [loaded.bind(c) for c in combiners] if combiners is not None else [loaded.combiner]
     n_models = len(loaded.models)
     needed = [members or any(c.used[i] for c in bound) for i in range(n_models)]
-    slots = [m.slots[slot] for m in loaded.models]
-    used = [s for s, need in zip(slots, needed) if need]
+    slots = [member[slot] for member in loaded.member_slots]
+    # each member's sequence, and where it stands against `tokens` (its position of token p: p + shift)
+    sequences, shifts = [tokens] * n_models, [0] * n_models
+    if second is not None and loaded.second_member is not None:
+        prompt, k = second
+        sequences[loaded.second_member], shifts[loaded.second_member] = [*prompt, *tokens[k:]], len(prompt) - k
+    used = [i for i in range(n_models) if needed[i]]
 
-    # every needed model resumes from what it shares with tokens[:start - 1]: the row at position
-    # start - 1 (which predicts tokens[start]) must come from this evaluation
-    keep = min(min(common_prefix(s.tokens, tokens), start - 1) for s in used)
-    for s in used:
-        s.truncate(keep)
+    # every needed member resumes from what it shares with its sequence up to the row at position
+    # start - 1 (which predicts tokens[start]: it must come from this evaluation); a member reading
+    # a second prompt first takes its prompt, and what it holds of it is kept
+    keep = min((min(common_prefix(slots[i].tokens, tokens), start - 1) for i in used if not shifts[i]), default=start - 1)
+    for i in used:
+        upto = keep + shifts[i] if not shifts[i] else start - 1 + shifts[i]
+        slots[i].truncate(min(common_prefix(slots[i].tokens, sequences[i]), upto))
+        if len(slots[i].tokens) < upto:
+            slots[i].evaluate(sequences[i][len(slots[i].tokens) : upto], 0)
     evaluated = [len(s.tokens) for s in slots]
+    # the members of one model share its calls: each call's tokens and rows split between them
+    per_model: dict[int, list[int]] = {}
+    for i in used:
+        per_model.setdefault(id(loaded.models[i]), []).append(i)
+    share = max(len(group) for group in per_model.values())
 
     combined: list[list[np.ndarray]] = [[] for _ in bound]
     greedy: list[list[np.ndarray]] = [[] for _ in bound]
     member_parts: list[np.ndarray] = []
     top_rows: list[list[tuple[int, float]]] = []
     scratch = Scratch()
-    for lo, hi, first, end in _calls(n, start, keep, min(s.model.n_batch for s in used), min(s.model.max_logit_rows for s in used)):
+    n_batch = min(loaded.models[i].n_batch for i in used) // share
+    max_rows = min(loaded.models[i].max_logit_rows for i in used) // share
+    for lo, hi, first, end in _calls(n, start, keep, n_batch, max_rows):
         if cancelled is not None and cancelled():
             raise Cancelled(f"scoring cancelled after {lo} of {n} tokens")
-        views = [s.evaluate_view(tokens[lo:hi], first, end) if need else None for s, need in zip(slots, needed)]
+        views: list[np.ndarray | None] = [None] * n_models
+        for group in per_model.values():
+            # a second prompt's member holds its sequence up to the row at position start - 1: it
+            # takes the call's tokens from there
+            taking = [i for i in group if not shifts[i] or hi > start - 1]
+            skips = [max(start - 1 - lo, 0) if shifts[i] else 0 for i in taking]
+            parts = [(slots[i], sequences[i][lo + skip + shifts[i] : hi + shifts[i]], first - skip, end - skip) for i, skip in zip(taking, skips)]
+            for i, rows in zip(taking, loaded.models[group[0]].decode(parts) if parts else []):
+                views[i] = rows
         for s in range(0, end - first, SLICE_ROWS):
             e = min(end - first, s + SLICE_ROWS)
             targets = np.asarray(tokens[lo + first + s + 1 : lo + first + e + 1])
@@ -168,12 +199,11 @@ def score_tokens(
     )
 
 
-def _checked(loaded: "LoadedModels", tokens: Sequence[int], start: int) -> list[int]:
+def _checked(loaded: "LoadedModels", tokens: Sequence[int], start: int, second: tuple[Sequence[int], int] | None) -> list[int]:
     """The tokens to score, as ints, once they are known to fit: something to score from `start`
-    (>= 1), within the context, every id in the vocabulary; models loaded without a second
-    prompt's member (a scored text has one context)."""
-    if loaded.second_member is not None:
-        raise ConfigError("score reads one text in one context: load the models without --negative-prompt to score", param="negative_prompt")
+    (>= 1), within the context, every id in the vocabulary; a second prompt for the second
+    prompt's member where the models have one (and only there), read in place of tokens[:k],
+    k <= start, its sequence within the context too."""
     tokens = [int(t) for t in tokens]
     n = len(tokens)
     if not 1 <= start <= n:
@@ -181,6 +211,17 @@ def _checked(loaded: "LoadedModels", tokens: Sequence[int], start: int) -> list[
     if n > loaded.n_ctx:
         raise PromptTooLongError(f"{n} tokens do not fit the context of {loaded.n_ctx}; raise --ctx or score a shorter text")
     check_token_ids(loaded, tokens)
+    if (second is None) != (loaded.second_member is None):
+        raise ConfigError("negative_prompt: these models were loaded with a member for a second prompt; give it one" if second is None else
+                          "a second prompt needs models loaded with a member for it (--negative-prompt)", param="negative_prompt")  # fmt: skip
+    if second is not None:
+        prompt, k = second
+        if not prompt or not 0 <= k <= start:
+            raise ConfigError(f"a second prompt of {len(prompt)} tokens in place of the first {k} of {n}, scoring from {start}", param="negative_prompt")
+        check_token_ids(loaded, prompt, "negative_prompt")
+        if len(prompt) + n - k > loaded.n_ctx:
+            raise PromptTooLongError(f"the second prompt and the text ({len(prompt) + n - k} tokens) do not fit the context of {loaded.n_ctx}",
+                                     param="negative_prompt")  # fmt: skip
     return tokens
 
 
@@ -263,14 +304,17 @@ def continuation_scores(
     continuations: Sequence[str | Sequence[int]],
     combiners: Sequence[Combiner | BoundCombiner] | None = None,
     what: str = "continuation",
+    second_prompt: str | Sequence[int] | None = None,
 ) -> list[Scores]:
     """Scores of each continuation's tokens after `context` (each model's cache keeps the context,
     so it is evaluated once and each continuation after it). Text continues text as the whole
     tokenises: a continuation is what tokenize(context + continuation) adds after
-    tokenize(context), or, where the two disagree at the seam, its own tokens."""
+    tokenize(context), or, where the two disagree at the seam, its own tokens. A second prompt's
+    member reads `second_prompt` in place of the context (as it reads it in place of a prompt)."""
     ctx = loaded.tokenize(context) if isinstance(context, str) else [int(t) for t in context]
     if not ctx:
         raise ConfigError("the context is empty", param="context")
+    second_tokens = loaded.tokenize(second_prompt) if isinstance(second_prompt, str) else second_prompt
     out = []
     for i, cont in enumerate(continuations):
         if isinstance(cont, str):
@@ -281,16 +325,19 @@ def continuation_scores(
             toks = [int(t) for t in cont]
         if not toks:
             raise ConfigError(f"{what} {i} ({cont!r}) tokenises to nothing", param=param_of(what))
-        out.append(score_tokens(loaded, ctx + toks, len(ctx), combiners=combiners, members=True))
+        out.append(score_tokens(loaded, ctx + toks, len(ctx), combiners=combiners, members=True,
+                                second=None if second_tokens is None else (second_tokens, len(ctx))))
     return out
 
 
 def loglikelihood(
-    loaded: "LoadedModels", context: str | Sequence[int], continuations: Sequence[str | Sequence[int]], *, combiner: Combiner | BoundCombiner | None = None
+    loaded: "LoadedModels", context: str | Sequence[int], continuations: Sequence[str | Sequence[int]], *, combiner: Combiner | BoundCombiner | None = None,
+    second_prompt: str | Sequence[int] | None = None,
 ) -> list[Loglikelihood]:
-    """The log-likelihood of each continuation given the context (the context is evaluated once)."""
+    """The log-likelihood of each continuation given the context (the context is evaluated once;
+    a second prompt's member reads `second_prompt` in its place)."""
     out = []
-    for s in continuation_scores(loaded, context, continuations, None if combiner is None else [combiner]):
+    for s in continuation_scores(loaded, context, continuations, None if combiner is None else [combiner], second_prompt=second_prompt):
         assert s.members is not None
         out.append(
             Loglikelihood(len(s.tokens), float(s.logprobs.sum()), bool(s.greedy[0].all()), tuple(float(x) for x in s.members.sum(axis=1)))

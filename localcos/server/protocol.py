@@ -169,6 +169,11 @@ def plan_completion(served: ServedEnsemble, request: CompletionRequest) -> Reque
     if served.byte_level:
         return _byte_completion(served, request, settings, max_tokens)
     # with echo, nothing is added to what was sent: its tokens are the ones scored
+    if request.echo and served.ensemble.second_member is not None:
+        raise APIError(400, "echo scores the prompt as one text: not on a server whose model also reads a second prompt (serve --negative-prompt)",
+                       param="echo")  # fmt: skip
+    if request.echo and settings.generation.phrasing != "raw":
+        raise APIError(400, "echo returns the prompt as sent: not with phrasing instruct (a request's, or serve --phrasing)", param="echo")
     plans = _plans(served, settings, request.prompt, "prompt", **({"add_bos": False} if request.echo else {}))
     texts = [p if isinstance(p, str) else served.ensemble.detokenize(p) for p in request.prompt]
     return Request(
@@ -276,7 +281,11 @@ def _byte_completion(served: ServedEnsemble, request: CompletionRequest, setting
     _refuse_at_byte_level([(any(not isinstance(p, str) for p in request.prompt), "prompt: token ids (send text)"), (request.echo, "echo"),
                            (request.logprobs is not None, "logprobs"), (request.return_token_ids, "return_token_ids")])  # fmt: skip
     texts = [p for p in request.prompt if isinstance(p, str)]
-    plans = _byte_plans(served, settings, [served.ensemble.prompts(t) for t in texts], "prompt")
+    try:
+        prompts = [served.ensemble.prompts(t, phrasing=settings.generation.phrasing) for t in texts]
+    except LocalcosError as e:
+        raise from_localcos(e, "prompt") from None
+    plans = _byte_plans(served, settings, prompts, "prompt")
     return Request("completion", plans, texts, request.n, request.stream, max_tokens, include_usage=request.include_usage)
 
 
@@ -331,7 +340,7 @@ def collect_choices(served: ServedEnsemble, request: Request, job: Job, slot: in
             choice = Choice(index, p, completion, calls=tool_calls(served, request, completion))
             if (request.logprobs is not None or request.echo) and not job.cancelled:
                 try:
-                    choice.logprobs = _logprobs(served, request, tokens, completion, lambda: job.cancelled, slot)
+                    choice.logprobs = _logprobs(served, request, tokens, completion, lambda: job.cancelled, slot, request.plans[p].second_prompt)
                 except Cancelled:
                     return choices
             choices.append(choice)
@@ -349,9 +358,11 @@ def _piece(ens: LoadedModels, token: int) -> str:
     return ens.models[0].piece(token, special=True).decode("utf-8", errors="replace")
 
 
-def _logprobs(served: ServedEnsemble, request: Request, prompt: list[int], completion: Completion | None, cancelled: Callable[[], bool], slot: int) -> dict:
+def _logprobs(served: ServedEnsemble, request: Request, prompt: list[int], completion: Completion | None, cancelled: Callable[[], bool], slot: int,
+              second: Sequence[int] | None = None) -> dict:  # fmt: skip
     """Log-probabilities under r at temperature 1: of the prompt's tokens too with echo (the
-    first one has none), and of the generated ones; `top` alternatives per position. Raises
+    first one has none), and of the generated ones; `top` alternatives per position (a second
+    prompt's member reading `second` in place of the prompt, as it did generating). Raises
     `Cancelled` when `cancelled()` turns true between two llama.cpp calls."""
     ens = served.ensemble
     generated = _generated(completion)
@@ -359,7 +370,8 @@ def _logprobs(served: ServedEnsemble, request: Request, prompt: list[int], compl
     start = 1 if request.echo else len(prompt)
     top = request.logprobs or 0
     if len(tokens) > start:
-        scores = score_tokens(ens, tokens, start, combiners=[request.combiner], members=False, top=max(top, 1), cancelled=cancelled, slot=slot, reuse=served.scores)
+        scores = score_tokens(ens, tokens, start, combiners=[request.combiner], members=False, top=max(top, 1), cancelled=cancelled, slot=slot,
+                              reuse=served.scores if second is None else None, second=None if second is None else (second, len(prompt)))  # fmt: skip
         values = [float(x) for x in scores.logprobs]
         tops = scores.top or []
     else:

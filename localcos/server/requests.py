@@ -30,7 +30,7 @@ MAX_TOP_LOGPROBS = 20
 SETTINGS_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "seed", "stop", "method", "gamma", "byte_gamma", "combine", "weights", "mu",
     "plausibility", "expert", "gate", "lead", "proposer", "ignore_eos", "lookup", "lookup_ngram", "lookup_tokens", "negative_prompt",
-    "cfg_scale",
+    "cfg_scale", "phrasing",
 )  # fmt: skip
 
 
@@ -219,6 +219,7 @@ class CompletionRequest(GenerationRequest):
     logprobs: Annotated[int | None, _integer(0, MAX_TOP_LOGPROBS)] = None
     best_of: Annotated[int | None, _neutral(1)] = None
     suffix: Annotated[str | None, _neutral("")] = None
+    phrasing: Annotated[str | None, _option("phrasing")] = None  # how a text prompt is read (a chat's prompt is its own)
 
     @model_validator(mode="after")
     def _check(self) -> "CompletionRequest":

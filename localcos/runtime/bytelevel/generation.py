@@ -97,7 +97,9 @@ class ByteGeneration:
             one tokenisation ending with the text on a character boundary and the gate is shut
             for its likeliest whole token, the next unit is a whole token of the lead's own
             distribution (one row; the others skip its bytes); elsewhere the byte level's step
-            (docs/algorithm.md, section 12).
+            (docs/algorithm.md, section 12). Greedy, where the gate opens at such a boundary,
+            r chooses the first byte and the lead spells it with one whole token, descending its
+            distribution greedily from that byte (`_lead_spells`).
 
     Lazy members: at the ensemble's step a model r does not ask for (one it does not use; with a
     gate, any but the lead where the gate stays shut) is not evaluated; it takes the bytes it
@@ -277,12 +279,43 @@ class ByteGeneration:
         symbol = self.sampler.draw(r, self.rng)
         self._consume(symbol)
         if symbol != END:
+            spelled = self._lead_spells(symbol, utf8) if not observe else None
+            if spelled is not None:
+                # the token gate opened here (one model's byte steps have no gate of their own)
+                return _Round(list(spelled), gates=[True if opened is None else opened] + [None] * (len(spelled) - 1), whole=True)
             if observe:
                 for i, member in enumerate(self.members):
                     self._advance(i, member, symbol)
             else:
                 self._advance_byte_step(symbol, [dist is not None for dist in dists])
         return _Round([symbol], gates=[opened])
+
+    def _lead_spells(self, first: int, utf8: Utf8State) -> bytes | None:
+        """The mixed level's greedy step where the gate opened at the lead's token boundary: r
+        chose the byte `first`; the lead spells it with the token its greedy descent from that
+        byte reaches (`ByteView.greedy_spelling`: each further byte by the mass of the tokens
+        that begin with it, within one token) and the others skip its bytes, so the text comes
+        back to a boundary of the lead's own tokens after every step. Greedy over bytes across
+        tokens can run away: inside a run of whitespace that the lead's tokens spell in many
+        lengths, another space stays the likeliest byte at every step. The token's bytes, or None
+        where the rule does not apply (sampling, a constraint, within a character, no such
+        token): the byte goes in alone."""
+        if self.token_gate is None or not self.sampler.greedy or self.constraint is not None or utf8.need:
+            return None
+        lead = self.token_gate.lead
+        assert lead is not None
+        view = self.members[lead].view
+        if view.boundary() is None:
+            return None
+        k = view.greedy_spelling(first)
+        if k is None:
+            return None
+        piece = view.vocab.pieces[k]
+        self.members[lead].take_token(k)
+        for i in range(len(self.members)):
+            if i != lead:
+                self.behind[i] += piece
+        return piece
 
     def _advance_byte_step(self, symbol: int, read: Sequence[bool]) -> None:
         """After an ensemble step: every member r always asks for takes `symbol`; a lazy one

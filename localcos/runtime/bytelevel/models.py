@@ -139,11 +139,14 @@ class ByteModels:
         end-of-text token (what its training put between documents)."""
         return [[m.bos if m.bos >= 0 else m.eos] for m in self.models]
 
-    def prompts(self, text: str, second: str | None = None) -> list[list[int]]:
-        """The prompt text in each model's own tokens (each adds BOS as its metadata says), and
-        `second` in the lead's for a member reading a second prompt (left out where None: `plan`
-        then reads the request's negative_prompt)."""
-        out = [m.tokenize(text) for m in self.loaded]
+    def prompts(self, text: str, second: str | None = None, phrasing: str = "raw") -> list[list[int]]:
+        """The prompt text in each model's own tokens as `phrasing` says (raw: each adds BOS as
+        its metadata says; instruct: each model's own chat template), and `second` in the lead's
+        for a member reading a second prompt (left out where None: `plan` then reads the
+        request's negative_prompt)."""
+        from ...phrasing import phrased_tokens
+
+        out = [phrased_tokens([m], text, phrasing) for m in self.loaded]
         if self.second_member is not None and second is not None:
             out.append(self.models[self.second_member].tokenize(second))
         return out
