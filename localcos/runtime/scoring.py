@@ -20,6 +20,7 @@ import numpy as np
 from ..backend import common_prefix
 from ..core.combiners import BoundCombiner, Combiner
 from ..core.logprobs import Scratch, score_rows
+from ..config.specs import required_second_prompt
 from .plan import check_token_ids
 from ..errors import Cancelled, ConfigError, PromptTooLongError, param_of
 
@@ -146,7 +147,7 @@ def score_tokens(
     # a second prompt first takes its prompt, and what it holds of it is kept
     keep = min((min(common_prefix(slots[i].tokens, tokens), start - 1) for i in used if not shifts[i]), default=start - 1)
     for i in used:
-        upto = keep + shifts[i] if not shifts[i] else start - 1 + shifts[i]
+        upto = keep if not shifts[i] else start - 1 + shifts[i]
         slots[i].truncate(min(common_prefix(slots[i].tokens, sequences[i]), upto))
         if len(slots[i].tokens) < upto:
             slots[i].evaluate(sequences[i][len(slots[i].tokens) : upto], 0)
@@ -211,9 +212,10 @@ def _checked(loaded: "LoadedModels", tokens: Sequence[int], start: int, second: 
     if n > loaded.n_ctx:
         raise PromptTooLongError(f"{n} tokens do not fit the context of {loaded.n_ctx}; raise --ctx or score a shorter text")
     check_token_ids(loaded, tokens)
-    if (second is None) != (loaded.second_member is None):
-        raise ConfigError("negative_prompt: these models were loaded with a member for a second prompt; give it one" if second is None else
-                          "a second prompt needs models loaded with a member for it (--negative-prompt)", param="negative_prompt")  # fmt: skip
+    if loaded.second_member is not None:
+        required_second_prompt(None if second is None else second[0])
+    elif second is not None:
+        raise ConfigError("a second prompt needs models loaded with a member for it (--negative-prompt)", param="negative_prompt")
     if second is not None:
         prompt, k = second
         if not prompt or not 0 <= k <= start:
