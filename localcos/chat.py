@@ -61,14 +61,23 @@ def render(
         raise ConfigError(f"{whose} refused the conversation: {e}", param="messages") from None
 
 
+def special_text(model, token: int) -> str:
+    """A special token's text as a template writes it (`bos_token`, `eos_token`); "" for none."""
+    return model.token_text(token).decode("utf-8", errors="replace") if token >= 0 else ""
+
+
+def add_bos_after(text: str, bos: str) -> bool | None:
+    """How a rendered prompt is tokenized: BOS as the model's metadata says (None), unless the
+    template already wrote it (False)."""
+    return False if bos and text.startswith(bos) else None
+
+
 def own_prompt(model, messages: Sequence[Message]) -> list[int]:
     """The conversation in `model`'s own chat template and special tokens (which it carries:
     `OwnTemplates` checks)."""
-    bos = model.token_text(model.bos).decode("utf-8", errors="replace") if model.bos >= 0 else ""
-    eos = model.token_text(model.eos).decode("utf-8", errors="replace") if model.eos >= 0 else ""
-    text = render(model.chat_template, messages, bos_token=bos, eos_token=eos, owner=model.name)
-    add_bos = None if not (bos and text.startswith(bos)) else False
-    return model.tokenize(text, add_bos=add_bos, special=True)
+    bos = special_text(model, model.bos)
+    text = render(model.chat_template, messages, bos_token=bos, eos_token=special_text(model, model.eos), owner=model.name)
+    return model.tokenize(text, add_bos=add_bos_after(text, bos), special=True)
 
 
 class ChatFormatter:
@@ -98,8 +107,8 @@ class ChatFormatter:
         self.note: str | None = None
         if others or missing:
             self.note = f"the models carry different chat templates; formatting with the one of {self.model.name}"
-        self.bos = self.model.token_text(self.model.bos).decode("utf-8", errors="replace") if self.model.bos >= 0 else ""
-        self.eos = self.model.token_text(self.model.eos).decode("utf-8", errors="replace") if self.model.eos >= 0 else ""
+        self.bos = special_text(self.model, self.model.bos)
+        self.eos = special_text(self.model, self.model.eos)
 
     def text(self, messages: Sequence[Message], add_generation_prompt: bool = True, tools: Sequence[dict[str, Any]] | None = None) -> str:
         return render(self.template, messages, bos_token=self.bos, eos_token=self.eos, add_generation_prompt=add_generation_prompt, tools=tools)
@@ -116,8 +125,7 @@ class ChatFormatter:
         is added as each model's metadata says unless the template already wrote it.
         """
         text = self.text(messages, tools=tools)
-        add_bos = None if not (self.bos and text.startswith(self.bos)) else False
-        return tokenize_alike(self.ensemble.models, text, what="the chat prompt", add_bos=add_bos, special=True)
+        return tokenize_alike(self.ensemble.models, text, what="the chat prompt", add_bos=add_bos_after(text, self.bos), special=True)
 
 
 class OwnTemplates:

@@ -41,6 +41,8 @@ def phrased_tokens(models: Sequence, code: str, phrasing: str, lead: int = 0) ->
     if not model.chat_template:
         raise ConfigError(f"--phrasing instruct: {model.name} has no chat template in its GGUF metadata to phrase the prompt with",
                           param="phrasing")  # fmt: skip
-    bos = model.token_text(model.bos).decode("utf-8", errors="replace") if model.bos >= 0 else ""
+    from .chat import add_bos_after, special_text
+
+    bos = special_text(model, model.bos)
     text = instruct_text(model.chat_template, code, bos)
-    return tokenize_alike(models, text, what="the phrased prompt", add_bos=None if not (bos and text.startswith(bos)) else False, special=True)
+    return tokenize_alike(models, text, what="the phrased prompt", add_bos=add_bos_after(text, bos), special=True)
