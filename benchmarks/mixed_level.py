@@ -69,7 +69,8 @@ def main() -> None:
     settings = dict(temperature=0, max_tokens=args.max_tokens, stop=list(STOPS), method="ensemble")
     token, mixed = Parts(), Parts()
     shared = differ = 0
-    with Ensemble.load([path]) as alone, ByteEnsemble.load([path], Gated(WeightedEnsemble(), args.gate), level="mixed") as ens:
+    with ByteEnsemble.load([path], Gated(WeightedEnsemble(), args.gate), level="mixed") as ens:
+        alone = Ensemble.beside(ens, 0)  # the same weights and context: the calls cost the same
         for n, task in enumerate(tasks):
             t0, s0 = steps.calls, steps.seconds  # the token level takes no byte-level steps
             if n % 2:  # each level first on every second problem: what a warm cache gives goes to both

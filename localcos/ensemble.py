@@ -94,11 +94,13 @@ class Ensemble(LoadedModels):
         return cls.from_spec(spec, combiner, progress=progress, max_logit_rows=max_logit_rows)
 
     @classmethod
-    def member(cls, spec: LoadSpec, i: int, *, progress: Callable[[int, int, str], None] | None = None) -> "Ensemble":
-        """Model i of `spec` alone, with its own settings, decoding on its own tokens: how a
-        model of a byte-level run decodes by itself (eval's "alone" configurations, the bench's
-        model alone beside the byte level)."""
-        return cls.from_spec(spec.member(i), progress=progress)
+    def beside(cls, models: "ByteModels", i: int) -> "Ensemble":
+        """Model i of byte-level `models` by itself, decoding on its own tokens (the token level)
+        on the weights and the context loaded there: no second copy in memory, and its calls cost
+        what the byte level's calls cost (a second copy of the same file can run a few percent
+        faster or slower). How a model of a byte-level run decodes alone beside it (eval's "alone"
+        configurations, the bench's alone-I). `models` owns it: close that, not this."""
+        return cls([models.loaded[i]], profiles=[models.costs.profiles[i]])
 
     # --- scoring -----------------------------------------------------------------------------------
     def score(self, text: str | Sequence[int], *, combiner: Combiner | None = None, members: bool = True,

@@ -258,13 +258,9 @@ def _bench_bytes(args: argparse.Namespace, settings, level: Level) -> int:
         n_models = len(models.models)
         members = _members(args.alone, n_models)
         alone_ids = [bench.largest([m.n_params for m in models.models])] if members == "largest" else list(members)
-        alone = {i: Ensemble.member(settings.load, i) for i in alone_ids}
-        try:
-            configs = bytebench.byte_configurations(methods, gammas, alone_ids)
-            runs = bytebench.run_byte_benchmark(models, alone, prompts, configs, temperatures, max_tokens=max_tokens, seed=seed)
-        finally:
-            for ens in alone.values():
-                ens.close()
+        alone = {i: Ensemble.beside(models, i) for i in alone_ids}
+        configs = bytebench.byte_configurations(methods, gammas, alone_ids)
+        runs = bytebench.run_byte_benchmark(models, alone, prompts, configs, temperatures, max_tokens=max_tokens, seed=seed)
         names = [Path(p).name for p in settings.load.paths]
         rows = bytebench.summarize_bytes(runs)
         print(f"localcos bench ({level.value} level): {', '.join(names)} | combine {models.combiner.description} | {len(prompts)} prompts | "

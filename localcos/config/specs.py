@@ -125,12 +125,6 @@ class LoadSpec:
             **options,
         )
 
-    def member(self, i: int) -> "LoadSpec":
-        """Model i alone with its own settings, at the token level (its own tokens): how a
-        byte-level run's member decodes by itself."""
-        return replace(self, paths=self.paths[i : i + 1], labels=self.labels[i : i + 1], n_gpu_layers=self.n_gpu_layers[i : i + 1],
-                       rpc=self.rpc[i : i + 1], level="token")  # fmt: skip
-
 
 def default_parallel(n_ctx: int, wanted: int = 8) -> int:
     """Sequences to decode at once when the user did not say: up to `wanted` (at most 8), as

@@ -101,19 +101,17 @@ class ByteVocab:
         return out
 
     @cached_property
-    def byte_penalty(self) -> np.ndarray:
-        """0 for the byte tokens' ids, -inf for the others (float32, added to a logits row)."""
+    def whole_penalty(self) -> np.ndarray:
+        """0 for the ids of the tokens that may follow a character boundary whole (`whole`), -inf
+        for the others (float32, added to a logits row)."""
         out = np.full(self.n_vocab, -np.inf, dtype=np.float32)
-        out[self.order] = 0.0
+        out[self.order[self.whole]] = 0.0
         return out
 
     @cached_property
-    def whole_mask(self) -> np.ndarray:
-        """1 for the ids of the tokens that may follow a character boundary whole (`whole`), 0
-        for the others (float32)."""
-        out = np.zeros(self.n_vocab, dtype=np.float32)
-        out[self.order[self.whole]] = 1.0
-        return out
+    def partial(self) -> np.ndarray:
+        """The ids of the byte tokens that may not follow a character boundary whole."""
+        return self.order[~self.whole].astype(np.int64)
 
     @cached_property
     def whole(self) -> np.ndarray:
@@ -422,28 +420,28 @@ class ByteView:
         assert path is not None and path.row is not None, "at a boundary only, its row given"
         vocab, logits = self.vocab, path.row.logits
         if self._scratch is None:  # reused: two vocabulary-sized buffers per view, not per token
-            self._scratch = (np.empty(vocab.n_vocab, dtype=np.float32), np.empty(vocab.n_vocab, dtype=np.float32))
-        e, whole = self._scratch
-        np.add(logits, vocab.byte_penalty, out=e)  # -inf outside the byte tokens
-        top = float(e.max())
+            self._scratch = (np.empty(vocab.n_vocab, dtype=np.float32), np.empty(vocab.n_vocab, dtype=bool))
+        e, tied = self._scratch
+        np.add(logits, vocab.whole_penalty, out=e)  # -inf but for the tokens that may follow whole
+        likeliest = int(e.argmax())
+        partial = logits[vocab.partial]  # the other byte tokens (few)
         ends = logits[vocab.end_tokens]
-        if not ignore_end:
-            top = max(top, float(ends.max()))
+        top = max(float(e[likeliest]), float(partial.max(initial=-np.inf)), -math.inf if ignore_end else float(ends.max()))
         if top == -math.inf:
             return None
         np.subtract(e, np.float32(top), out=e)
         np.exp(e, out=e)
-        every = float(e.sum())  # numpy sums float32 pairwise: to about 1e-7, as the float64 path's
-        np.multiply(e, vocab.whole_mask, out=whole)
-        best = float(whole.max())
-        allowed = float(whole.sum())
+        allowed = float(e.sum())  # numpy sums float32 pairwise: to about 1e-7, as the float64 path's
+        every = allowed + float(np.exp(np.subtract(partial, top, dtype=np.float64)).sum())  # the byte tokens'
+        best = float(e[likeliest])
         end = float(np.exp(np.subtract(ends, top, dtype=np.float64)).sum())
         total = every + end
         if not ignore_end and end > best:  # the end, where its tokens together are likelier than any whole token
             return vocab.size, end / (allowed + end), math.log(end / total)
         if best <= 0:
             return None
-        k = int(vocab.position[np.flatnonzero(whole == best)].min())  # ties: the first in sorted order, as argmax over `token_probs`
+        np.equal(e, np.float32(best), out=tied)
+        k = int(vocab.position[np.flatnonzero(tied)].min())  # ties: the first in sorted order, as argmax over `token_probs`
         return k, best / (allowed + (0.0 if ignore_end else end)), math.log(best / total)
 
     def greedy_spelling(self, first: int) -> int | None:

@@ -22,7 +22,7 @@ NOTHING_TO_CHANGE = "{}: nothing to change in this task; decoded by the lead mod
 class EvalModels:
     """The run's models, loaded once for every configuration: at the token level an `Ensemble`,
     at the byte and mixed levels `ByteModels`; a model that also decodes alone on its own tokens
-    there (`load_alone`) is loaded a second time, by itself (`Ensemble.member`).
+    there (`load_alone`) does so on the same loaded model (`Ensemble.beside`).
 
     With `second_prompt` (a configuration reads a second prompt made from each task's:
     `--contrast-prompt`), the lead model is also a member reading it, loaded once: `models`
@@ -59,10 +59,12 @@ class EvalModels:
 
     def load_alone(self, members: Sequence[int], say: Callable[[str], None] = lambda line: None) -> None:
         from ..ensemble import Ensemble
+        from ..runtime.bytelevel import ByteModels
 
         for i in members:
             say(f"localcos: {self.names[i]} also alone, on its own tokens")
-            self.alone[i] = Ensemble.member(self.settings.load, i)
+            assert isinstance(self.plain, ByteModels), "a model decodes alone beside a byte-level run"
+            self.alone[i] = Ensemble.beside(self.plain, i)
 
     def generate(self, prompt: str, config: "EvalConfig") -> Generated:
         """A completion of `prompt` under `config`, at its level (`max_tokens` the same length at
@@ -112,9 +114,7 @@ class EvalModels:
         return phrased_tokens([lead], prompt, contrast) if lead.chat_template else None
 
     def close(self) -> None:
-        for ens in self.alone.values():
-            ens.close()
-        self.models.close()
+        self.models.close()  # the models alone decode on its models (`Ensemble.beside`)
 
     def __enter__(self) -> "EvalModels":
         return self

@@ -58,6 +58,9 @@ class _Round:
     next_proposer: int | None = None
     gates: list[bool | None] = field(default_factory=list)
     whole: bool = False  # the mixed level's token step: the symbols are one token's bytes
+    # that token (its sorted position and log-probability, where known), for the lead to take
+    # once its bytes are in and the text goes on: a text ending inside it needs no call for it
+    token: tuple[int, float | None] | None = None
 
 
 class ByteGeneration:
@@ -282,7 +285,7 @@ class ByteGeneration:
             spelled = self._lead_spells(symbol, utf8) if not observe else None
             if spelled is not None:
                 # the token gate opened here (one model's byte steps have no gate of their own)
-                return _Round(list(spelled), gates=[True if opened is None else opened] + [None] * (len(spelled) - 1), whole=True)
+                return self._whole_token(spelled, None, True if opened is None else opened)
             if observe:
                 for i, member in enumerate(self.members):
                     self._advance(i, member, symbol)
@@ -290,16 +293,16 @@ class ByteGeneration:
                 self._advance_byte_step(symbol, [dist is not None for dist in dists])
         return _Round([symbol], gates=[opened])
 
-    def _lead_spells(self, first: int, utf8: Utf8State) -> bytes | None:
+    def _lead_spells(self, first: int, utf8: Utf8State) -> int | None:
         """The mixed level's greedy step where the gate opened at the lead's token boundary: r
         chose the byte `first`; the lead spells it with the token its greedy descent from that
         byte reaches (`ByteView.greedy_spelling`: each further byte by the mass of the tokens
         that begin with it, within one token) and the others skip its bytes, so the text comes
         back to a boundary of the lead's own tokens after every step. Greedy over bytes across
         tokens can run away: inside a run of whitespace that the lead's tokens spell in many
-        lengths, another space stays the likeliest byte at every step. The token's bytes, or None
-        where the rule does not apply (sampling, a constraint, within a character, no such
-        token): the byte goes in alone."""
+        lengths, another space stays the likeliest byte at every step. The token's sorted
+        position, or None where the rule does not apply (sampling, a constraint, within a
+        character, no such token): the byte goes in alone."""
         if self.token_gate is None or not self.sampler.greedy or self.constraint is not None or utf8.need:
             return None
         lead = self.token_gate.lead
@@ -307,15 +310,7 @@ class ByteGeneration:
         view = self.members[lead].view
         if view.boundary() is None:
             return None
-        k = view.greedy_spelling(first)
-        if k is None:
-            return None
-        piece = view.vocab.pieces[k]
-        self.members[lead].take_token(k)
-        for i in range(len(self.members)):
-            if i != lead:
-                self.behind[i] += piece
-        return piece
+        return view.greedy_spelling(first)
 
     def _advance_byte_step(self, symbol: int, read: Sequence[bool]) -> None:
         """After an ensemble step: every member r always asks for takes `symbol`; a lazy one
@@ -370,12 +365,17 @@ class ByteGeneration:
             k = self.sampler.draw(self.sampler.finalize(q) if self.sampler.transforms else q, self.rng)
         if k == view.vocab.size:
             return _Round([END], gates=[None])
-        piece = view.vocab.pieces[k]
-        self.members[lead].take_token(k, log_p)
+        return self._whole_token(k, log_p, False)  # one decision: shut, for the token
+
+    def _whole_token(self, k: int, log_p: float | None, opened: bool) -> _Round:
+        """The mixed level's step of the lead's whole token at sorted position `k` (its bytes, one
+        gate decision for them all); the others skip its bytes. The lead takes it in `_take`."""
+        assert self.token_gate is not None and self.token_gate.lead is not None
+        piece = self.members[self.token_gate.lead].view.vocab.pieces[k]
         for i in range(len(self.members)):
-            if i != lead:
+            if i != self.token_gate.lead:
                 self.behind[i] += piece
-        return _Round(list(piece), gates=[False] + [None] * (len(piece) - 1), whole=True)  # one decision: shut, for the token
+        return _Round(list(piece), gates=[opened] + [None] * (len(piece) - 1), whole=True, token=(k, log_p))
 
     def _long_enough(self, chars: int, data: bytearray, tokens: bool) -> bool:
         """Whether the text has reached the length asked for: `max_chars` characters, or (where
@@ -515,9 +515,10 @@ class ByteGeneration:
             utf8.push(symbol)
             if text.push(symbol):
                 return "stop"
-            if step.whole and j == last:  # the lead's whole token is in: its count is known
-                assert self.token_gate is not None and self.token_gate.lead is not None
+            if step.whole and j == last:  # the lead's whole token is in and the text goes on: the lead takes it
+                assert self.token_gate is not None and self.token_gate.lead is not None and step.token is not None
                 lead = self.token_gate.lead
+                self.members[lead].take_token(*step.token)
                 self._taken = (len(data), self.members[lead].longest - len(self.prompts[lead]))
             # at a character's end: characters, or the lead's tokens (of a whole token: at its last byte)
             if not utf8.need and self._long_enough(len(text.text), data, tokens=not step.whole or j == last):
