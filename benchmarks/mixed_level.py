@@ -2,12 +2,15 @@
 
 One model, greedy, the prompts of a code task (as `localcos eval` reads them, with its stops),
 each decoded by the model on its own tokens (the token level) and at the mixed level (gate 0.5,
-one model's default), one after the other in one process. On the problems where both wrote the
-same text it splits the mixed level's time into its parts: the whole-token steps' llama.cpp calls
-(one row each), the byte steps' calls (rows per call), the host's work, and compares each with
-the token level's calls. Choose parameters on a task's validation split only.
+one model's greedy default), one after the other on one loaded model (`Ensemble.beside`). On the
+problems where both wrote the same text it splits the mixed level's time into its parts: the
+whole-token steps' llama.cpp calls (one row each), the byte steps' calls (rows per call), the
+host's work, and compares each with the token level's calls. With `--temperature` above 0 the
+texts are draws (a seed per problem), and the two levels are timed over all of them. Choose
+parameters on a task's validation split only.
 
     .venv/bin/python benchmarks/mixed_level.py --model ~/.cache/localcos/packaged/coder-1.5b.gguf --task /data/mbpp-choose.jsonl --problems 0:40
+    .venv/bin/python benchmarks/mixed_level.py --model ~/.cache/localcos/packaged/coder-0.5b.gguf --problems 0:40 --temperature 0.7 --top-p 0.9
 """
 
 from __future__ import annotations
@@ -60,13 +63,16 @@ def main() -> None:
     ap.add_argument("--problems", default=None, help="START:STOP of the task's problems")
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--gate", type=float, default=0.5)
+    ap.add_argument("--temperature", type=float, default=0.0, help="above 0: sampled (seed = the problem's index), timed over all problems")
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     path = args.model
     _, tasks = load_tasks(args.task)
     tasks = select(tasks, args.problems)
     steps = TokenSteps()
-    settings = dict(temperature=0, max_tokens=args.max_tokens, stop=list(STOPS), method="ensemble")
+    settings = dict(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, stop=list(STOPS), method="ensemble")
+    sampled = args.temperature > 0  # texts are draws: the two levels are timed over all of them
     token, mixed = Parts(), Parts()
     shared = differ = 0
     with ByteEnsemble.load([path], Gated(WeightedEnsemble(), args.gate), level="mixed") as ens:
@@ -74,12 +80,12 @@ def main() -> None:
         for n, task in enumerate(tasks):
             t0, s0 = steps.calls, steps.seconds  # the token level takes no byte-level steps
             if n % 2:  # each level first on every second problem: what a warm cache gives goes to both
-                m = ens.generate(task.prompt, **settings)
-                a = alone.generate(task.prompt, **settings)
+                m = ens.generate(task.prompt, seed=n, **settings)
+                a = alone.generate(task.prompt, seed=n, **settings)
             else:
-                a = alone.generate(task.prompt, **settings)
-                m = ens.generate(task.prompt, **settings)
-            if a.text != m.text:
+                a = alone.generate(task.prompt, seed=n, **settings)
+                m = ens.generate(task.prompt, seed=n, **settings)
+            if a.text != m.text and not sampled:
                 differ += 1
                 continue
             shared += 1
@@ -94,7 +100,14 @@ def main() -> None:
             mixed.chars += len(m.text)
             mixed.token_calls += steps.calls - t0
             mixed.token_llama += steps.seconds - s0
-            print(f"[{n + 1}/{len(tasks)}] {task.task_id}: same text, token level {a.stats.seconds:.2f} s, mixed {m.stats.seconds:.2f} s", flush=True)
+            print(f"[{n + 1}/{len(tasks)}] {task.task_id}: {'sampled' if sampled else 'same text'}, token level {a.stats.seconds:.2f} s, mixed {m.stats.seconds:.2f} s", flush=True)
+    if sampled:
+        rate = (mixed.chars / mixed.seconds) / (token.chars / token.seconds)
+        print(f"\n{args.model} | {len(tasks)} texts sampled at T={args.temperature:g}, top-p {args.top_p:g} | {cpu_name()}")
+        print(f"token level: {token.chars} chars in {token.seconds:.1f} s ({token.chars / token.seconds:.1f} chars/s), host {token.seconds - token.llama:.1f} s")
+        print(f"mixed level: {mixed.chars} chars in {mixed.seconds:.1f} s ({mixed.chars / mixed.seconds:.1f} chars/s) = {rate:.3f}x, "
+              f"host {mixed.seconds - mixed.llama:.1f} s, {mixed.calls} calls against {token.calls}")
+        return
     print(f"\n{args.model} | {shared} shared texts, {differ} differ | {cpu_name()}")
     tok_call = token.llama / max(token.calls, 1)
     byte_calls = mixed.calls - mixed.token_calls

@@ -58,19 +58,26 @@ def test_the_server_answers_with_cos_and_auto_by_default(models, real_models, le
         assert stats["method"] == "cos" and stats.get("gamma") is None
 
 
-def test_one_model_decodes_its_own_tokens_by_default_and_its_mixed_level_takes_gate_0_5(models):
-    """--level auto for one model: llama.cpp's own decoding, greedy or not (the mixed level's
-    greedy byte steps can run away on whitespace: docs/generating.md); --level mixed of one
-    model with gate 0.5 unless given, and not with a second prompt (its gate is the user's
-    choice); several models as before."""
+def test_one_models_greedy_or_truncated_decoding_defaults_to_the_mixed_level(models):
+    """--level auto for one model: greedy decoding at the mixed level (gate 0.5 unless given),
+    sampling (truncated or not) at the token level, and whatever the mixed level does not do at
+    the token level; --level mixed of one model with gate 0.5 unless given, and not with a
+    second prompt (its gate is the user's choice); several models as before."""
     one, two = [str(models["base"])], [str(models["base"]), str(models["sibling"])]
 
     def level(values):
         settings = resolve({"models": one, **values})
         return settings.load.level, settings.combine.gate
 
-    for shaping in ({}, {"temperature": 0}, {"top_k": 5}, {"top_p": 0.9}, {"temperature": 1}):
-        assert level(shaping) == ("auto", None), shaping
+    for greedy in ({"temperature": 0}, {"temperature": 0, "top_k": 5}, {"temperature": 0, "top_p": 0.9}):
+        assert level(greedy) == ("mixed", 0.5), greedy
+    assert level({"temperature": 0, "gate": 0.3}) == ("mixed", 0.3)
+    for sampled in ({}, {"temperature": 1}, {"temperature": 0.7}, {"top_k": 5}, {"top_p": 0.9}, {"min_p": 0.1}, {"temperature": 0.7, "top_k": 40}):
+        assert level(sampled) == ("auto", None), sampled
+    for keeps_tokens in ({"temperature": 0, "level": "token"}, {"temperature": 0, "json_object": True}, {"temperature": 0, "parallel": 2},
+                         {"temperature": 0, "chat_template_model": 0}, {"temperature": 0, "gamma": "4"},
+                         {"temperature": 0, "lookup": "on"}, {"temperature": 0, "negative_prompt": "x", "cfg_scale": 1.5}):  # fmt: skip
+        assert level(keeps_tokens)[0] in ("auto", "token"), keeps_tokens
     assert level({"temperature": 0, "level": "mixed"}) == ("mixed", 0.5)
     assert level({"temperature": 0, "level": "mixed", "gate": 0.3}) == ("mixed", 0.3)
     with pytest.raises(ConfigError, match="--level mixed needs --gate G"):
@@ -80,3 +87,18 @@ def test_one_model_decodes_its_own_tokens_by_default_and_its_mixed_level_takes_g
     assert resolve({"models": two, "temperature": 0}).load.level == "auto"  # several models: by their tokenizers
     settings = resolve({"models": one, "temperature": 0, "level": "mixed"})
     assert settings.generation.method == "ensemble"  # the mixed level's step
+
+
+def test_one_model_served_greedy_decodes_at_the_mixed_level_and_says_so(real_models):
+    """`localcos serve` of one model with --temperature 0: the mixed level (gate 0.5), named by
+    /v1/models and by each answer's statistics; --level token serves its own tokens."""
+    qwen = str(real_models["qwen2"])
+    with serving(["--models", qwen, "--ctx", "256", "--alias", "m", "--temperature", "0"]) as s:
+        client = s.client()
+        assert client.models.list().data[0].model_extra["localcos"]["level"] == "mixed"
+        stats = client.completions.create(model="m", prompt="The river", max_tokens=8).model_extra["localcos"]
+        assert stats["level"] == "mixed" and "gate(0.5" in stats["combiner"]
+    with serving(["--models", qwen, "--ctx", "256", "--alias", "m", "--temperature", "0", "--level", "token"]) as s:
+        client = s.client()
+        assert client.models.list().data[0].model_extra["localcos"]["level"] == "token"
+        assert "level" not in client.completions.create(model="m", prompt="The river", max_tokens=8).model_extra["localcos"]

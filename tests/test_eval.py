@@ -201,7 +201,14 @@ def test_a_byte_level_run_has_each_model_alone_on_its_own_tokens(real_models, ta
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in results.read_text().splitlines()[1:]]
     by = {(r["config"], r["task_id"]): r for r in records}
-    assert len(records) == 2 * 4 and json.loads((tmp_path / "s.json").read_text())["unit"] == "chars"
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert len(records) == 2 * 4 and summary["unit"] == "chars"
+    # the level each configuration decoded at, in the summary and in the table's second column
+    levels = {c["config"]: c["level"] for c in summary["configs"]}
+    assert levels["WE"] == levels["CD"] == "byte" and sorted(levels.values()).count("token") == 2
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("configuration"))
+    we = next(line for line in proc.stdout.splitlines() if line.startswith("WE "))
+    assert header.split()[:2] == ["configuration", "level"] and we.split()[1] == "byte"
     from localcos.backend.gguf_file import read_info
 
     for path in (qwen, llama):

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Mapping
 from ..errors import ConfigError
 from .options import OPTIONS
 from .parse import parse_rpc
-from .specs import MIXED_GATE, CombineSpec, GenerationConfig, LoadSpec, ServerSpec, Settings, check_for_models, imply_guidance
+from .specs import CombineSpec, GenerationConfig, LoadSpec, ServerSpec, Settings, check_for_models, imply_guidance, mixed_gate
 
 
 def resolve(
@@ -65,8 +65,9 @@ def resolve(
     # the members: the lead model a second time where it reads a second prompt
     second_prompt = generation.negative_prompt is not None or bool(value("guide_system"))
     level = value("level")
-    if level == "mixed" and n == 1 and not second_prompt and combine_values["gate"] is None:
-        combine_values["gate"] = MIXED_GATE  # one model's mixed level: coder-plus's gate unless given
+    if level == "auto" and not second_prompt and one_model_decodes_mixed(n, generation, value("parallel"), rpc, given):
+        level = "mixed"
+    combine_values["gate"] = mixed_gate(combine_values["gate"], level, n, second_prompt)
     load = LoadSpec.make(
         sources.paths,
         labels=sources.labels,
@@ -130,6 +131,29 @@ class _Sources:
         rpc = [registry.models[r].rpc if r in registry.models else None for r in labels]
         title = preset.name if preset else " + ".join(Path(r).name for r in labels)
         return cls(paths, labels, layers, rpc, title, chat_model)
+
+
+def one_model_decodes_mixed(n: int, generation: GenerationConfig, parallel: int | None, rpc: tuple, given: Iterable[str]) -> bool:
+    """The one rule of one model's default level (`--level auto`): its greedy decoding at the
+    mixed level, which decodes its own whole tokens where it is sure and its bytes where it is
+    not (docs/algorithm.md, section 12), at its own speed; its sampling at the token level,
+    llama.cpp's own (at temperature 1, untruncated, the mixed level samples the very same law,
+    slower; truncated, its sampled steps cost more host work and what it gives is unmeasured).
+    What the mixed level does not do keeps the token level: a constraint, a method or drafts of
+    the token level, several sequences at once (--parallel), a model on RPC servers, a chat
+    template chosen by index."""
+    return (
+        n == 1
+        and generation.sampler().greedy
+        and generation.constraint is None
+        and generation.method in (None, "ensemble")
+        and generation.gamma == "auto"
+        and generation.proposer is None
+        and generation.lookup != "on"
+        and (parallel or 1) == 1
+        and not any(rpc)
+        and "chat_template_model" not in given
+    )
 
 
 def resolve_server(values: Mapping[str, Any]) -> ServerSpec:

@@ -253,6 +253,13 @@ def default_method(n_models: int, level: str = "auto") -> str:
 MIXED_GATE = 0.5  # the gate of one model's mixed level where none is given (the preset coder-plus's)
 
 
+def mixed_gate(gate: float | None, level: str, n: int, second_prompt: bool) -> float | None:
+    """The gate a combination decodes with: one model's mixed level takes `MIXED_GATE` where none
+    is given; elsewhere (several models, or a second prompt's member, whose gate is the user's
+    choice) the gate given, if any."""
+    return MIXED_GATE if gate is None and level == "mixed" and n == 1 and not second_prompt else gate
+
+
 def check_level(level: str, generation: GenerationConfig, gated: bool) -> None:
     """The mixed level's rules, written once (the settings layer checks them before any model
     loads, the byte level's planning for every request): it needs a gate (`gated`: the gate

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from ..config import OPTIONS, Settings, check_for_models, default_method
 from ..config.flags import parse_flags
+from ..config.specs import mixed_gate
 from ..core.level import Level
 from ..runtime.loaded import second_prompt_lead
 from ..errors import ConfigError
@@ -103,6 +104,9 @@ def parse_config(text: str, base: Settings, n_params: Sequence[int], run: Level 
     if level.in_bytes and "method" not in values and "method" not in base.given:  # the default method of the level it decodes at
         values["method"] = default_method(len(n_params), level.value)
     settings = base.with_values(values, check=False)
+    gate = mixed_gate(settings.combine.gate, level.value, len(n_params), contrast is not None)
+    if gate != settings.combine.gate:  # a variant's new combination on one model's mixed level: its default gate, as `generate` takes it
+        settings = base.with_values({**values, "gate": gate}, check=False)
     # checked as the command line is, at the level this configuration decodes at (before any model loads)
     try:
         check_for_models(settings.generation, len(n_params), combine=settings.combine, chat_template_model=settings.chat_template_model,

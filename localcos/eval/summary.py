@@ -1,9 +1,9 @@
-"""The summary of an eval run (`summarize`, `table`): pass@1 with its Wilson interval, and each
-configuration against a baseline problem by problem (won, lost, the exact McNemar p and, for the
-several configurations compared, Holm's corrected p), with its speed relative to the baseline's,
-over all problems and where both wrote the same text (the cost of the same work; the slowest such
-text of `LONG_TEXT` characters or more in the JSON), and the share of its time outside llama.cpp.
-Reads the results file; no I/O of its own."""
+"""The summary of an eval run (`summarize`, `table`): each configuration's level and pass@1 with
+its Wilson interval, and each against a baseline problem by problem (won, lost, the exact McNemar
+p and, for the several configurations compared, Holm's corrected p), with its speed relative to
+the baseline's, over all problems and where both wrote the same text (the cost of the same work;
+the slowest such text of `LONG_TEXT` characters or more in the JSON), and the share of its time
+outside llama.cpp. Reads the results file; no I/O of its own."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ class ConfigSummary:
     baseline on the problems both completed."""
 
     name: str
+    level: str  # the level it decoded at (a model alone in a byte-level run: token, its own tokens)
     n: int
     passed: int
     length: int
@@ -50,7 +51,7 @@ class ConfigSummary:
 
     def to_dict(self) -> dict[str, Any]:
         lo, hi = self.interval
-        out: dict[str, Any] = {"config": self.name, "problems": self.n, "passed": self.passed, "pass_at_1": self.pass_at_1,
+        out: dict[str, Any] = {"config": self.name, "level": self.level, "problems": self.n, "passed": self.passed, "pass_at_1": self.pass_at_1,
                                "interval_95": [lo, hi], "per_second": self.per_second, "speed_vs_baseline": self.speed}  # fmt: skip
         out["host_share"] = self.host
         if self.against is not None:
@@ -86,7 +87,7 @@ def summarize(results: ResultsFile, tasks: Sequence[CodeTask], configs: Sequence
         same = [(r, b) for r, b in both if r["completion"] == b["completion"]] if c.name != baseline else []
         same_speed = _rate([r for r, _ in same]) / _rate([b for _, b in same]) if same and _rate([b for _, b in same]) else None
         long = [_rate([r]) / _rate([b]) for r, b in same if len(r["completion"]) >= LONG_TEXT and _rate([b])]
-        out.append(ConfigSummary(c.name, len(ran), sum(r["passed"] for r in ran), sum(r["length"] for r in ran), seconds, against, speed, host,
+        out.append(ConfigSummary(c.name, c.level.value, len(ran), sum(r["passed"] for r in ran), sum(r["length"] for r in ran), seconds, against, speed, host,
                                  same=len(same), same_speed=same_speed, slowest=min(long) if long else None))  # fmt: skip
     compared = [s for s in out if s.against is not None]
     corrected = dict(zip((s.name for s in compared), holm([s.against.p for s in compared])))  # type: ignore[union-attr]
@@ -102,13 +103,13 @@ def _rate(records: Iterable[dict[str, Any]]) -> float:
 def table(baseline: str, summaries: Sequence[ConfigSummary], unit: str) -> list[list[str]]:
     """The rows people read: a header, then one row per configuration."""
     compared = sum(s.against is not None for s in summaries)
-    rows = [["configuration", "problems", "pass@1", "95% interval", "vs baseline", "won", "lost", "p (McNemar)", f"p (Holm, {compared})",
+    rows = [["configuration", "level", "problems", "pass@1", "95% interval", "vs baseline", "won", "lost", "p (McNemar)", f"p (Holm, {compared})",
              f"{unit}/s", "speed", "host", "same text", "speed there"]]  # fmt: skip
     for s in summaries:
         lo, hi = s.interval
         a = s.against
         rows.append([
-            s.name + (" (baseline)" if s.name == baseline else ""), str(s.n), f"{100 * s.pass_at_1:.1f}%", f"{100 * lo:.1f}-{100 * hi:.1f}",
+            s.name + (" (baseline)" if s.name == baseline else ""), s.level, str(s.n), f"{100 * s.pass_at_1:.1f}%", f"{100 * lo:.1f}-{100 * hi:.1f}",
             "" if a is None else f"{100 * a.difference:+.1f}", "" if a is None else str(a.won), "" if a is None else str(a.lost),
             "" if a is None else f"{a.p:.3g}", "" if s.p_holm is None else f"{s.p_holm:.3g}", "-" if s.per_second is None else f"{s.per_second:.1f}",
             "" if s.speed is None or a is None else f"{s.speed:.2f}x", "-" if s.host is None else f"{100 * s.host:.0f}%",

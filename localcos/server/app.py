@@ -85,7 +85,7 @@ async def models(request: Request) -> dict:
     settings = served.settings
     about = {
         "models": list(settings.load.labels),
-        "level": "byte" if served.byte_level else "token",
+        "level": served.level.value,
         "combiner": served.ensemble.combiner.description,
         "method": settings.generation.method,
         "n_ctx": served.ensemble.n_ctx,

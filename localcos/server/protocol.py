@@ -16,6 +16,7 @@ from typing import Any, Callable, Literal, Sequence
 from ..chat import ChatFormatter, Message, OwnTemplates, second_conversation
 from ..config import Settings
 from ..core.combiners import BoundCombiner
+from ..core.level import Level
 from ..errors import Cancelled, LocalcosError, RemoteError
 from ..grammar import Constraint, ToolCallFormat, tool_call_format, tool_grammar
 from ..runtime.bytelevel import ByteModels, BytePlan, ByteStats, refuse_byte_options
@@ -75,6 +76,11 @@ class ServedEnsemble:
     @property
     def byte_level(self) -> bool:
         return isinstance(self.ensemble, ByteModels)
+
+    @property
+    def level(self) -> Level:
+        """The level its requests decode at (one model served greedy: the mixed level)."""
+        return self.ensemble.level if isinstance(self.ensemble, ByteModels) else Level.TOKEN
 
 
 # --- planning requests ---------------------------------------------------------------------------
