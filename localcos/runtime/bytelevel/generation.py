@@ -57,10 +57,14 @@ class _Round:
     symbols: list[int]
     next_proposer: int | None = None
     gates: list[bool | None] = field(default_factory=list)
-    whole: bool = False  # the mixed level's token step: the symbols are one token's bytes
-    # that token (its sorted position and log-probability, where known), for the lead to take
-    # once its bytes are in and the text goes on: a text ending inside it needs no call for it
+    # the mixed level's token step: the symbols are the bytes of the lead's token (its sorted
+    # position and log-probability, where known), which the lead takes once they are in and the
+    # text goes on: a text ending inside it needs no call for it
     token: tuple[int, float | None] | None = None
+
+    @property
+    def whole(self) -> bool:
+        return self.token is not None
 
 
 class ByteGeneration:
@@ -375,7 +379,7 @@ class ByteGeneration:
         for i in range(len(self.members)):
             if i != self.token_gate.lead:
                 self.behind[i] += piece
-        return _Round(list(piece), gates=[opened] + [None] * (len(piece) - 1), whole=True, token=(k, log_p))
+        return _Round(list(piece), gates=[opened] + [None] * (len(piece) - 1), token=(k, log_p))
 
     def _long_enough(self, chars: int, data: bytearray, tokens: bool) -> bool:
         """Whether the text has reached the length asked for: `max_chars` characters, or (where
