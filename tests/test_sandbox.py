@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -319,6 +320,126 @@ def test_a_correct_completion_passes_and_a_wrong_one_says_why():
     assert gone.result == "exited with status 0 before its last statement returned"
 
 
+# --- the verdict is the program's own process, judged from outside it ------------------------------
+
+GOOD = CodeTask("t/1", "def double(x):\n", "def check(candidate):\n    assert candidate(2) == 4, 'wrong'\n", "double")
+# code after a correct function: a child forked there either ends itself or falls through to the check
+CHILD_EXITS = "    return x * 2\n\nimport os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\n"
+CHILD_FALLS_THROUGH = "    return x * 2\n\nimport os\npid = os.fork()\nif pid:\n    os.waitpid(pid, 0)\n"
+
+
+def test_a_forked_childs_end_is_never_the_programs():
+    # the child did nothing and runs the rest of the program to its end; the parent, the program, fails
+    parent_fails = run_program("import os\npid = os.fork()\nif pid:\n    os.waitpid(pid, 0)\n    assert False, 'the parent fails'\n", LIMITS)
+    assert not parent_fails.passed and parent_fails.result == "failed: AssertionError: the parent fails"
+    # a correct program whose child ends itself, or falls through to the check too: passed, once
+    for completion in (CHILD_EXITS, CHILD_FALLS_THROUGH):
+        outcome = run_program(GOOD.program(completion), LIMITS)
+        assert outcome.passed, (completion, outcome.result)
+    # a wrong program whose child falls through: the child's check fails too, the program fails
+    assert run_program(TASK.program(CHILD_FALLS_THROUGH), LIMITS).result == "failed: AssertionError: wrong"
+
+
+def test_the_verdicts_secret_is_nowhere_the_program_can_reach_by_name():
+    # the driver's secret was a global of its __main__: one attribute away
+    by_name = run_program("import __main__, os\nos.write(__main__.verdict, __main__.nonce)\nassert False, 'fails'\n", LIMITS)
+    assert not by_name.passed and "AttributeError" in by_name.result, by_name.result
+    # nor anywhere in its memory while it runs: every hexadecimal string of the nonce's length that
+    # any object, module, frame, argument or environment variable holds, written to every descriptor
+    search = (
+        "import gc, os, re, sys\nfound = set()\nhexa = re.compile(r'[0-9a-f]{32}')\n"
+        "def look(v):\n    if isinstance(v, (str, bytes)):\n        found.update(hexa.findall(v if isinstance(v, str) else v.decode('latin-1')))\n"
+        "for o in gc.get_objects():\n    look(o)\n    if isinstance(o, dict):\n        for v in list(o.values()):\n            look(v)\n"
+        "for m in list(sys.modules.values()):\n    for v in list(vars(m).values()):\n        look(v)\n"
+        "f = sys._getframe()\nwhile f:\n    for v in list(f.f_locals.values()):\n        look(v)\n    f = f.f_back\n"
+        "for v in [*sys.argv, *sys.orig_argv, *os.environ.values()]:\n    look(v)\n"
+        "for secret in found:\n    for fd in range(3, 64):\n        try:\n            os.write(fd, secret.encode())\n        except OSError:\n            pass\n"
+        "assert False, 'fails'\n"
+    )
+    outcome = run_program(search, LIMITS)
+    assert not outcome.passed and outcome.result == "failed: AssertionError: fails", outcome.result
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM", "SIGSEGV"])
+def test_a_program_that_signals_itself_dies_as_it_would_outside_and_the_verdict_names_the_signal(sig):
+    outcome = run_program(f"import os, signal, time\nos.kill(os.getpid(), signal.{sig})\ntime.sleep(5)\n", LIMITS)
+    assert not outcome.passed and outcome.result == f"killed by {sig}", outcome.result
+    assert outcome.seconds < 2
+
+
+def test_socket_buffers_and_pipes_stay_at_the_systems_defaults():
+    # each socket pair and pipe it can open, grown as far as it may and filled without blocking
+    hog = (
+        "import errno, fcntl, os, socket\nheld = refused = 0\nkept = []\n"
+        "for _ in range(15):\n    a, b = socket.socketpair()\n    kept += [a, b]\n"
+        "    for s in (a, b):\n        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF, 32, 33):  # 32, 33: the *BUFFORCE options\n"
+        "            try:\n                s.setsockopt(socket.SOL_SOCKET, opt, 1 << 30)\n"
+        "            except PermissionError:\n                refused += 1\n"
+        "        s.setblocking(False)\n        while True:\n            try:\n                held += s.send(b'x' * 65536)\n"
+        "            except BlockingIOError:\n                break\n"
+        "for _ in range(15):\n    r, w = os.pipe()\n    kept += [r, w]\n"
+        "    try:\n        fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ\n    except PermissionError:\n        refused += 1\n"
+        "    os.set_blocking(w, False)\n    while True:\n        try:\n            held += os.write(w, b'x' * 65536)\n"
+        "        except BlockingIOError:\n            break\n"
+        "raise SystemExit(f'held {held >> 20} MiB, {refused} refused')\n"
+    )
+    outcome = run_program(hog, Limits(seconds=10.0, memory_mb=128))
+    held, refused = map(int, re.search(r"held (\d+) MiB, (\d+) refused", outcome.result).groups())  # type: ignore[union-attr]
+    assert refused == 15 * 2 * 4 + 15, outcome.result
+    assert held < 256, outcome.result
+
+
+def test_nothing_of_a_run_outlives_an_eval_that_is_killed_and_what_it_left_goes_at_the_next_start(tmp_path):
+    # the program clears its own parent-death signal and sleeps; eval is killed as the OOM killer would
+    name = f"lcos-orph-{os.getpid() % 100000}"
+    program = f"import ctypes, time\nlibc = ctypes.CDLL(None)\nlibc.prctl(1, 0, 0, 0, 0)\nlibc.prctl(15, {name.encode()!r}, 0, 0, 0)\ntime.sleep(60)\n"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    harness = subprocess.Popen([sys.executable, "-c", f"from localcos.eval.sandbox import run_program, Limits\nrun_program({program!r}, Limits(seconds=60))"],
+                               env=env)  # fmt: skip
+    try:
+        pid = find_process(name)
+        uid = int(Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split()[0])
+        assert uid == (65534 if os.geteuid() == 0 else os.geteuid())
+        harness.kill()
+        harness.wait(timeout=10)
+    finally:
+        harness.kill()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists(), "the program outlived eval"
+    left = [p.name for p in tmp_path.iterdir()]
+    assert left and all(n.startswith(f"localcos-eval-{harness.pid}-") for n in left), left
+    from localcos.eval import memcg
+
+    place = memcg.hierarchy()
+    groups = [] if place is None else [n for n in os.listdir(place.folder) if n.startswith(f"localcos-eval-{harness.pid}-")]
+    assert place is None or groups, "the run's cgroup should be there, left by the killed eval"
+    # the next eval to run a program removes them; a live eval's are left alone
+    again = subprocess.run([sys.executable, "-c", "from localcos.eval.sandbox import run_program\nassert run_program('pass').passed"],
+                           env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert list(tmp_path.iterdir()) == []
+    assert place is None or not [n for n in os.listdir(place.folder) if n in groups]
+
+
+def test_the_programs_processes_together_are_bounded_where_a_memory_cgroup_can_be_had():
+    from localcos.eval import memcg
+    from localcos.eval.sandbox import memory_bound
+
+    # eight processes of 100 MiB each, every one under its own address-space limit
+    eight = ("import os, time\nkids = []\nfor _ in range(8):\n    pid = os.fork()\n    if pid == 0:\n        x = bytearray(100 << 20)\n"
+             "        x[::4096] = b'1' * len(x[::4096])\n        time.sleep(0.5)\n        os._exit(0)\n    kids.append(pid)\n"
+             "for pid in kids:\n    assert os.waitpid(pid, 0)[1] == 0\n")  # fmt: skip
+    if memcg.hierarchy() is None:  # e.g. an ordinary user on a systemd machine: eval says so as it starts
+        assert "no memory cgroup can be had here" in memory_bound(Limits())
+        return
+    assert "for all of them together" in memory_bound(Limits(memory_mb=512))
+    outcome = run_program(eight, Limits(seconds=10.0, memory_mb=512))
+    assert outcome.result == "out of memory (its processes held more than 512 MiB in all)", outcome.result
+    assert run_program(eight, Limits(seconds=10.0, memory_mb=1536)).passed
+
+
 # --- where the boundary cannot be built: a refusal, or an opt-in by name -------------------------------
 
 
@@ -396,9 +517,12 @@ def test_a_program_killed_from_outside_says_by_which_signal():
 def test_the_cpu_limit_is_named_as_the_reason():
     spin = "while True:\n    pass"
     outcome = run_program(spin, Limits(seconds=10.0, cpu_seconds=1))
-    assert outcome.result == "killed by SIGKILL: the CPU limit (more than 1s of CPU)", outcome.result
+    assert outcome.result == "killed by SIGXCPU: the CPU limit (more than 1s of CPU)", outcome.result
     assert outcome.seconds < 6
-    # a process it starts gets SIGXCPU at the limit (process 1 of a PID namespace ignores it)
+    # a program that ignores SIGXCPU: the kernel's SIGKILL a second later
+    stubborn = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass"
+    assert run_program(stubborn, Limits(seconds=10.0, cpu_seconds=1)).result == "killed by SIGKILL: the CPU limit (more than 1s of CPU)"
+    # a process it starts gets SIGXCPU at the limit too
     child = "import subprocess, sys\nr = subprocess.run([sys.executable, '-c', 'while True: pass'])\nraise SystemExit(f'child ended by {-r.returncode}')"
     assert f"child ended by {int(signal.SIGXCPU)}" in run_program(child, Limits(seconds=10.0, cpu_seconds=1)).result
 
@@ -451,6 +575,7 @@ def test_eval_contains_every_hostile_program_of_a_task_file_and_counts_no_early_
                            "--timeout", "2", "--max-tokens", "4", "--results", str(results), "--variant", "alone=--combine we"],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "localcos: each program's memory: 1024 MiB of address space per process" in proc.stderr  # which bound applies, said once
     lines = results.read_text().splitlines()
     header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
     assert header["sandbox"] == "namespaces" and len(records) == len(tasks)

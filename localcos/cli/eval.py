@@ -39,11 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "WROTE, and only with --run-code: on Linux each program runs behind a boundary the kernel enforces (user, "
         "mount, PID, network and IPC namespaces: an unprivileged user with no capabilities, a read-only view of "
         "the Python installation and nothing else, a temporary folder of its own as the one place it may write, no "
-        "network, every process it starts killed when it ends, itself included; a system-call filter: Unix sockets "
-        "only, no namespaces, System V or POSIX IPC, memfd or io_uring), with a timeout and limits on each process's "
-        "memory, CPU time, file size, open files and on its processes (16); memory is bounded per process, not for "
-        "the program as a whole. Where that boundary cannot be built, --run-code refuses, and --sandbox none runs the "
-        "programs with the limits only, NOT contained. A program passes only when the test's check returned. "
+        "network, every process it starts killed when it ends, and nothing of it outliving eval; a system-call filter: "
+        "Unix sockets only, no namespaces, System V or POSIX IPC, memfd, io_uring or socket buffers and pipes past "
+        "the defaults), with a timeout and limits on each process's memory, CPU time, file size, open files and on "
+        "its processes (16); where a memory cgroup can be had (as root, or in a delegated cgroup) the program's "
+        "processes share one --memory-mb too. Where that boundary cannot be built, --run-code refuses, and --sandbox "
+        "none runs the programs with the limits only, NOT contained. A program passes only when its own process ran "
+        "the test's check to its end (a process it forked is not the program). "
         "Results are appended to --results as they come: run the same "
         "command again to resume after Ctrl-C; a file written with another level, byte-level options, sandbox, "
         "--timeout or --memory-mb is refused, never mixed.",
@@ -65,8 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                            help="seconds each program may run, wall clock (default 10; each of its processes also gets this "
                            "much CPU time, rounded up, plus one second)")  # fmt: skip
     run_group.add_argument("--memory-mb", default="1024", metavar="MB",
-                           help="address space of each of a program's processes, in MiB (default 1024; a program may start "
-                           "16 processes; its folder holds 64 MiB more, in memory)")  # fmt: skip
+                           help="address space of each of a program's processes, in MiB, and where a memory cgroup can be had "
+                           "the memory of all of them together (default 1024; a program may start 16 processes; its folder "
+                           "holds 64 MiB more, in memory; eval says which bound applies as it starts)")  # fmt: skip
     run_group.add_argument("--sandbox", default="namespaces", metavar="KIND",
                            help="namespaces (default: contained by the kernel, Linux), or none: the programs run as your user "
                            "with the limits only, able to read, write and connect anywhere you can (say so only in a "
@@ -85,6 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..eval.codeeval import run_eval
     from ..eval.codetasks import load_tasks, select
+    from ..eval.sandbox import memory_bound
     from ..eval.models import EvalModels
     from ..eval.summary import summarize
     from ..runtime.bytelevel import decoding_level
@@ -106,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     if held < len(tasks) * len(configs):  # a finished run's summary loads no model
         results.check_resumable()
+        say(f"localcos: each program's memory: {memory_bound(limits)}")
         with EvalModels(settings, run_level, progress=loading_progress, second_prompt=any(c.contrast for c in configs)) as models:
             models.load_alone(sorted({c.member for c in configs if c.own_tokens}), say=say)  # type: ignore[type-var]
             run_eval(tasks, configs, models.generate, results, limits, args.sandbox, report=say)

@@ -1,28 +1,39 @@
 """The launcher of one sandboxed program (`eval.sandbox`): run by path as
-`python -I -S launcher.py CONFIG CONTROL_FD VERDICT_FD` (CONFIG: a dict, `marshal`led, in hex),
-the standard library only (it imports nothing of localcos, nothing outside the Python
-installation, and little of it: its start is part of every program's cost).
+`python -I -S launcher.py CONFIG CONTROL_FD` (CONFIG: a dict, `marshal`led, in hex), the
+standard library only (it imports nothing of localcos, nothing outside the Python installation,
+and little of it: its start is part of every program's cost).
 
-Three processes, each unable to outlive the one before it (a parent-death signal, checked
-after it is set, so a parent that died first is seen):
-- P, the launcher itself, a child of the harness. It forks C and, for a contained program,
-  writes C's user and group id maps (only a process outside C's user namespace may map root to
-  nobody).
+Four processes, each unable to outlive the one before it:
+- P, the launcher itself, a child of the harness (a parent-death signal, checked after it is
+  set, so a parent that died first is seen). Where the harness made a memory cgroup for the run,
+  P joins it first, so everything of the run is counted there. It forks C and, for a contained
+  program, writes C's user and group id maps (only a process outside C's user namespace may map
+  root to nobody).
 - C enters new user, mount, PID, network, IPC and UTS namespaces, builds the new root and forks
-  the program's process G, process 1 of the new PID namespace: when G ends, the kernel kills
-  every process of the namespace. C sends the harness a pidfd of G (so the harness can kill the
-  namespace and wait until it is gone), waits for G and reports how it ended and the CPU it used.
+  I, dying with P the same way.
+- I, eval's init: process 1 of the new PID namespace (when it ends, the kernel kills every
+  process of the namespace), dying with C (its parent-death signal is its own: no program can
+  clear it). It sends the harness a pidfd of itself, so the harness can end the namespace and
+  wait until it is gone; forks the program's process G, reaps every process of the namespace,
+  and once G has ended reports G's wait status, the CPU it used and whether G itself (never a
+  process it forked) finished the program (`watch`).
 - G becomes the unprivileged user with no capabilities and no new privileges, installs a
-  seccomp filter (`seccomp_filter`), closes the control channel and executes the driver.
+  seccomp filter (`seccomp_filter`) and executes the driver: a process like any other, which a
+  signal it sends itself ends.
 
 CONTROL_FD is a Unix socket (SOCK_SEQPACKET) to the harness, the launcher's one channel:
-"setup: WHY" where the boundary could not be built, "program" with G's pidfd, and
-"ended STATUS CPU_SECONDS" (G's wait status) once G has ended. G closes it before the program
-starts, so nothing the program does can speak on it. VERDICT_FD is the driver's: the program
-inherits it and may write anything there; the harness only compares what came with the nonce.
+"setup: WHY" where the boundary could not be built, "program" with the pidfd whose end ends the
+program, and "ended STATUS CPU_SECONDS RETURNED" once G has ended. G closes it as the driver
+starts, so nothing the program does can speak on it.
 
-Uncontained (`--sandbox none`), P forks G itself, with the same limits, no namespaces and no
-filter.
+The verdict: I leaves a per-run nonce in a socket pair's buffer whose other end G inherits (the
+driver's only secret, and not in its memory: it is read, without being taken, only after the
+program's last statement returned) and reads, once G has ended, what came back with the
+kernel's word for who sent it (SCM_CREDENTIALS): RETURNED is 1 when the nonce came back from G's
+own process id, and G then exited with status 0.
+
+Uncontained (`--sandbox none`), P is the one that forks and watches G, with the same limits, no
+namespaces and no filter.
 """
 
 from __future__ import annotations
@@ -48,10 +59,11 @@ SETUP_FAILED = 125  # P's exit status when the boundary could not be built
 # (AUDIT_ARCH_*, the numbers of the calls below) for each processor architecture the filter knows;
 # elsewhere the contained sandbox refuses to run (the harness says so before any model loads)
 _NAMES = ("socket", "socketpair", "clone", "clone3", "unshare", "setns", "shmget", "msgget", "semget", "mq_open",
-          "memfd_create", "io_uring_setup", "pivot_root", "keyctl")  # fmt: skip
-_GENERIC = (198, 199, 220, 435, 97, 268, 194, 186, 190, 180, 279, 425, 41, 219)  # asm-generic/unistd.h
+          "memfd_create", "io_uring_setup", "pivot_root", "keyctl", "setsockopt", "fcntl", "ptrace", "process_vm_readv",
+          "process_vm_writev", "pidfd_getfd")  # fmt: skip
+_GENERIC = (198, 199, 220, 435, 97, 268, 194, 186, 190, 180, 279, 425, 41, 219, 208, 25, 117, 270, 271, 438)  # asm-generic/unistd.h
 ARCHITECTURES: dict[str, tuple[int, dict[str, int]]] = {
-    "x86_64": (0xC000003E, dict(zip(_NAMES, (41, 53, 56, 435, 272, 308, 29, 68, 64, 240, 319, 425, 155, 250)))),
+    "x86_64": (0xC000003E, dict(zip(_NAMES, (41, 53, 56, 435, 272, 308, 29, 68, 64, 240, 319, 425, 155, 250, 54, 72, 101, 310, 311, 438)))),
     "aarch64": (0xC00000B7, dict(zip(_NAMES, _GENERIC))),
     "arm64": (0xC00000B7, dict(zip(_NAMES, _GENERIC))),
     "riscv64": (0xC00000F3, dict(zip(_NAMES, _GENERIC))),
@@ -59,9 +71,17 @@ ARCHITECTURES: dict[str, tuple[int, dict[str, int]]] = {
 _X32_BIT = 0x40000000  # x86_64: the x32 ABI's calls, refused as a whole
 _AF_UNIX = 1
 _CLONE_NEW = 0x7E020080  # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME
+# SOL_SOCKET's SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE (the same on every architecture above)
+_SOL_SOCKET, _BUFFER_SIZES = 1, (7, 8, 32, 33)
+_F_SETPIPE_SZ = 1031
 _EPERM, _ENOSYS = 1, 38
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+
+
+def _arg(i: int) -> int:
+    """The offset of a call's argument `i` (its low word: every architecture above is little-endian) in seccomp_data."""
+    return 16 + 8 * i
 
 
 def seccomp_filter(machine: str) -> bytes:
@@ -69,22 +89,31 @@ def seccomp_filter(machine: str) -> bytes:
     Unix sockets (no AF_VSOCK, netlink, packet or IP socket: the network namespace isolates IP,
     not the others), may not enter or make namespaces (a user namespace of its own would let it
     mount a file system of unbounded size), and may not hold memory outside its address space
-    (System V shared memory, message queues and semaphores, POSIX message queues, memfd) or
-    reach around the filter (io_uring). clone3 says
-    ENOSYS, so the C library falls back to clone, whose flags the filter can read; every other
-    refusal is EPERM. Calls of another ABI (i386 on x86_64, x32) are refused as a whole."""
+    (System V shared memory, message queues and semaphores, POSIX message queues, memfd, socket
+    buffers or pipes grown past the system's defaults), reach around the filter (io_uring) or
+    into another process of its namespace (ptrace, process_vm_*, pidfd_getfd: eval's init runs
+    there). clone3 says ENOSYS, so the C library falls back to clone, whose flags the filter can
+    read; every other refusal is EPERM. Calls of another ABI (i386 on x86_64, x32) are refused as
+    a whole."""
     arch, nr = ARCHITECTURES[machine]
-    deny = ["shmget", "msgget", "semget", "mq_open", "memfd_create", "io_uring_setup", "unshare", "setns"]
+    deny = ["shmget", "msgget", "semget", "mq_open", "memfd_create", "io_uring_setup", "unshare", "setns", "ptrace",
+            "process_vm_readv", "process_vm_writev", "pidfd_getfd"]  # fmt: skip
     code: list[tuple[int, Any, Any, int]] = [(_LD_W_ABS, 0, 0, 4), (_JEQ, 0, "deny", arch), (_LD_W_ABS, 0, 0, 0)]
     if machine == "x86_64":
         code.append((_JGE, "deny", 0, _X32_BIT))
     code += [(_JEQ, "deny", 0, nr[name]) for name in deny]
     code += [(_JEQ, "enosys", 0, nr["clone3"]), (_JEQ, "socket", 0, nr["socket"]), (_JEQ, "socket", 0, nr["socketpair"]),
-             (_JEQ, "clone", 0, nr["clone"]), (_RET, 0, 0, _RET_ALLOW)]  # fmt: skip
+             (_JEQ, "clone", 0, nr["clone"]), (_JEQ, "setsockopt", 0, nr["setsockopt"]), (_JEQ, "fcntl", 0, nr["fcntl"]),
+             (_RET, 0, 0, _RET_ALLOW)]  # fmt: skip
     labels = {"socket": len(code)}
-    code += [(_LD_W_ABS, 0, 0, 16), (_JEQ, "allow", "deny", _AF_UNIX)]  # args[0], low word (little-endian)
+    code += [(_LD_W_ABS, 0, 0, _arg(0)), (_JEQ, "allow", "deny", _AF_UNIX)]
     labels["clone"] = len(code)
-    code += [(_LD_W_ABS, 0, 0, 16), (_JSET, "deny", "allow", _CLONE_NEW)]
+    code += [(_LD_W_ABS, 0, 0, _arg(0)), (_JSET, "deny", "allow", _CLONE_NEW)]
+    labels["setsockopt"] = len(code)
+    code += [(_LD_W_ABS, 0, 0, _arg(1)), (_JEQ, 0, "allow", _SOL_SOCKET), (_LD_W_ABS, 0, 0, _arg(2))]
+    code += [(_JEQ, "deny", 0, size) for size in _BUFFER_SIZES] + [(_RET, 0, 0, _RET_ALLOW)]
+    labels["fcntl"] = len(code)
+    code += [(_LD_W_ABS, 0, 0, _arg(1)), (_JEQ, "deny", "allow", _F_SETPIPE_SZ)]
     labels.update(allow=len(code), deny=len(code) + 1, enosys=len(code) + 2)
     code += [(_RET, 0, 0, _RET_ALLOW), (_RET, 0, 0, _RET_ERRNO | _EPERM), (_RET, 0, 0, _RET_ERRNO | _ENOSYS)]
 
@@ -94,7 +123,7 @@ def seccomp_filter(machine: str) -> bytes:
     return b"".join(struct.pack("=HBBI", op, offset(i, jt), offset(i, jf), k) for i, (op, jt, jf, k) in enumerate(code))
 
 
-# -- the three processes -----------------------------------------------------------------------------
+# -- the four processes ------------------------------------------------------------------------------
 
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 1, 38, 22, 2
 _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
@@ -105,6 +134,8 @@ _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_REC, _
 _LOCKED = ((os.ST_NOSUID, _MS_NOSUID), (os.ST_NODEV, _MS_NODEV), (os.ST_NOEXEC, _MS_NOEXEC))
 _MNT_DETACH = 2
 _KEYCTL_JOIN_SESSION_KEYRING = 1
+_UCRED = struct.Struct("3i")  # pid, uid, gid: SCM_CREDENTIALS' data
+_MESSAGES = 64  # the most messages read from the verdict channel
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -114,10 +145,9 @@ class _Fail(Exception):
 
 
 class Launcher:
-    def __init__(self, cfg: dict[str, Any], control: int, verdict: int) -> None:
+    def __init__(self, cfg: dict[str, Any], control: int) -> None:
         self.cfg = cfg
         self.control = _socket.socket(fileno=control)
-        self.verdict = verdict
         self.machine = os.uname().machine
 
     def say(self, text: str, fds: tuple[int, ...] = ()) -> None:
@@ -130,16 +160,17 @@ class Launcher:
         try:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             self.die_with_parent(self.cfg["harness"])
+            if self.cfg["cgroup"] is not None:  # before any fork: every process of the run is counted there
+                try:
+                    with open(os.path.join(self.cfg["cgroup"], "cgroup.procs"), "w") as f:
+                        f.write(str(os.getpid()))
+                except OSError as e:
+                    raise _Fail(f"joining the run's memory cgroup: {e.strerror}") from None
             if self.cfg["contain"]:
                 self.parent()
             else:
                 os.chdir(self.cfg["folder"])
-                me = os.getpid()
-                program = os.fork()
-                if program == 0:
-                    self.die_with_parent(me)
-                    self.program(None)
-                self.watch(program)
+                self.init(None)
         except BaseException as e:  # noqa: BLE001 - whatever failed, one line, as a setup failure
             self.fail(e)
         os._exit(0)
@@ -151,11 +182,10 @@ class Launcher:
         finally:
             os._exit(SETUP_FAILED)
 
-    def die_with_parent(self, parent: int | None) -> None:
-        """SIGKILL when the parent ends; and end now if it already has (`parent` its id, or None
-        where the parent is outside this process's PID namespace and `alive` tells)."""
+    def die_with_parent(self, parent: int) -> None:
+        """SIGKILL when the parent (`parent`, its id) ends; and end now if it already has."""
         self.check(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(parent-death signal)")
-        if parent is not None and os.getppid() != parent:
+        if os.getppid() != parent:
             os._exit(SETUP_FAILED)
 
     def parent(self) -> None:
@@ -207,25 +237,18 @@ class Launcher:
         os.close(up)
         os.close(down)
         source = self.build_root()
-        alive_read, alive_write = os.pipe()  # G's way to see that C has ended before G could set its death signal
-        program = os.fork()
-        if program == 0:
+        alive_read, alive_write = os.pipe()  # I's way to see that C ended before I could set its death signal
+        init = os.fork()  # the first process of the new PID namespace: its process 1
+        if init == 0:
             os.close(alive_write)
-            self.program((source, alive_read))
+            self.check(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(parent-death signal)")
+            if select.select([alive_read], [], [], 0)[0]:  # end of file: C, the only writer, has ended
+                os._exit(SETUP_FAILED)
+            os.close(alive_read)
+            self.init(source)
         os.close(alive_read)
-        self.watch(program)
-
-    def watch(self, program: int) -> None:
-        """Send the harness a pidfd of `program`, wait for it, and report how it ended."""
-        try:
-            pidfd = os.pidfd_open(program)
-        except (AttributeError, OSError):  # kernels before 5.3: the parent-death signals alone
-            pidfd = None
-        if pidfd is not None:
-            self.say("program", (pidfd,))
-            os.close(pidfd)
-        _, status, usage = os.wait4(program, 0)
-        self.say(f"ended {status} {usage.ru_utime + usage.ru_stime:.3f}")
+        _, status = os.waitpid(init, 0)
+        os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else SETUP_FAILED)
 
     def build_root(self) -> bytes:
         """The new root, read-only, holding only what Python needs, and the program's folder;
@@ -272,21 +295,66 @@ class Launcher:
         kept = sum(ms for st, ms in _LOCKED if flags & st)
         self.mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | kept, None, f"making {path} read-only")
 
+    # -- I (P where uncontained) --
+
+    def init(self, source: bytes | None) -> NoReturn:
+        """Fork G, reap every process until G has ended, and report how G ended (`watch`)."""
+        verdict, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+        verdict.setsockopt(_socket.SOL_SOCKET, _socket.SO_PASSCRED, 1)  # every message then says who sent it
+        verdict.send(self.cfg["nonce"].encode())  # waits in G's end until the driver reads it
+        me = os.getpid()
+        program = os.fork()
+        if program == 0:
+            verdict.close()
+            if source is None:
+                self.die_with_parent(me)
+            self.program(source, theirs.fileno())
+        theirs.close()
+        try:  # the harness ends the run by this pidfd: I's end ends the namespace; uncontained, G's
+            pidfd = os.pidfd_open(program if source is None else me)
+        except (AttributeError, OSError):  # kernels before 5.3: the parent-death signals alone
+            pidfd = None
+        if pidfd is not None:
+            self.say("program", (pidfd,))
+            os.close(pidfd)
+        self.watch(program, verdict)
+        os._exit(0)
+
+    def watch(self, program: int, verdict: _socket.socket) -> None:
+        """Reap every process that ends (as process 1 must: orphans are its children) until
+        `program` has; then report its wait status, its CPU seconds, and whether the nonce came
+        back from `program` itself: a process it forked that ran the driver to its end too is
+        not the program."""
+        while True:
+            pid, status, usage = os.wait4(-1, 0)
+            if pid == program:
+                break
+        returned = False
+        verdict.setblocking(False)
+        nonce = self.cfg["nonce"].encode()
+        for _ in range(_MESSAGES):  # bounded: a process G left may still be writing
+            try:
+                data, ancillary, _, _ = verdict.recvmsg(64, _socket.CMSG_SPACE(_UCRED.size))
+            except ConnectionResetError:  # G ended with the nonce unread in its end (only peeked): said once, then its messages
+                continue
+            except (BlockingIOError, InterruptedError):
+                break
+            sender = next((_UCRED.unpack(d)[0] for level, kind, d in ancillary
+                           if level == _socket.SOL_SOCKET and kind == _socket.SCM_CREDENTIALS and len(d) == _UCRED.size), None)  # fmt: skip
+            returned |= sender == program and data == nonce
+        self.say(f"ended {status} {usage.ru_utime + usage.ru_stime:.3f} {int(returned)}")
+
     # -- G --
 
-    def program(self, contained: tuple[bytes, int] | None) -> NoReturn:
+    def program(self, source: bytes | None, verdict: int) -> NoReturn:
         """G: the unprivileged user, the limits, the filter, then the driver (never returns)."""
         try:
-            if contained is not None:
-                source, alive = contained
-                self.die_with(alive)
-                cfg = self.cfg
+            cfg = self.cfg
+            if source is not None:
                 if cfg["root"]:
                     os.setgroups([])
                 os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
                 os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
-                self.die_with(alive)  # a change of user clears the parent-death signal: set it again
-                os.close(alive)
                 self.check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no new privileges)")
                 if libc.syscall(ARCHITECTURES[self.machine][1]["keyctl"], _KEYCTL_JOIN_SESSION_KEYRING, None) < 0 and ctypes.get_errno() != _ENOSYS:
                     raise _Fail("a keyring of its own: " + os.strerror(ctypes.get_errno()))
@@ -294,19 +362,14 @@ class Launcher:
                 with open("program.py", "wb") as f:
                     f.write(source)
             self.limit()
-            if contained is not None:
+            if source is not None:
                 self.install_filter()
             # closed as the driver starts: nothing the program does can speak on the launcher's channel
             os.set_inheritable(self.control.fileno(), False)
-            cfg = self.cfg
-            os.execve(cfg["python"], [cfg["python"], "-I", "-X", "utf8", "-c", cfg["driver"], cfg["nonce"], str(self.verdict)], cfg["env"])
+            os.set_inheritable(verdict, True)
+            os.execve(cfg["python"], [cfg["python"], "-I", "-X", "utf8", "-c", cfg["driver"], str(verdict)], cfg["env"])
         except BaseException as e:  # noqa: BLE001
             self.fail(e)
-
-    def die_with(self, alive: int) -> None:
-        self.die_with_parent(None)
-        if select.select([alive], [], [], 0)[0]:  # end of file: C, the only writer, has ended
-            os._exit(SETUP_FAILED)
 
     def limit(self) -> None:
         cfg, mb = self.cfg, 1 << 20
@@ -348,4 +411,4 @@ class Launcher:
 
 
 if __name__ == "__main__":
-    Launcher(marshal.loads(bytes.fromhex(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3])).main()
+    Launcher(marshal.loads(bytes.fromhex(sys.argv[1])), int(sys.argv[2])).main()

@@ -12,35 +12,45 @@ launcher (`launcher.py`, run by path) started for each program:
   the program's folder, the one place it may write (/sandbox: a file system of its own in
   memory, of bounded size and number of files, gone with the namespace). Nothing else exists
   there: not the home folder, /etc, /tmp, /proc, other users' files, the user's projects;
-- a PID namespace in which the program is process 1: when it ends, the kernel kills every
-  process it started, `setsid` or not, and it can neither see nor signal any process outside.
-  Process 1 itself dies with the launcher (a parent-death signal, set again after the switch of
-  user, which clears it), and the harness kills it by a pidfd at the end and at the timeout and
-  waits until it is gone: nothing of the program runs once `run_program` has returned;
+- a PID namespace whose process 1 is eval's own init (`launcher.py`): the program is its child,
+  a process like any other (a signal it sends itself ends it); when the init ends, the kernel
+  kills every process of the namespace, `setsid` or not, and no process there can see or signal
+  one outside. The init dies with the launcher, the launcher with eval (parent-death signals the
+  program cannot clear: they are not its own), so nothing of a run outlives eval however eval
+  ends; the harness kills the init by a pidfd at the end and at the timeout and waits until it
+  is gone: nothing of the program runs once `run_program` has returned. A scratch folder or
+  cgroup that a killed eval left is removed the next time a program runs (`_sweep`);
 - a network namespace with no interface up, an IPC namespace and a UTS namespace of its own;
 - a seccomp filter (`launcher.seccomp_filter`): only Unix sockets (the network namespace does not
   isolate AF_VSOCK, the way to a virtual machine's host), no namespaces of its own, no System V
-  or POSIX IPC, memfd or io_uring (memory held outside the address space's limit);
+  or POSIX IPC, memfd or io_uring (memory held outside the address space's limit), socket
+  buffers and pipes at the system's default sizes (kernel memory the address space does not
+  count), no ptrace of another process;
 - the kernel's limits on each process (`resource`): address space, CPU time (SIGXCPU, then
   SIGKILL a second later), the size of a file it writes, open files, processes, message queues,
-  locked memory, no core dumps; and a wall-clock timeout.
+  locked memory, no core dumps; and a wall-clock timeout;
+- where a memory cgroup can be had (`memcg`: as root, or in a delegated cgroup), one of the
+  run's own bounding the memory of all its processes together, kernel memory included.
 
-What is bounded, then: the program's processes (16, each of `memory_mb` address space), what it
-writes (its folder's size and files), what it can open and reach. What is not: CPU time across
-its processes beyond each one's limit within the timeout, and memory is bounded per process,
-not for the namespace as a whole (no cgroup: see docs/evaluation.md).
+What is bounded, then: the program's processes (16, each of `memory_mb` address space, and all
+of them `memory_mb` where a cgroup can be had), what it writes (its folder's size and files), what
+it can open and reach. What is not: CPU time across its processes beyond each one's limit within
+the timeout; without a cgroup, memory for the processes as a whole (see docs/evaluation.md).
 
 `UNCONTAINED` ("--sandbox none", asked for by name) runs the program with the same limits and
 timeout but without the namespaces: it can read, write and connect wherever its user can.
 
-The verdict comes from a channel the program cannot fake by accident: the program runs under a
-driver (`_DRIVER`) that writes a per-run nonce to a pipe the harness owns after the program's
-last statement returned (for a code task: `check(candidate)`). Exiting early in any form
+The verdict is judged outside the program's reach: a program passes when its own process (not
+a process it forked, whose end is never the program's) ran its last statement to the end (for a
+code task: `check(candidate)`) and exited, as eval's init sees it (launcher.py: a nonce handed
+back from the program's process id, which the kernel vouches for). Exiting early in any form
 (`sys.exit(0)`, `os._exit(0)`, `unittest.main()`, a thread or an atexit hook that exits) is a
-failure with its reason. A program written to forge the nonce is out of scope: it is the
-boundary, not the verdict, that holds against hostile code. The program's output reaches the
-harness only through pipes the harness owns: standard output is discarded, the last
-`_KEPT_OUTPUT` bytes of standard error are kept for the one line that says why it failed.
+failure with its reason. The nonce is no name the program can reach: it waits in a socket's
+buffer, read only after the last statement returned. A program written to forge a pass (by
+reading that socket, or by changing what `check` does) is out of scope: it is the boundary, not
+the verdict, that holds against hostile code. The program's output reaches the harness only
+through pipes the harness owns: standard output is discarded, the last `_KEPT_OUTPUT` bytes of
+standard error are kept for the one line that says why it failed.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ from __future__ import annotations
 import marshal
 import os
 import platform
+import re
 import secrets
 import select
 import selectors
@@ -62,6 +73,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..errors import ConfigError
+from . import memcg
 
 CONTAINED = "namespaces"
 UNCONTAINED = "none"
@@ -69,28 +81,36 @@ SANDBOXES = (CONTAINED, UNCONTAINED)
 
 _KEPT_OUTPUT = 64 * 1024  # bytes of stderr kept (the end of a traceback is what matters)
 _NOBODY = 65534  # the overflow id: the user a root launcher's program runs as
+_SCRATCH_PREFIX = "localcos-eval-"  # then this process's id: what a killed eval left is found by it
+_SCRATCH = re.compile(re.escape(_SCRATCH_PREFIX) + r"(\d+)-")
 
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")  # run by path: see its docstring
 _WAIT_FOR_END = 10.0  # seconds the harness waits for a killed program's namespace to be gone
 
-# Runs the program (./program.py) as __main__ and, once its last statement has returned, writes
-# the nonce to the harness's pipe and ends at once (no atexit hook or thread can change that).
+# Runs the program (./program.py) as __main__ and, once its last statement has returned, hands back
+# the nonce eval's init left on the verdict channel (read only then, and not taken: a process the
+# program forked that ran to its end too finds it and sends it from its own process id, which is
+# not the program's) and ends at once (no atexit hook or thread can change that). It keeps no
+# name of its own: the program's globals are a dict of their own, and this module holds `main`.
 _DRIVER = r"""
-import os, sys
-nonce, verdict = sys.argv[1].encode(), int(sys.argv[2])
-del sys.argv[1:]
-sys.argv[0] = "program.py"
-with open("program.py", encoding="utf-8") as f:
-    code = compile(f.read(), "program.py", "exec")
-try:
-    exec(code, {"__name__": "__main__", "__file__": "program.py", "__builtins__": __builtins__})
-except SystemExit as e:
-    sys.stderr.write("SystemExit: the program exited (%r) before its last statement returned\n" % (e.code,))
-    sys.stderr.flush()
-    os._exit(1)
-sys.stdout.flush()
-os.write(verdict, nonce)
-os._exit(0)
+def main():
+    import os, sys, _socket
+    channel = int(sys.argv[1])
+    del sys.argv[1:]
+    sys.argv[0] = "program.py"
+    with open("program.py", encoding="utf-8") as f:
+        code = compile(f.read(), "program.py", "exec")
+    try:
+        exec(code, {"__name__": "__main__", "__file__": "program.py", "__builtins__": __builtins__})
+    except SystemExit as e:
+        sys.stderr.write("SystemExit: the program exited (%r) before its last statement returned\n" % (e.code,))
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    end = _socket.socket(fileno=channel)
+    end.send(end.recv(64, _socket.MSG_PEEK))
+    os._exit(0)
+main()
 """
 
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
@@ -176,6 +196,7 @@ def run_program(source: str, limits: Limits = Limits(), sandbox: str = CONTAINED
     Building it for one program is tried twice (a fork or a mount can fail for a moment on a
     loaded machine); failing twice, it is the system's failure, not the program's: raised."""
     require(sandbox)
+    _sweep()
     try:
         return _run_checked(source, limits, sandbox)
     except _SetupFailed:
@@ -186,12 +207,43 @@ def run_program(source: str, limits: Limits = Limits(), sandbox: str = CONTAINED
         raise SandboxUnavailable(f"the sandbox could not be built for a program, twice: {e}", param="sandbox") from None
 
 
+def memory_bound(limits: Limits) -> str:
+    """What bounds a program's memory here, in words (eval says it before the first program)."""
+    per_process = f"{limits.memory_mb} MiB of address space per process"
+    place = memcg.hierarchy()
+    if place is None:
+        return per_process + " (no memory cgroup can be had here: not the program's processes together)"
+    return f"{per_process}, and {limits.memory_mb} MiB for all of them together (a memory cgroup of each run's own, cgroup v{place.version})"
+
+
 class _SetupFailed(Exception):
     pass
 
 
+@lru_cache(maxsize=None)
+def _sweep() -> None:
+    """Once per process: remove what runs of an eval that was killed left (its scratch folders,
+    its memory cgroups), named after a process that no longer exists."""
+    temp = tempfile.gettempdir()
+    try:
+        names = os.listdir(temp)
+    except OSError:
+        names = []
+    for name in names:
+        left = _SCRATCH.match(name)
+        path = os.path.join(temp, name)
+        try:
+            mine = os.lstat(path).st_uid == os.geteuid()
+        except OSError:
+            continue
+        if left and mine and not memcg.alive(int(left.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+    memcg.sweep()
+
+
 def _run_checked(source: str, limits: Limits, sandbox: str) -> Outcome:
-    scratch = tempfile.mkdtemp(prefix="localcos-eval-")
+    scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
+    group = None
     try:
         folder = os.path.join(scratch, "program")
         new_root = os.path.join(scratch, "root")
@@ -199,57 +251,59 @@ def _run_checked(source: str, limits: Limits, sandbox: str) -> Outcome:
         os.mkdir(new_root, 0o700)
         with open(os.path.join(folder, "program.py"), "w", encoding="utf-8") as f:
             f.write(source)
-        return _run(folder, new_root, limits, sandbox, os.geteuid() == 0)
+        try:
+            group = memcg.make(limits.memory_mb << 20)
+        except OSError as e:
+            raise _SetupFailed(f"making the run's memory cgroup: {e.strerror}") from None
+        return _run(folder, new_root, limits, sandbox, os.geteuid() == 0, group)
     finally:
+        if group is not None:
+            group.remove()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 @dataclass
 class _Heard:
-    """What came back from one program: the end of its stderr, what came on the verdict pipe,
-    and on the launcher's channel a setup failure, the program's pidfd, its wait status and the
-    CPU seconds it used."""
+    """What came back from one program: the end of its stderr, and on the launcher's channel a
+    setup failure, the pidfd whose end ends the program, the program's wait status, the CPU
+    seconds it used and whether it finished (its last statement returned, see launcher.py)."""
 
     stderr: bytearray = field(default_factory=bytearray)
-    verdict: bytearray = field(default_factory=bytearray)
     setup: str | None = None
     pidfd: int | None = None
     status: int | None = None
     cpu: float = 0.0
+    returned: bool = False
     timed_out: bool = False
 
 
-def _run(folder: str, new_root: str, limits: Limits, sandbox: str, root: bool) -> Outcome:
+def _run(folder: str, new_root: str, limits: Limits, sandbox: str, root: bool, group: memcg.Cgroup | None) -> Outcome:
     python, prefixes = python_paths()
     contained = sandbox == CONTAINED
     inside = "/sandbox" if contained else folder
-    nonce = secrets.token_hex(16)
     config = {
         "contain": contained, "root": root, "folder": folder, "new_root": new_root, "python": python, "harness": os.getpid(),
         "uid": _NOBODY if root else os.geteuid(), "gid": _NOBODY if root else os.getegid(),
-        "read_only": [*_SYSTEM, *prefixes], "devices": list(_DEVICES),
+        "read_only": [*_SYSTEM, *prefixes], "devices": list(_DEVICES), "cgroup": None if group is None else group.folder,
         "memory_mb": limits.memory_mb, "folder_mb": limits.folder_mb, "cpu_seconds": limits.cpu, "file_mb": limits.file_mb,
-        "open_files": limits.open_files, "processes": limits.processes, "driver": _DRIVER, "nonce": nonce,
+        "open_files": limits.open_files, "processes": limits.processes, "driver": _DRIVER, "nonce": secrets.token_hex(16),
         "env": {"PATH": "/usr/bin:/bin", "HOME": inside, "TMPDIR": inside, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
     }  # fmt: skip
     heard = _Heard()
     control, control_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    verdict_read, verdict_write = os.pipe()
     proc = None
     t0 = time.monotonic()
     try:
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", _LAUNCHER, marshal.dumps(config).hex(), str(control_theirs.fileno()), str(verdict_write)],
+                [sys.executable, "-I", "-S", _LAUNCHER, marshal.dumps(config).hex(), str(control_theirs.fileno())],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                pass_fds=(control_theirs.fileno(), verdict_write), start_new_session=True, cwd="/",
+                pass_fds=(control_theirs.fileno(),), start_new_session=True, cwd="/",
             )  # fmt: skip
         finally:
             control_theirs.close()
-            os.close(verdict_write)
-        _collect(proc, control, verdict_read, t0 + limits.seconds, heard)
+        _collect(proc, control, t0 + limits.seconds, heard)
     finally:
-        os.close(verdict_read)
         if proc is not None:
             _end(proc, control, heard)
         control.close()
@@ -258,22 +312,24 @@ def _run(folder: str, new_root: str, limits: Limits, sandbox: str, root: bool) -
     seconds = time.monotonic() - t0
     if heard.setup is not None:
         raise _SetupFailed(heard.setup)
-    if bytes(heard.verdict) == nonce.encode():
+    if heard.returned and heard.status is not None and os.WIFEXITED(heard.status) and os.WEXITSTATUS(heard.status) == 0:
         return Outcome(True, "passed", seconds)
     if heard.timed_out:
         return Outcome(False, f"timed out after {limits.seconds:g}s", seconds)
+    if group is not None and group.out_of_memory():
+        return Outcome(False, f"out of memory (its processes held more than {limits.memory_mb} MiB in all)", seconds)
     if heard.status is None:  # the launcher ended without a word: its own exit status is all there is
-        return Outcome(False, f"the sandbox's launcher ended with status {proc.returncode} before the program did", seconds)
+        return Outcome(False, f"the sandbox's launcher ended with status {proc.returncode} before the program did", seconds)  # type: ignore[union-attr]
     return Outcome(False, _why(heard.status, heard.cpu, heard.stderr.decode("utf-8", errors="replace"), limits), seconds)
 
 
-def _collect(proc: subprocess.Popen, control: socket.socket, verdict: int, deadline: float, heard: _Heard) -> None:
-    """Read the program's stderr and verdict pipe and the launcher's channel as data arrives,
-    bounded, until the launcher ends and the pipes are drained, or the deadline passes."""
+def _collect(proc: subprocess.Popen, control: socket.socket, deadline: float, heard: _Heard) -> None:
+    """Read the program's stderr and the launcher's channel as data arrives, bounded, until the
+    launcher ends and the pipes are drained, or the deadline passes."""
     assert proc.stderr is not None
     err = proc.stderr.fileno()
     with selectors.DefaultSelector() as sel:
-        for fd in (err, verdict, control.fileno()):
+        for fd in (err, control.fileno()):
             sel.register(fd, selectors.EVENT_READ)
         while sel.get_map():
             left = deadline - time.monotonic()
@@ -288,11 +344,9 @@ def _collect(proc: subprocess.Popen, control: socket.socket, verdict: int, deadl
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     sel.unregister(key.fd)
-                elif key.fd == err:
+                else:
                     heard.stderr += chunk
                     del heard.stderr[:-_KEPT_OUTPUT]
-                elif len(heard.verdict) < 256:
-                    heard.verdict += chunk[: 256 - len(heard.verdict)]
             if proc.poll() is not None and not sel.select(0):
                 return  # ended; whatever it left holding the pipes (uncontained) is killed next
 
@@ -311,15 +365,16 @@ def _hear(control: socket.socket, heard: _Heard) -> bool:
     if text.startswith("setup: ") and heard.setup is None:
         heard.setup = text[7:].strip()
     elif text.startswith("ended "):
-        status, cpu = text.split()[1:3]
-        heard.status, heard.cpu = int(status), float(cpu)
+        status, cpu, returned = text.split()[1:4]
+        heard.status, heard.cpu, heard.returned = int(status), float(cpu), returned == "1"
     return True
 
 
 def _end(proc: subprocess.Popen, control: socket.socket, heard: _Heard) -> None:
-    """Kill whatever is left: the program's process, by its pidfd (process 1 of its PID
-    namespace: the kernel kills the rest of the namespace with it), then the launcher's process
-    group; and wait until the program's process is gone, so nothing of it runs once this returns."""
+    """Kill whatever is left: by its pidfd the process whose end ends the program (eval's init,
+    process 1 of the program's PID namespace: the kernel kills the rest of the namespace with it),
+    then the launcher's process group; and wait until that process is gone, so nothing of the
+    program runs once this returns."""
     if heard.pidfd is None and heard.status is None and proc.poll() is None:
         # the pidfd may be on its way: a program started just before the deadline
         control.settimeout(0.05)
@@ -350,7 +405,7 @@ def _why(status: int, cpu: float, stderr: str, limits: Limits) -> str:
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         name = signal.Signals(sig).name if sig in signal.valid_signals() else f"signal {sig}"
-        # process 1 of a PID namespace ignores SIGXCPU: the kernel's SIGKILL at the hard limit ends it
+        # a program that ignores or catches SIGXCPU: the kernel's SIGKILL at the hard limit ends it
         if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= limits.cpu + 1 - 0.05):
             return f"killed by {name}: the CPU limit (more than {limits.cpu}s of CPU)"
         if sig == signal.SIGXFSZ:
