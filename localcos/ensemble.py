@@ -62,6 +62,7 @@ class Ensemble(LoadedModels):
         calibrate: bool = False,
         progress: Callable[[int, int, str], None] | None = None,
         second_prompt: bool = False,
+        lookahead: tuple[int, int] | None = None,
     ) -> "Ensemble":
         """Load every model (each into its own llama.cpp context) and check their tokenizers.
         `paths`: GGUF files, or names as `--models` takes them (models.toml names, hf:,
@@ -85,11 +86,14 @@ class Ensemble(LoadedModels):
         `generate(..., negative_prompt=TEXT)` reads, combined by the combiner with the others
         (`Guidance(scale)`: classifier-free guidance; `Contrastive`; `WeightedEnsemble`: two
         phrasings averaged). The combiner's members are the models, then that one.
+        `lookahead`: (K, L), the most candidates and rolled-out tokens a generation may look ahead
+        (`generate(..., lookahead=(K, L), temperature=0)`): each sequence gets K sequences more
+        for its branches, which share its cells.
         """
         spec = LoadSpec.make(
             [model_path(p) for p in paths], n_gpu_layers=n_gpu_layers, rpc=rpc, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, main_gpu=main_gpu,
             split_mode=split_mode, flash_attn=flash_attn, rpc_timeout=rpc_timeout, parallel=parallel, calibrate=calibrate,
-            second_prompt=second_prompt,
+            second_prompt=second_prompt, lookahead=lookahead,
         )  # fmt: skip
         return cls.from_spec(spec, combiner, progress=progress, max_logit_rows=max_logit_rows)
 
@@ -145,9 +149,10 @@ class Ensemble(LoadedModels):
         `config.default_method`), max_tokens, temperature (0 = greedy), top_k, top_p, min_p,
         seed, stop (strings), ignore_eos, gamma ("auto", the default, or one value, or one per
         model), proposer (model index), negative_prompt (what a member reading a second prompt
-        reads: `load(second_prompt=True)`). `combiner` replaces the ensemble's for this call;
-        `second_prompt` gives the second prompt as it is read (token ids: a chat's rendering)
-        instead of negative_prompt's text.
+        reads: `load(second_prompt=True)`), lookahead ((K, L): greedy, looking ahead where r is
+        unsure, `load(lookahead=...)`) and lookahead_threshold. `combiner` replaces the
+        ensemble's for this call; `second_prompt` gives the second prompt as it is read (token
+        ids: a chat's rendering) instead of negative_prompt's text.
         """
         return self.generate_many(prompt, 1, config=config, combiner=combiner, second_prompt=second_prompt, **settings)[0]
 

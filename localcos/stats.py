@@ -18,6 +18,9 @@ Words, the same in code, JSON and the README:
   gate_decided, gate_opened
                  with a gated combiner: tokens committed, and those where the gate opened (the
                  models were combined; elsewhere r was the lead model's own distribution)
+  looked_ahead, lookahead_changed
+                 with --lookahead: positions looked ahead from (r unsure there), and those where
+                 a branch other than r's likeliest token won
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ class GenerationStats:
     lookup_accepted: int = 0
     gate_decided: int = 0
     gate_opened: int = 0
+    looked_ahead: int = 0
+    lookahead_changed: int = 0
     gamma: list[int] | None = None  # proposal length per model (None: ensemble, or chosen online)
     proposer: int | None = None
     seed: int | None = None
@@ -153,7 +158,7 @@ class GenerationStats:
                 reasons[k] = reasons.get(k, 0) + v
         counters = (
             "completions", "tokens", "seconds", "prompt_tokens", "prompt_seconds", "proposed", "accepted", "rejected", "verifications",
-            "bonus", "lookup_proposed", "lookup_accepted", "gate_decided", "gate_opened",
+            "bonus", "lookup_proposed", "lookup_accepted", "gate_decided", "gate_opened", "looked_ahead", "lookahead_changed",
         )  # fmt: skip
         totals = {k: sum(getattr(s, k) for s in stats) for k in counters}
         ensemble = None if any(s.ensemble_llama_seconds is None for s in stats) else sum(s.ensemble_llama_seconds or 0.0 for s in stats)
@@ -194,6 +199,8 @@ class GenerationStats:
             parts.append(f"looked up {self.lookup_accepted}/{self.lookup_proposed}")
         if self.gate_decided:
             parts.append(f"gate open {self.gate_opened}/{self.gate_decided}")
+        if self.looked_ahead:
+            parts.append(f"looked ahead {self.looked_ahead}x, changed {self.lookahead_changed}")
         parts.append("calls " + "/".join(str(c) for c in self.calls))
         if self.host_fraction is not None:
             parts.append(f"host {self.host_fraction:.0%}")

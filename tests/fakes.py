@@ -132,6 +132,9 @@ class FakeSeq:
     def truncate(self, n: int) -> None:
         del self.tokens[n:]
 
+    def hold(self, other: "FakeSeq", n: int | None = None) -> None:
+        self.tokens = list(other.tokens[: len(other.tokens) if n is None else n])
+
     def known_row(self, prompt: Sequence[int]) -> None:
         self.truncate(0)
 

@@ -117,3 +117,78 @@ def test_the_coder_instruct_preset_and_eval_variants_name_the_phrasing(models):
     base = resolve({"models": [str(models["chat"])]}, decoded=False)
     assert base.generation.phrasing == "raw"
     assert parse_config("instruct=--phrasing instruct", base, [1]).settings.generation.phrasing == "instruct"
+
+
+def _evalplus_prompt(path: str, code: str) -> list[int]:
+    """The prompt's tokens as EvalPlus phrases a task for a chat model, written on
+    llama-cpp-python: its instruction with the task in a code block, the assistant's turn its
+    response prefix and an opened code block."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    llm = reference.reference_llama(path, n_ctx=256)
+    try:
+        bos = llm._model.token_get_text(llm.token_bos())
+        user = ("Please provide a self-contained Python script that solves the following problem in a markdown code block:\n```\n"
+                + code.strip() + "\n```\n")  # fmt: skip
+        text = Jinja2ChatFormatter(template=llm.metadata["tokenizer.chat_template"], eos_token="", bos_token=bos,
+                                   add_generation_prompt=True)(messages=[{"role": "user", "content": user}]).prompt  # fmt: skip
+        text += "Below is a Python script with a self-contained function that solves the problem and passes corresponding tests:\n```python\n"
+        return llm.tokenize(text.encode(), add_bos=not text.startswith(bos), special=True)
+    finally:
+        llm.close()
+
+
+def test_evalplus_and_auto_read_a_model_as_its_makers_run_it(models):
+    from localcos.phrasing import AUTO
+
+    chat, base = str(models["chat"]), str(models["base"])
+    with Ensemble.load([chat], n_ctx=256) as ens:
+        evalplus = ens.generate(CODE, phrasing="evalplus", temperature=0, max_tokens=2, ignore_eos=True)
+        assert evalplus.stats.prompt_tokens == len(in_child(_evalplus_prompt, chat, CODE))
+        auto = ens.generate(CODE, phrasing="auto", temperature=0, max_tokens=N, ignore_eos=True)
+        made = ens.generate(CODE, phrasing=AUTO, temperature=0, max_tokens=N, ignore_eos=True)
+        assert auto.token_ids == made.token_ids and auto.stats.prompt_tokens == made.stats.prompt_tokens
+    with Ensemble.load([base], n_ctx=256) as ens:  # no chat template: a base model reads the code itself
+        auto = ens.generate(CODE, phrasing="auto", temperature=0, max_tokens=N, ignore_eos=True)
+        raw = ens.generate(CODE, temperature=0, max_tokens=N, ignore_eos=True)
+        assert auto.token_ids == raw.token_ids and auto.stats.prompt_tokens == len(ens.tokenize(CODE))
+
+
+def test_a_whole_script_runs_with_its_definitions_after_the_prompt():
+    from localcos.eval.codetasks import CodeTask, definitions
+    from localcos.eval.sandbox import run_program
+
+    task = CodeTask("t/0", "import math\n\n\ndef area(r):\n    \"\"\"The area of a circle of radius r.\"\"\"\n",
+                    "def check(candidate):\n    assert abs(candidate(2) - 4 * math.pi) < 1e-9\n", "area")  # fmt: skip
+    script = ("import math\n\n\ndef square(x):\n    return x * x\n\n\ndef area(r):\n    return math.pi * square(r)\n\n\n"
+              "print(area(1))\nassert area(1) == 0, 'the script's own check is not the test'\n")  # fmt: skip
+    assert "print(" not in definitions(script) and "def square" in definitions(script)
+    assert run_program(task.program(script, script=True)).passed
+    # a script cut short keeps what parses of it
+    assert definitions(script.replace("return math.pi * square(r)", "return math.pi * (")) == "import math\n\ndef square(x):\n    return x * x"
+    assert not run_program(task.program("def area(r):\n    return 0\n", script=True)).passed
+
+
+@pytest.mark.slow
+def test_eval_reads_each_model_as_its_makers_run_it_by_default(models, tmp_path):
+    """eval's "alone" is the model as made: an instruct GGUF through its chat template, a model
+    without one raw; --phrasing raw is a variant of its own."""
+    task = {"task_id": "t/0", "prompt": CODE, "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n", "entry_point": "add"}
+    task_file = tmp_path / "tasks.jsonl"
+    task_file.write_text(json.dumps(task) + "\n")
+    texts = {}
+    for name in ("chat", "base"):
+        results = tmp_path / f"{name}.jsonl"
+        proc = subprocess.run([sys.executable, "-m", "localcos", "eval", "--models", str(models[name]), "--task", str(task_file), "--run-code",
+                               "--max-tokens", "6", "--level", "token", "--results", str(results), "--variant", "made=", "--variant", "raw=--phrasing raw"],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        records = {json.loads(line)["config"]: json.loads(line) for line in results.read_text().splitlines()[1:]}
+        texts[name] = {config: r["completion"] for config, r in records.items()}
+        assert set(records) == {"made", "raw"} and records["made"]["settings"]["phrasing"] == "auto", records
+    with Ensemble.load([str(models["chat"])], n_ctx=256) as ens:
+        stops = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```")
+        instruct = ens.generate(CODE, phrasing="instruct", temperature=0, max_tokens=6, stop=stops).text
+        raw = ens.generate(CODE, temperature=0, max_tokens=6, stop=stops).text
+    assert texts["chat"]["made"] == instruct and texts["chat"]["raw"] == raw and instruct != raw
+    assert texts["base"]["made"] == texts["base"]["raw"]

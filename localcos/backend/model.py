@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import ModelFileError
 from .gguf_file import check_model_file, model_label
-from .slot import PROMPT_CHUNK, ModelStats, Slot, common_prefix
+from .slot import PROMPT_CHUNK, ModelStats, Slot, charged_slots, common_prefix
 
 MIN_CTX = 8
 SPLIT_MODES = {
@@ -415,7 +415,8 @@ class Model:
         Returns each part's rows, [out_to - out_from, logits_vocab], as views of llama.cpp's
         output buffer valid until the model's next call. At most `n_batch` tokens and
         `max_logit_rows` rows in all; each slot at most once; the call and its tokens are counted
-        for the model and for each slot (a call a slot shares with its `partner` counts there)."""
+        for the model and for each slot, a call that slots of one partner share once
+        (`charged_slots`)."""
         n = sum(len(tokens) for _, tokens, _, _ in parts)
         n_rows = sum(out_to - out_from for _, _, out_from, out_to in parts)
         if n > self.n_batch or n_rows > self.max_logit_rows:
@@ -432,6 +433,7 @@ class Model:
         seconds = time.perf_counter() - t0
         out = []
         offset = 0
+        charged = charged_slots([slot for slot, *_ in parts])
         for slot, tokens, out_from, out_to in parts:
             self._note_cells(slot)
             out.append(rows[offset : offset + out_to - out_from, : self.logits_vocab])
@@ -439,7 +441,7 @@ class Model:
             slot.tokens.extend(int(t) for t in tokens)
             slot._publish()
             slot.stats.tokens += len(tokens)
-            if slot.partner is None or all(other is not slot.partner for other, *_ in parts):
+            if slot in charged:
                 slot.stats.calls += 1
                 slot.stats.seconds += seconds
         self.stats.calls += 1

@@ -36,6 +36,9 @@ class ModelStats:
             self.calls - earlier.calls, self.tokens - earlier.tokens, self.seconds - earlier.seconds
         )
 
+    def plus(self, other: "ModelStats") -> "ModelStats":
+        return ModelStats(self.calls + other.calls, self.tokens + other.tokens, self.seconds + other.seconds)
+
 
 def prompt_calls(prompt: Sequence[int], start: int, chunk: int) -> Iterator[tuple[Sequence[int], int]]:
     """The calls that evaluate `prompt` from position `start` in calls of `chunk` tokens: (tokens,
@@ -70,8 +73,9 @@ class Slot:
         self.seq_id = seq_id
         self.tokens: list[int] = []
         self.stats = ModelStats()
-        # the slot of the member this one's generation shares its model with (a second prompt's
-        # member reads the lead's model): a call they share counts once, for the partner
+        # the slot this one's calls count with (a second prompt's member's, which reads the lead's
+        # model, the lead's; a lookahead branch's, its own sequence's): a call they share counts
+        # once (`charged_slots`)
         self.partner: "Slot | None" = None
         # (tokens, llama.cpp's KV positions) after the last call that changed the sequence,
         # published by the thread that drives the model for other threads to read
@@ -193,11 +197,16 @@ class Slot:
                 k = common_prefix(other.tokens, tokens)
                 if k > best:
                     donor, best = other, k
-        if donor is None:
-            return
+        if donor is not None:
+            self.hold(donor, best)
+
+    def hold(self, other: "Slot", n: int | None = None) -> None:
+        """Hold exactly `other`'s first `n` tokens (default all): its cells, shared, not
+        evaluated again (llama.cpp's seq_cp)."""
+        n = len(other.tokens) if n is None else n
         self.truncate(0)
-        self.model.share_cells(donor.seq_id, self.seq_id, best)
-        self.tokens.extend(donor.tokens[:best])
+        self.model.share_cells(other.seq_id, self.seq_id, n)
+        self.tokens.extend(other.tokens[:n])
         self._publish()
 
     def kv_length(self) -> int:
@@ -223,6 +232,19 @@ class Slot:
 
     def __repr__(self) -> str:
         return f"Slot({self.name!r}, seq {self.seq_id}, {len(self.tokens)} tokens)"
+
+
+def charged_slots(slots: Sequence["Slot"]) -> set["Slot"]:
+    """The slots of one call that count it: of the slots sharing a partner (followed to the
+    sequence that has none: a second prompt's member's sequence to the lead's, a lookahead
+    branch's to its own), one: that sequence where it is in the call, else the first of them."""
+    groups: dict[int, list[Slot]] = {}
+    for slot in slots:
+        root = slot
+        while root.partner is not None:
+            root = root.partner
+        groups.setdefault(id(root), []).append(slot)
+    return {next((s for s in group if s.partner is None), group[0]) for group in groups.values()}
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ..eval.results import ResultsFile
     from ..eval.sandbox import Limits
 
-DEFAULTS = {"temperature": 0.0, "max_tokens": 512}
+DEFAULTS = {"temperature": 0.0, "max_tokens": 512, "phrasing": "auto"}  # each model read as its makers run it (localcos.phrasing)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -111,9 +111,11 @@ def run(args: argparse.Namespace) -> int:
     if held < len(tasks) * len(configs):  # a finished run's summary loads no model
         results.check_resumable()
         say(f"localcos: each program's memory: {memory_bound(limits)}")
-        with EvalModels(settings, run_level, progress=loading_progress, second_prompt=any(c.contrast for c in configs)) as models:
+        lookahead = [c.settings.generation.lookahead for c in configs if c.settings.generation.lookahead is not None]
+        most = (max(k for k, _ in lookahead), max(n for _, n in lookahead)) if lookahead else None
+        with EvalModels(settings, run_level, progress=loading_progress, second_prompt=any(c.contrast for c in configs), lookahead=most) as models:
             models.load_alone(sorted({c.member for c in configs if c.own_tokens}), say=say)  # type: ignore[type-var]
-            run_eval(tasks, configs, models.generate, results, limits, args.sandbox, report=say)
+            run_eval(tasks, configs, models.generate, results, limits, args.sandbox, report=say, scripts=models.writes_script)
     baseline, summaries = summarize(results, tasks, configs, args.baseline)
     unit = "chars" if run_level.in_bytes else "tokens"
     title = (f"{task_name}: {len(tasks)} problems, {' + '.join(names)}, {run_level.value} level, temperature "

@@ -34,6 +34,7 @@ from .parse import (
     parse_int,
     parse_ints,
     parse_json_schema,
+    parse_lookahead,
     parse_name,
     parse_names,
     parse_ngram_sizes,
@@ -51,7 +52,7 @@ SPLIT_MODES = ("none", "layer", "row")
 FLASH_ATTN = ("auto", "on", "off")
 COMBINE_LEVELS = ("logits", "probs")
 LEVELS = ("auto", "token", "byte", "mixed")
-PHRASINGS = ("raw", "instruct")  # how a member reads a text prompt (localcos.phrasing)
+PHRASINGS = ("raw", "instruct", "evalplus", "auto")  # how a member reads a text prompt (localcos.phrasing)
 CONTRAST_PROMPTS = ("drop-examples", "instruct")  # eval's second prompts, made from each task's (eval.contrast)
 MAX_QUEUE = 64  # the server's default
 
@@ -228,6 +229,14 @@ _OPTIONS = [
             "the shortest and the longest suffix of the text looked up earlier in it", default=(3, 12), metavar="MIN,MAX"),
     _option("lookup_tokens", "--lookup-tokens", "method", "generation", _at_least(1), "the most looked-up tokens one draft takes",
             default=16, metavar="N"),
+    _option("lookahead", "--lookahead", "method", "generation", parse_lookahead,
+            "greedy decoding that looks ahead where r is unsure (its top probability below --lookahead-threshold): the K "
+            "likeliest tokens each rolled out L tokens greedily, side by side in one call of K rows per model and step, and "
+            "the branch whose tokens r finds likeliest on average kept, its rolled-out tokens included (temperature 0, "
+            "method ensemble, the token level; off by default)", metavar="K,L"),
+    _option("lookahead_threshold", "--lookahead-threshold", "method", "generation",
+            lambda v, what: parse_float(v, what, above=0, maximum=1),
+            "--lookahead: r's top probability below which a position is looked ahead from (0 < P <= 1)", default=0.5, metavar="P"),
     _option("temperature", ("--temperature", "-t"), "sampling", "generation", _sampling("temperature", parse_float),
             "0 = greedy", default=1.0, metavar="T"),
     _option("top_k", "--top-k", "sampling", "generation", _sampling("top_k", parse_int), "keep the k most likely tokens; 0 = off", default=0, metavar="K"),
@@ -243,9 +252,11 @@ _OPTIONS = [
             "of guidance (--cfg-scale), what --combine cd contrasts the prompt with, or a second phrasing --combine we averages; "
             "with --chat, the user's message it stands for", metavar="TEXT"),
     _option("phrasing", "--phrasing", "output", "generation", _choice(PHRASINGS),
-            "how the models read a text prompt: raw (as it is) or instruct (the prompt is code to complete: read as the "
-            "chat template's instruction \"Complete this Python function.\", the assistant's turn repeating the code and "
-            "going on from it, as a completion would; an instruction-tuned code model writes better code so)",
+            "how the models read a text prompt: raw (as it is); or, for code to complete, through the chat template: "
+            "instruct (\"Complete this Python function.\", the assistant's turn repeating the code and going on from it, as a "
+            "completion would), evalplus (EvalPlus's instruction, which model cards report with: the model writes a whole "
+            "self-contained script), auto (as the model's makers run it: instruct where its GGUF has a chat template, raw "
+            "where not; eval's default)",
             default="raw", choices=PHRASINGS),
     _option("ignore_eos", "--ignore-eos", "output", "generation", parse_bool, "never stop at (or sample) end-of-generation tokens",
             default=False, switch=True),

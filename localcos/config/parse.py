@@ -253,6 +253,20 @@ def parse_ngram_sizes(value: Any, what: str) -> tuple[int, int]:
     return sizes[0], sizes[1]
 
 
+LOOKAHEAD_MOST = (16, 64)  # the most candidates and rolled-out tokens one lookahead takes
+
+
+def parse_lookahead(value: Any, what: str) -> tuple[int, int] | None:
+    """K,L: K candidates (2 to 16), each rolled out L tokens (1 to 64); or off (None)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "off"):
+        return None
+    sizes = parse_ints(value, what, minimum=1)
+    if len(sizes) != 2 or not (2 <= sizes[0] <= LOOKAHEAD_MOST[0] and sizes[1] <= LOOKAHEAD_MOST[1]):
+        raise ConfigError(f"{what} must be K,L: K candidates from 2 to {LOOKAHEAD_MOST[0]}, each rolled out L tokens from 1 to "
+                          f"{LOOKAHEAD_MOST[1]} (or off), got {value!r}", param=param_of(what))  # fmt: skip
+    return sizes[0], sizes[1]
+
+
 def parse_json_schema(value: Any, what: str) -> Constraint:
     """A JSON schema: a file, JSON text, or (from JSON) the schema object itself; compiled and
     checked here, before any model is loaded."""

@@ -75,6 +75,7 @@ def resolve(
         rpc=rpc,
         **{**_spec_values("load", value, exclude={"n_gpu_layers", "rpc"}), "level": level},
         second_prompt=second_prompt,
+        lookahead=generation.lookahead,
     )
     combine = CombineSpec(**combine_values).loaded()
     generation = generation.for_models(n, load.level)
@@ -140,8 +141,8 @@ def one_model_decodes_mixed(n: int, generation: GenerationConfig, parallel: int 
     llama.cpp's own (at temperature 1, untruncated, the mixed level samples the very same law,
     slower; truncated, its sampled steps cost more host work and what it gives is unmeasured).
     What the mixed level does not do keeps the token level: a constraint, a method or drafts of
-    the token level, several sequences at once (--parallel), a model on RPC servers, a chat
-    template chosen by index."""
+    the token level, lookahead, several sequences at once (--parallel), a model on RPC servers, a
+    chat template chosen by index."""
     return (
         n == 1
         and generation.sampler().greedy
@@ -150,6 +151,7 @@ def one_model_decodes_mixed(n: int, generation: GenerationConfig, parallel: int 
         and generation.gamma == "auto"
         and generation.proposer is None
         and generation.lookup != "on"
+        and generation.lookahead is None
         and (parallel or 1) == 1
         and not any(rpc)
         and "chat_template_model" not in given

@@ -81,6 +81,9 @@ class LoadSpec:
     second_prompt: bool = False
     byte_paths: int = 8  # byte level: tokenisations (sequences) held per model
     byte_prune: float = 0.01  # byte level: relative mass below which a tokenisation is dropped
+    # the most candidates and rolled-out tokens a generation may look ahead (`GenerationConfig.lookahead`):
+    # each sequence gets a sequence more for each candidate's branch
+    lookahead: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         require_models(len(self.paths))
@@ -93,6 +96,9 @@ class LoadSpec:
             )
         if any(self.rpc) and (self.parallel or 1) > 1:
             raise ConfigError("models on RPC servers decode one sequence at a time: leave out --parallel with --rpc", param="parallel")
+        if any(self.rpc) and self.lookahead is not None:
+            raise ConfigError("--lookahead: models on RPC servers decode one sequence at a time, and its branches are sequences",
+                              param="lookahead")  # fmt: skip
         _checked(self, "load", json=False)
 
     @classmethod
@@ -198,6 +204,8 @@ class GenerationConfig:
     lookup_ngram: tuple[int, int] = (3, 12)  # the shortest and longest suffix looked up
     lookup_tokens: int = 16  # the most looked-up tokens a draft takes
     byte_gamma: int | str = "auto"  # byte level, cos: bytes a proposer drafts, or "auto" (planned from the call costs)
+    lookahead: tuple[int, int] | None = None  # greedy: (candidates, tokens each rolls out) where r is unsure
+    lookahead_threshold: float = 0.5  # r's top probability below which a position is looked ahead from
     # structured output (localcos.grammar): at most one of them
     json_schema: Constraint | None = None
     grammar: Constraint | None = None
@@ -212,6 +220,18 @@ class GenerationConfig:
             raise ConfigError(f"give one constraint, not {' and '.join(given)}", param=given[-1])
         if given and self.ignore_eos:
             raise ConfigError("a constraint ends the text where it is complete: leave out ignore_eos", param="ignore_eos")
+        self._check_lookahead(given)
+
+    def _check_lookahead(self, constraints: Sequence[str]) -> None:
+        """Lookahead is greedy decoding of r with the ensemble's step (`core.strategies.Lookahead`)."""
+        if self.lookahead is None:
+            return
+        if not self.sampler().greedy:
+            raise ConfigError("lookahead decodes greedily: give temperature 0", param="lookahead")
+        if self.method not in (None, "ensemble"):
+            raise ConfigError(f"lookahead decodes with the ensemble's step, not method {self.method}: give method ensemble", param="method")
+        if constraints:
+            raise ConfigError(f"lookahead: not with {constraints[0]} (a constraint would follow every branch)", param=constraints[0])
 
     def sampler(self) -> Sampler:
         return Sampler(self.temperature, self.top_k, self.top_p, self.min_p)
@@ -219,7 +239,7 @@ class GenerationConfig:
     def for_models(self, n: int, level: str = "auto") -> "GenerationConfig":
         """This config for an ensemble of n models decoding at `level`: its method, or the
         default (`default_method`)."""
-        return self if self.method is not None else replace(self, method=default_method(n, level))
+        return self if self.method is not None else replace(self, method=default_method(n, level, self.lookahead is not None))
 
     @property
     def constraint(self) -> Constraint | None:
@@ -241,13 +261,13 @@ class GenerationConfig:
         return replace(self, **changes)
 
 
-def default_method(n_models: int, level: str = "auto") -> str:
+def default_method(n_models: int, level: str = "auto", lookahead: bool = False) -> str:
     """The method every front end takes when none is given (the command line, the chat, the
     server, `Ensemble`, `ByteEnsemble`, presets): cos for two or more models (it samples from r
     exactly, and with --gamma auto, the default, it takes the ensemble's own step wherever drafts
-    would not pay), the standard step for one and at the mixed level (whose token steps are not
-    drafted)."""
-    return "cos" if n_models > 1 and level != "mixed" else "ensemble"
+    would not pay), the standard step for one, at the mixed level (whose token steps are not
+    drafted) and with `lookahead` (which looks ahead from the ensemble's step)."""
+    return "cos" if n_models > 1 and level != "mixed" and not lookahead else "ensemble"
 
 
 MIXED_GATE = 0.5  # the gate of one model's mixed level where none is given (the preset coder-plus's)
@@ -260,12 +280,21 @@ def mixed_gate(gate: float | None, level: str, n: int, second_prompt: bool) -> f
     return MIXED_GATE if gate is None and level == "mixed" and n == 1 and not second_prompt else gate
 
 
+def check_lookahead_level(level: str, generation: GenerationConfig) -> None:
+    """Lookahead decodes at the token level: its branches are sequences of one tokenizer's tokens."""
+    if level in ("byte", "mixed") and generation.lookahead is not None:
+        raise ConfigError(f"lookahead: not available at the {level} level (its branches are sequences of one tokenizer's tokens: "
+                          "--level token)", param="lookahead")  # fmt: skip
+
+
 def check_level(level: str, generation: GenerationConfig, gated: bool) -> None:
-    """The mixed level's rules, written once (the settings layer checks them before any model
-    loads, the byte level's planning for every request): it needs a gate (`gated`: the gate
+    """The byte and mixed levels' rules, written once (the settings layer checks them before any
+    model loads, the byte level's planning for every request): no lookahead there (its branches
+    are sequences of one tokenizer's tokens); the mixed level needs a gate (`gated`: the gate
     says where the lead decides whole tokens alone), decodes with the ensemble's step (its whole
     tokens are not drafted) and takes no constraint (a grammar masks bytes, not the lead's
     whole tokens)."""
+    check_lookahead_level(level, generation)
     if level != "mixed":
         return
     if not gated:
@@ -435,7 +464,7 @@ class Settings:
 
 
 # every spec field has its option (a field without one could never be set by a front end)
-assert {f.name for f in fields(LoadSpec)} - {"paths", "labels", "second_prompt"} == set(_BY_ATTR["load"])
+assert {f.name for f in fields(LoadSpec)} - {"paths", "labels", "second_prompt", "lookahead"} == set(_BY_ATTR["load"])
 assert {f.name for f in fields(CombineSpec)} - {"function"} == set(_BY_ATTR["combine"])
 assert {f.name for f in fields(GenerationConfig)} == set(_BY_ATTR["generation"])
 assert {f.name for f in fields(ServerSpec)} == set(_BY_ATTR["server"])

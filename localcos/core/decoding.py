@@ -59,17 +59,21 @@ class Phase(Enum):
     DRAFTING = "drafting"  # a proposer catches up and drafts
     VERIFYING = "verifying"  # models score pending drafts for their verification
     DECODING = "decoding"  # the standard ensemble's step: every model r uses scores the next token
+    LOOKAHEAD = "lookahead"  # branches rolled out side by side (`strategies.Lookahead`)
 
 
 @dataclass(frozen=True)
 class Evaluate:
-    """A request to the driver: model `model` appends `tokens` to its sequence and answers with
-    the logits after the last `n_logits` of them ([n_logits, vocab]); `phase` says what for."""
+    """A request to the driver: model `model` appends `tokens` to its sequence (`branch` 0) or to
+    the sequence of one of its lookahead branches (1 on: `Decoder.branches`) and answers with the logits after
+    the last `n_logits` of them ([n_logits, vocab]); `phase` says what for. A driver puts a
+    generation's branch requests to one model in one call."""
 
     model: int
     tokens: list[int]
     n_logits: int
     phase: Phase = Phase.DECODING
+    branch: int = 0
 
     @property
     def prefill(self) -> bool:
@@ -152,6 +156,7 @@ class Decoder:
         constraint: Matcher | None = None,
         others: Callable[[], int] | None = None,
         together: bool = False,
+        branches: Sequence[Sequence[Slot]] = (),
     ) -> None:
         if not isinstance(combiner, BoundCombiner):
             raise TypeError("the decoder takes a combiner bound to its models (Combiner.bind)")
@@ -202,6 +207,12 @@ class Decoder:
         self.gates: dict[int, bool] = {}
         self.gate_decided = 0
         self.gate_opened = 0
+        # lookahead: each member's own sequence (itself, not a view) and the sequences of its
+        # branches after it; positions looked ahead from, and where another branch than r's
+        # likeliest token won
+        self.branches = [list(b) for b in branches]
+        self.looked_ahead = 0
+        self.lookahead_changed = 0
         if len(self.committed) >= max_length:
             self.finish_reason = "length"
 
@@ -276,6 +287,10 @@ class Decoder:
         if opened:
             yield from self._catch_up_all([i for i, asked in enumerate(self.combiner.asks(opened=True)) if asked and not always[i]], opened[-1], phase)
 
+    def catch_up_members(self, members: Sequence[int]) -> Step:
+        """Every one of `members` catches up on the whole sequence (`catch_up`), together."""
+        yield from self._catch_up_all(members, None, Phase.DECODING)
+
     def _catch_up_all(self, members: Sequence[int], upto: int | None, phase: Phase) -> Step:
         """`catch_up` of each of `members`: together in one request where the driver takes it."""
         if not self.together:
@@ -333,6 +348,35 @@ class Decoder:
         while k < len(self.pending) and n0 + k <= always_last and (n0 + k <= opened_last or not self.gate_opens(n0 + k)):
             k += 1
         return k
+
+    # --- lookahead's branches ------------------------------------------------------------------
+    def branch_out(self, k: int) -> None:
+        """Branches 1 to k of every member hold what its own sequence holds (the same cells): each
+        starts from the committed tokens; the sequence itself is left as it is until one wins."""
+        assert self.branches and k < len(self.branches[0]), "the plan checks that the branches were loaded"
+        for own, *others in self.branches:
+            for branch in others[:k]:
+                branch.hold(own)
+
+    def keep_branch(self, j: int) -> None:
+        """Branch j (1 on) won: every member's own sequence holds what that branch holds (its
+        cells), and every branch's sequence is emptied, so nothing of a losing branch stays in
+        any cache."""
+        for own, *others in self.branches:
+            own.hold(others[j - 1])
+            for branch in others:
+                branch.truncate(0)
+
+    def branch_rows(self, rows: Sequence[np.ndarray | None]) -> np.ndarray:
+        """r (temperature 1, before the sampler's transforms) from each member's rows of the
+        branches ([branches, vocab]; None for a member r does not use): the combiner's own
+        definition, every member evaluated on every branch (no gate spares one there)."""
+        return self.combiner.combine([None if row is None else self._ban(row) for row in rows], 1.0)
+
+    def distribution(self, position: int) -> np.ndarray:
+        """r at `position` as a new array (temperature 1 where greedy), before the sampler's
+        transforms and without a constraint."""
+        return self._combine_at(self.combiner, [position])[0]
 
     # --- distributions -------------------------------------------------------------------------
     def combined(self, positions: Sequence[int]) -> np.ndarray:

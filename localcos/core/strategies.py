@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .decoding import Decoder, Origin, Phase, Step
+from .decoding import Decoder, Evaluate, Origin, Phase, Step, Together
 
 class Strategy:
     """One decoding method; `step()` is one round of its loop (a generator of its requests)."""
@@ -191,6 +191,71 @@ class LookupDecoding(Strategy):
         yield from verify_with_bonus(dec)
 
 
+class Lookahead(Strategy):
+    """Greedy decoding of r that looks ahead where r is unsure (AdaDec, He et al. 2025): at a
+    position whose top probability under r is below `threshold`, the `candidates` likeliest
+    tokens each start a branch, and every branch is rolled out `length` tokens greedily under r,
+    side by side: each step one call per model holding one row per branch (llama.cpp sequences
+    beside the completion's, sharing its cells). The branch whose tokens r gives the highest mean
+    log-probability is kept: the completion's sequence takes its cells, its rolled-out tokens are
+    committed too (no call wasted), and every branch's sequence is emptied; of equal scores the
+    likelier first token wins. A branch ends at an end token. Elsewhere, and where fewer than two tokens
+    may still come, the ensemble's greedy step: where r is sure the text is greedy decoding's.
+
+    Exact in its own terms: every choice is the greedy choice of r or of the branches' scores
+    (docs/algorithm.md, section 13)."""
+
+    name = "lookahead"
+
+    def __init__(self, dec: Decoder, candidates: int, length: int, threshold: float) -> None:
+        super().__init__(dec)
+        self.candidates = candidates
+        self.length = length
+        self.threshold = threshold
+
+    def step(self) -> Step:
+        dec = self.dec
+        position = len(dec.committed)
+        yield from dec.consult()
+        r = dec.distribution(position)
+        if float(r.max()) >= self.threshold or dec.budget() < 2:
+            dec.commit([dec.sampler.draw(dec.combined([position])[0], dec.rng)], [Origin("sample")])
+            return
+        members = [i for i, used in enumerate(dec.used) if used]
+        yield from dec.catch_up_members(members)  # a gate's lazy members too: every branch starts from the committed tokens
+        first = top_tokens(r, self.candidates)
+        branches = [[int(t)] for t in first]
+        scores = np.log(r[first].astype(np.float64))
+        dec.branch_out(len(first))
+        live = [j for j, t in enumerate(first) if not dec.is_end(int(t))]
+        for _ in range(min(self.length, dec.budget() - 1)):
+            if not live:
+                break
+            requests = tuple(Evaluate(i, [branches[j][-1]], 1, Phase.LOOKAHEAD, branch=j + 1) for i in members for j in live)
+            answers = yield Together(requests)
+            rows: list[np.ndarray | None] = [None] * len(dec.used)
+            for n, i in enumerate(members):
+                rows[i] = np.concatenate(answers[n * len(live) : (n + 1) * len(live)])
+            r_rows = dec.branch_rows(rows)
+            chosen = np.argmax(r_rows, axis=1)
+            for row, (j, token) in enumerate(zip(live, chosen.tolist())):
+                branches[j].append(token)
+                scores[j] += np.log(np.float64(r_rows[row, token]))
+            live = [j for j in live if not dec.is_end(branches[j][-1])]
+        best = int(np.argmax(scores / np.array([len(b) for b in branches])))
+        dec.keep_branch(best + 1)
+        dec.looked_ahead += 1
+        dec.lookahead_changed += best != 0
+        dec.commit(branches[best], [Origin("lookahead" if best else "sample")] * len(branches[best]))
+
+
+def top_tokens(r: np.ndarray, k: int) -> np.ndarray:
+    """The k likeliest tokens of distribution `r`, likeliest first (of equals, the lower id)."""
+    k = min(k, r.shape[-1])
+    top = np.argpartition(-r, k - 1)[:k]
+    return top[np.lexsort((top, -r[top]))]
+
+
 # --- choosing a strategy ---------------------------------------------------------------------------
 
 
@@ -220,6 +285,8 @@ class StrategyChoice:
     gammas: tuple[int, ...] | None = None
     auto: bool = False
     lookup_only: bool = False  # --proposer lookup: drafts come from the context only
+    lookahead: tuple[int, int] | None = None  # greedy, method ensemble: (candidates, tokens each rolls out)
+    lookahead_threshold: float = 0.5
 
     @property
     def lookup_in_cos(self) -> bool:
@@ -227,12 +294,14 @@ class StrategyChoice:
         return self.method == "cos" or self.lookup_only
 
 
-def choose_strategy(method: str, gamma: int | Sequence[int] | str | None, proposer: int | str | None, n_params: Sequence[int]) -> StrategyChoice:
+def choose_strategy(method: str, gamma: int | Sequence[int] | str | None, proposer: int | str | None, n_params: Sequence[int],
+                    lookahead: tuple[int, int] | None = None, threshold: float = 0.5) -> StrategyChoice:  # fmt: skip
     """The strategy of `method` for models of these sizes (the settings are checked already):
     the default proposer is the cheapest model; gamma "auto" (the default, also for None) is
-    planned before each draft, a fixed gamma is taken as it is."""
+    planned before each draft, a fixed gamma is taken as it is; the ensemble's step with
+    `lookahead` (candidates, length) looks ahead below `threshold`."""
     if method == "ensemble":
-        return StrategyChoice(method)
+        return StrategyChoice(method, lookahead=lookahead, lookahead_threshold=threshold)
     auto = gamma is None or gamma == "auto"
     if proposer == "lookup":
         return StrategyChoice(method, auto=auto, lookup_only=True)
@@ -247,6 +316,8 @@ def choose_strategy(method: str, gamma: int | Sequence[int] | str | None, propos
 def make_strategy(dec: Decoder, choice: StrategyChoice) -> Strategy:
     """The strategy object that runs `choice` over `dec`."""
     if choice.method == "ensemble":
+        if choice.lookahead is not None:
+            return Lookahead(dec, *choice.lookahead, choice.lookahead_threshold)
         return EnsembleDecoding(dec)
     if choice.lookup_only:
         return LookupDecoding(dec)

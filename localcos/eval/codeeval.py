@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..config import Settings
-from .codetasks import STOPS, CodeTask
+from .codetasks import SCRIPT_STOPS, STOPS, CodeTask
 from .sandbox import CONTAINED, Limits, run_program
 
 if TYPE_CHECKING:
@@ -66,10 +66,12 @@ def run_eval(
     limits: Limits,
     sandbox: str = CONTAINED,
     report: Callable[[str], None] = lambda line: None,
+    scripts: Callable[[EvalConfig], bool] = lambda config: False,
 ) -> None:
     """Every configuration on every task not in `results` yet, problem by problem (each problem's
     configurations one after another, so their speeds are measured side by side); each result
-    appended as it comes."""
+    appended as it comes. A configuration whose models write a whole script (`scripts`: the
+    evalplus phrasing) ends at a script's stops and is run as one (`CodeTask.program`)."""
     for config in configs:
         results.check(config)
     progress = Progress(len(tasks) * len(configs))
@@ -78,8 +80,9 @@ def run_eval(
             if results.get(config.name, task.task_id) is not None:
                 progress.step(ran=False)
                 continue
-            out = generate(task.prompt, replace(config, settings=with_stops(config.settings)))
-            outcome = run_program(task.program(out.text), limits, sandbox)
+            script = scripts(config)
+            out = generate(task.prompt, replace(config, settings=with_stops(config.settings, SCRIPT_STOPS if script else STOPS)))
+            outcome = run_program(task.program(out.text, script), limits, sandbox)
             record = {"task_id": task.task_id, "passed": outcome.passed, "result": outcome.result, "length": out.length,
                       "seconds": round(out.seconds, 4), "llama_seconds": round(out.llama_seconds, 4), "completion": out.text}  # fmt: skip
             if out.note is not None:
@@ -89,7 +92,7 @@ def run_eval(
             report(f"{progress.step(ran=True)} {task.task_id} {config.name}: {outcome.result}{said}")
 
 
-def with_stops(settings: Settings) -> Settings:
-    """A configuration's settings with the stops that end a function body added."""
-    stops = tuple(dict.fromkeys((*settings.generation.stop, *STOPS)))
+def with_stops(settings: Settings, ends: Sequence[str] = STOPS) -> Settings:
+    """A configuration's settings with the stops that end a function body (or a script) added."""
+    stops = tuple(dict.fromkeys((*settings.generation.stop, *ends)))
     return replace(settings, generation=replace(settings.generation, stop=stops))

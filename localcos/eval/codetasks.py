@@ -21,6 +21,11 @@ HUMANEVAL = "humaneval"
 # def, class, if, print and comment), and the fence a chat-tuned model closes its answer with
 # (the bigcode harness's stop): what follows is prose or the model's own asserts, not the body
 STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```")
+# where a whole script a chat model writes ends (`--phrasing evalplus`: EvalPlus's own stops)
+SCRIPT_STOPS = ("\n```", "\nif __name__", "\ndef main(", "\nprint(")
+# the top-level statements of a script the test keeps: its definitions and imports (EvalPlus's
+# sanitizer keeps these; a script's own prints, asserts and calls are left out)
+_KEPT = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 
 
 @dataclass(frozen=True)
@@ -33,9 +38,33 @@ class CodeTask:
     test: str
     entry_point: str
 
-    def program(self, completion: str) -> str:
-        """The program that passes when `completion` solves the task."""
+    def program(self, completion: str, script: bool = False) -> str:
+        """The program that passes when `completion` solves the task: the prompt's
+        continuation, or with `script` a whole script after the prompt (its definitions and
+        imports: `definitions`), which then defines the function again."""
+        if script:
+            return f"{self.prompt}\n\n{definitions(completion)}\n\n{self.test}\n\ncheck({self.entry_point})\n"
         return f"{self.prompt}{completion}\n\n{self.test}\n\ncheck({self.entry_point})\n"
+
+
+def definitions(script: str) -> str:
+    """The top-level definitions, imports and assignments of a script (`_KEPT`), as written; of a
+    script that does not parse, of its longest first lines that do (a text cut short). Parsed,
+    never run."""
+    lines = script.splitlines()
+    for end in range(len(lines), -1, -1):
+        text = "\n".join(lines[:end])
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        kept = []
+        for node in tree.body:
+            if isinstance(node, _KEPT):
+                first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
+                kept.append("\n".join(lines[first - 1 : node.end_lineno]))
+        return "\n\n".join(kept)
+    return ""
 
 
 def load_tasks(source: str) -> tuple[str, list[CodeTask]]:

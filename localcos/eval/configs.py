@@ -113,6 +113,9 @@ def parse_config(text: str, base: Settings, n_params: Sequence[int], run: Level 
                          level=level.value, second_prompt=contrast is not None)  # fmt: skip
     except ConfigError as e:
         raise ConfigError(f"--variant {name}: {e}", param="variant") from None
+    if settings.generation.lookahead is not None and run.in_bytes:
+        raise ConfigError(f"--variant {name}: --lookahead needs a run at the token level (its branches are sequences of the models "
+                          "as they load for it): give the run --level token", param="variant")  # fmt: skip
     if contrast is not None and level is Level.TOKEN and run.in_bytes:
         raise ConfigError(f"--variant {name}: --contrast-prompt with --level token: a second prompt's member decodes at the run's "
                           "level", param="variant")  # fmt: skip

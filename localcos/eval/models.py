@@ -27,17 +27,18 @@ class EvalModels:
     With `second_prompt` (a configuration reads a second prompt made from each task's:
     `--contrast-prompt`), the lead model is also a member reading it, loaded once: `models`
     holds that member, `plain` is the same loaded models without it, which the other
-    configurations decode on."""
+    configurations decode on. `lookahead`: the most candidates and rolled-out tokens a
+    configuration looks ahead (the sequences of its branches are made as the models load)."""
 
     def __init__(self, settings: "Settings", run: Level, progress: Callable[[int, int, str], None] | None = None,
-                 second_prompt: bool = False) -> None:  # fmt: skip
+                 second_prompt: bool = False, lookahead: tuple[int, int] | None = None) -> None:  # fmt: skip
         from ..core.combiners import WeightedEnsemble
         from ..ensemble import Ensemble
 
         self.settings = settings
         self.run = run
         self.alone: dict[int, Ensemble] = {}  # model index -> that model alone, on its own tokens
-        load = replace(settings.load, second_prompt=second_prompt)
+        load = replace(settings.load, second_prompt=second_prompt, lookahead=lookahead)
         if run.in_bytes:
             from ..runtime.bytelevel import ByteModels
 
@@ -95,6 +96,13 @@ class EvalModels:
             return Generated(b.text, b.stats.chars, b.stats.seconds, b.stats.llama_seconds, note)
         c = models.generate(prompt, config=settings.generation, combiner=combiner, second_prompt=second)  # type: ignore[union-attr]
         return Generated(c.text, len(c.token_ids), c.stats.seconds, c.stats.llama_seconds, note)
+
+    def writes_script(self, config: "EvalConfig") -> bool:
+        """Whether `config`'s models write a whole script for a task (the evalplus phrasing, as
+        it resolves for the model whose template phrases the prompt), not its continuation."""
+        from ..phrasing import WHOLE_SCRIPTS, resolved
+
+        return resolved(config.settings.generation.phrasing, self.plain.loaded[self._lead()]) in WHOLE_SCRIPTS
 
     def _lead(self) -> int:
         from ..runtime.loaded import second_prompt_lead

@@ -9,11 +9,12 @@ from __future__ import annotations
 import codecs
 import time
 from dataclasses import dataclass
+from functools import reduce
 from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence
 
 import numpy as np
 
-from ..backend.slot import Slot, prompt_calls
+from ..backend.slot import ModelStats, Slot, prompt_calls
 from ..core.decoding import Decoder, Evaluate, Origin, Phase, Together
 from ..core.lookup import ContextIndex, LookupState, lookup_outcomes
 from ..core.speedmodel import AutoGamma
@@ -117,6 +118,8 @@ class Generation:
         rounds; a cancelled generation leaves every cache holding exactly what it committed."""
         loaded, plan = self.loaded, self.plan
         slots = [member[self.slot] for member in loaded.member_slots]
+        # what each member's calls cost: its own sequence's, and its lookahead branches'
+        counted = [[s, *loaded.branch_slots(i, self.slot)] for i, s in enumerate(slots)]
         prompt = list(plan.prompt)
         prompts = [list(p) for p in plan.prompts]
         t_prompt = time.perf_counter()
@@ -124,7 +127,7 @@ class Generation:
         if prompt_rows is None:
             return cancelled_completion(loaded, plan, time.perf_counter() - t_prompt)
         t0 = time.perf_counter()
-        before = [s.stats.snapshot() for s in slots]
+        before = [[s.stats.snapshot() for s in member] for member in counted]
         # the decoder counts positions in the prompt's sequence: a member reading another prompt
         # is seen through where its own prompt ends
         views = [s if own == prompt else PromptShift(s, prompt, own) for s, own in zip(slots, prompts)]
@@ -157,7 +160,8 @@ class Generation:
         if tail:
             yield Chunk(tail, ())
         finish_reason = dec.finish_reason or "cancelled"
-        stats = self._stats(dec, [s.stats.minus(b) for s, b in zip(slots, before)], time.perf_counter() - t0, t0 - t_prompt, finish_reason)
+        work = [reduce(ModelStats.plus, (s.stats.minus(b) for s, b in zip(member, earlier))) for member, earlier in zip(counted, before)]
+        stats = self._stats(dec, work, time.perf_counter() - t0, t0 - t_prompt, finish_reason)
         return Completion(text.text, dec.generated, finish_reason, dec.origins, stats, dec.end_token)
 
     def _prefill(self, slots: list, prompts: list[list[int]]) -> Generator[Evaluate | Together, Any, list[np.ndarray] | None]:
@@ -216,6 +220,8 @@ class Generation:
             others=self.others,
             constraint=Matcher(loaded.vocabulary(), plan.constraint) if plan.constraint is not None else None,
             together=True,  # the scheduler answers a round's catch-ups together: one model's members share a call
+            branches=[[loaded.sequence(i, self.slot, j) for j in range(loaded.branches + 1)] for i in range(len(loaded.models))]
+            if plan.strategy.lookahead is not None else (),
         )
 
     def _stats(self, dec: Decoder, work: list, seconds: float, prompt_seconds: float, finish_reason: str) -> GenerationStats:
@@ -238,6 +244,8 @@ class Generation:
             lookup_accepted=spec.lookup_accepted,
             gate_decided=dec.gate_decided,
             gate_opened=dec.gate_opened,
+            looked_ahead=dec.looked_ahead,
+            lookahead_changed=dec.lookahead_changed,
             gamma=None if strategy.gammas is None or strategy.auto else list(strategy.gammas),  # None: chosen as it went
             proposer=strategy.proposer,
             seed=plan.config.seed,

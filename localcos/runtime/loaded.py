@@ -94,6 +94,9 @@ class LoadedModels:
         calibrate: measure the profiles again instead of reading the cache.
         second_prompt: the lead model (`second_prompt_lead`) is also a member reading a second
             prompt, on the second half of its sequences.
+        branches: sequences each sequence has beside it for lookahead's branches
+            (`core.strategies.Lookahead`): the last ones of each model, `branches` per sequence
+            in order.
     """
 
     def __init__(
@@ -104,6 +107,7 @@ class LoadedModels:
         profiles: Sequence[CallProfile] | None = None,
         calibrate: bool = False,
         second_prompt: bool = False,
+        branches: int = 0,
     ) -> None:
         require_models(len(models))
         keep_freed_memory()  # vocabulary-sized arrays come and go every token (see core.hostmem)
@@ -112,13 +116,22 @@ class LoadedModels:
         for m in self.loaded:
             m.logits_vocab = self.n_vocab
         self.n_ctx = min(m.n_ctx for m in self.loaded)
-        # each member's sequences: a model's own, or the halves of the lead's
-        self.member_slots: list[list[Slot]] = [list(m.slots) for m in self.loaded]
+        # each member's sequences: a model's own, or the halves of the lead's (the first of the
+        # model's sequences; lookahead's branches, where it has any, after them)
+        self.branches = branches
+        self.member_slots: list[list[Slot]] = [list(m.slots[: len(m.slots) // (branches + 1)]) for m in self.loaded]
+        spare = [iter(m.slots[len(own) :]) for m, own in zip(self.loaded, self.member_slots)]
+        self._branches: dict[Slot, list[Slot]] = {
+            main: [next(rest) for _ in range(branches)] for own, rest in zip(self.member_slots, spare) for main in own
+        }
+        for main, others in self._branches.items():
+            for branch in others:
+                branch.partner = main  # a lookahead call counts once, for the sequence itself
         self.models = list(self.loaded)
         self.second_member: int | None = None  # the member reading the second prompt
         if second_prompt:
             lead = second_prompt_lead([m.n_params for m in self.loaded])
-            half = len(self.loaded[lead].slots) // 2
+            half = len(self.member_slots[lead]) // 2
             self.member_slots[lead], second = self.member_slots[lead][:half], self.member_slots[lead][half:]
             self.models.append(self.loaded[lead])
             self.member_slots.append(second)
@@ -167,15 +180,32 @@ class LoadedModels:
                 raise ConfigError("--negative-prompt: a model on RPC servers decodes one sequence; a second prompt needs two", param="rpc")
             lead = second_prompt_lead([read_info(p, tokens=False).n_params for p in spec.paths])
 
+        candidates, rolled = spec.lookahead or (0, 0)
+
         def open_model(i: int, path: Path, options: dict) -> Model:
             if spec.rpc[i]:
                 return RemoteModel(path, rpc=spec.rpc[i], timeout=spec.rpc_timeout, **options)
-            return Model(path, n_seq=parallel * (2 if i == lead else 1), **options)
+            sequences = parallel * (2 if i == lead else 1)
+            if not candidates:
+                return Model(path, n_seq=sequences, **options)
+            # a branch shares its sequence's cells (seq_cp) and adds what it rolls out
+            cells = sequences * (spec.n_ctx + candidates * (rolled + 2))
+            return Model(path, n_seq=sequences * (candidates + 1), cells=cells, **options)
 
         def build(models: list[Model]) -> "LoadedModels":
-            return cls(models, combiner, calibrate=spec.calibrate, second_prompt=spec.second_prompt)
+            return cls(models, combiner, calibrate=spec.calibrate, second_prompt=spec.second_prompt, branches=candidates)
 
         return load_models(spec, open_model, build, progress=progress, max_logit_rows=max_logit_rows)
+
+    def branch_slots(self, member: int, slot: int) -> list[Slot]:
+        """The sequences beside sequence `slot` of `member` for lookahead's branches (none where
+        the models were loaded without them)."""
+        return self._branches[self.member_slots[member][slot]]
+
+    def sequence(self, member: int, slot: int, branch: int = 0) -> Slot:
+        """Sequence `slot` of `member` (branch 0), or its lookahead branch `branch` (1 on)."""
+        own = self.member_slots[member][slot]
+        return own if branch == 0 else self._branches[own][branch - 1]
 
     # --- the ensemble ------------------------------------------------------------------------------
     @property

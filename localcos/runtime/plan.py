@@ -105,7 +105,11 @@ def plan(
             check_second_prompt(prompt, wanted, json=True)
         second = tuple(prompt_tokens(loaded, wanted, "negative_prompt"))
         check_second_prompt(tokens, second, json=True)
-    strategy = choose_strategy(config.method, config.gamma, config.proposer, n_params)
+    if config.lookahead is not None and config.lookahead[0] > loaded.branches:
+        raise ConfigError(f"lookahead of {config.lookahead[0]} candidates: these models were loaded for "
+                          + (f"at most {loaded.branches}" if loaded.branches else "none")
+                          + " (give --lookahead when they load: its sequences are made then)", param="lookahead")  # fmt: skip
+    strategy = choose_strategy(config.method, config.gamma, config.proposer, n_params, config.lookahead, config.lookahead_threshold)
     lookup = None
     if config.lookup != "off" and strategy.lookup_in_cos:
         lookup = LookupSettings(config.lookup, *config.lookup_ngram, config.lookup_tokens)

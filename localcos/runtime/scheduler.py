@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..core.decoding import Decoder, Evaluate, Together
+from ..core.decoding import Decoder, Evaluate, Phase, Together
 from .generation import Chunk, Completion, Generation, Work, cancelled_completion, completion_rng
 from .profile import call_groups
 
@@ -35,13 +35,14 @@ if TYPE_CHECKING:
 
 class State(Enum):
     """Where a sequence is: waiting for a slot, then in the phase its pending request names
-    (prefill, drafting, verifying, decoding), then finished."""
+    (prefill, drafting, verifying, decoding, lookahead), then finished."""
 
     QUEUED = "queued"
     PREFILL = "prefill"
     DRAFTING = "drafting"
     VERIFYING = "verifying"
     DECODING = "decoding"
+    LOOKAHEAD = "lookahead"
     FINISHED = "finished"
 
 
@@ -220,12 +221,15 @@ class Scheduler(Rounds):
         results: list[np.ndarray | None] = [None] * len(waiting)
         shared: list[int] = []  # the requests that may share calls, and their parts of a call
         parts = []
+        branches: dict[int, list[int]] = {}  # a generation's lookahead branches: one call each
         profile = None
         for k, (sequence, _, request) in enumerate(waiting):
             assert sequence.slot is not None
-            slot = self.loaded.member_slots[request.model][sequence.slot]
+            slot = self.loaded.sequence(request.model, sequence.slot, request.branch)
             profile = self.loaded.profiles[request.model]
-            if len(request.tokens) > model.n_batch or request.n_logits > model.max_logit_rows:  # too big to share a call
+            if request.phase is Phase.LOOKAHEAD:
+                branches.setdefault(id(sequence), []).append(k)
+            elif len(request.tokens) > model.n_batch or request.n_logits > model.max_logit_rows:  # too big to share a call
                 results[k] = slot.evaluate(request.tokens, request.n_logits)
             else:
                 shared.append(k)
@@ -233,6 +237,10 @@ class Scheduler(Rounds):
         for group in call_groups(model, profile, parts) if parts else ():
             for j, view in zip(group, model.decode([parts[j] for j in group])):
                 results[shared[j]] = np.array(view)
+        for ks in branches.values():
+            calls = [(self.loaded.sequence(waiting[k][2].model, waiting[k][0].slot, waiting[k][2].branch), waiting[k][2].tokens, 0, 1) for k in ks]
+            for k, view in zip(ks, model.decode(calls)):  # type: ignore[arg-type]
+                results[k] = np.array(view)
         return results  # type: ignore[return-value]
 
 

@@ -19,6 +19,7 @@ import asyncio
 import hmac
 import json
 import logging
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -31,10 +32,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..backend import Model, RemoteModel
 from ..errors import LocalcosError
-from . import protocol
+from . import ollama, protocol
 from . import responses as out
 from .engine import Engine, Job, QueueFull
-from .guard import Guard, GuardPolicy
+from .guard import Guard, GuardPolicy, ollama_route
 from .protocol import APIError, ServedEnsemble
 from .requests import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
@@ -50,6 +51,7 @@ class ServerState:
     served: ServedEnsemble
     engine: Engine
     api_key: str | None = None
+    described: ollama.Described | None = None  # the models as Ollama's routes describe them (read on first use)
 
 
 def state(request: Request) -> ServerState:
@@ -157,6 +159,93 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
     return out.Detokenized(prompt=text).body()
 
 
+# --- Ollama's API (ollama.py) ----------------------------------------------------------------------
+
+
+def described(request: Request) -> ollama.Described:
+    s = state(request)
+    if s.described is None:
+        s.described = ollama.Described(s.served)
+    return s.described
+
+
+@routes.get("/api/version")
+async def ollama_version() -> dict:
+    return {"version": ollama.VERSION}
+
+
+@routes.get("/api/tags")
+async def ollama_tags(request: Request) -> dict:
+    return {"models": [await run_in_threadpool(described(request).card)]}
+
+
+@routes.get("/api/ps")
+async def ollama_ps(request: Request) -> dict:
+    card = await run_in_threadpool(described(request).card)
+    return {"models": [{**card, "expires_at": "9999-12-31T23:59:59Z", "size_vram": 0, "context_length": state(request).served.ensemble.n_ctx}]}
+
+
+@routes.post("/api/show")
+async def ollama_show(body: ollama.ShowRequest, request: Request) -> dict:
+    name = body.model or body.name
+    if name is None:
+        raise APIError(400, "model is required", param="model")
+    ollama.check_model(state(request).served, name)
+    return await run_in_threadpool(described(request).show)
+
+
+@routes.post("/api/chat")
+async def ollama_chat(body: ollama.ChatRequest, request: Request) -> Any:
+    started = time.monotonic()
+    s = state(request)
+    return await _answer_ollama(request, s, await run_in_threadpool(ollama.plan_chat, s.served, body), started)
+
+
+@routes.post("/api/generate")
+async def ollama_generate(body: ollama.GenerateRequest, request: Request) -> Any:
+    started = time.monotonic()
+    s = state(request)
+    return await _answer_ollama(request, s, await run_in_threadpool(ollama.plan_generate, s.served, body), started)
+
+
+async def _answer_ollama(request: Request, s: ServerState, plan: protocol.Request, started: float) -> Any:
+    """Ollama's answer: streamed as NDJSON (a line per piece, the last with `done: true`), or one
+    object."""
+    served = s.served
+    loop = asyncio.get_running_loop()
+    if not plan.stream:
+        job = await _finished(request, s, plan)
+        if job.error is not None:
+            raise _api_error(job.error)
+        return ollama.answer(served, plan, job.result or [], started)
+    items: asyncio.Queue = asyncio.Queue()
+
+    def emit(index: int, chunk: Any) -> None:  # in the engine thread
+        if chunk.text:
+            loop.call_soon_threadsafe(items.put_nowait, ("text", chunk.text))
+
+    job = _submit(s, plan, lambda: loop.call_soon_threadsafe(items.put_nowait, ("end", "")), emit)
+
+    async def lines() -> AsyncIterator[str]:
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+        try:
+            while True:
+                kind, text = await items.get()
+                if kind == "end":
+                    break
+                yield json.dumps(ollama.piece(served, plan, text), ensure_ascii=False) + "\n"
+            if job.error is not None:
+                yield json.dumps(ollama.error(_api_error(job.error).message)) + "\n"
+            else:
+                yield json.dumps(ollama.final(served, plan, job.result or [], started), ensure_ascii=False) + "\n"
+        finally:
+            watcher.cancel()
+            if not job.done.is_set():
+                job.cancel()
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
 # --- answering ---------------------------------------------------------------------------------
 
 
@@ -196,6 +285,17 @@ async def _answer(request: Request, s: ServerState, plan: protocol.Request) -> A
 
         job = _submit(s, plan, lambda: loop.call_soon_threadsafe(items.put_nowait, ("end", 0, "")), emit)
         return StreamingResponse(_events(request, served, plan, job, items), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    job = await _finished(request, s, plan)
+    if job.error is not None:
+        raise _api_error(job.error)
+    if job.cancelled:
+        return JSONResponse(APIError(499, "the client closed the request").body(), status_code=499)
+    return protocol.response(served, plan, job.result)
+
+
+async def _finished(request: Request, s: ServerState, plan: protocol.Request) -> Job:
+    """A request that does not stream, queued and waited for; cancelled if its client goes."""
+    loop = asyncio.get_running_loop()
     done = asyncio.Event()
     job = _submit(s, plan, lambda: loop.call_soon_threadsafe(done.set))
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
@@ -205,11 +305,7 @@ async def _answer(request: Request, s: ServerState, plan: protocol.Request) -> A
         watcher.cancel()
         if not job.done.is_set():  # this request was cancelled: stop its generation
             job.cancel()
-    if job.error is not None:
-        raise _api_error(job.error)
-    if job.cancelled:
-        return JSONResponse(APIError(499, "the client closed the request").body(), status_code=499)
-    return protocol.response(served, plan, job.result)
+    return job
 
 
 async def _events(request: Request, served: ServedEnsemble, plan: protocol.Request, job: Job, items: asyncio.Queue) -> AsyncIterator[str]:
@@ -276,24 +372,30 @@ async def _cancel_on_disconnect(request: Request, job: Job) -> None:
 # --- errors --------------------------------------------------------------------------------------
 
 
+def _error(request: Request, e: APIError) -> JSONResponse:
+    """An error in the shape of the API asked: Ollama's on its routes, OpenAI's elsewhere."""
+    body = ollama.error(e.message) if ollama_route(request.url.path) else e.body()
+    return JSONResponse(body, status_code=e.status, headers=e.headers)
+
+
 async def _on_api_error(request: Request, e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+    return _error(request, e)
 
 
 async def _on_http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
     code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
     message = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
-    return JSONResponse(APIError(e.status_code, message, code=code).body(), status_code=e.status_code)
+    return _error(request, APIError(e.status_code, message, code=code))
 
 
 async def _on_invalid_body(request: Request, e: RequestValidationError) -> JSONResponse:
-    return JSONResponse(invalid_body(e.errors()).body(), status_code=400)
+    return _error(request, invalid_body(e.errors()))
 
 
 async def _on_internal_error(request: Request, e: Exception) -> JSONResponse:
     # a bug: the client gets one line, the server's log the trace
     log.error("internal error on %s %s", request.method, request.url.path, exc_info=e)
-    return JSONResponse(APIError(500, f"internal error: {type(e).__name__}", type="server_error").body(), status_code=500)
+    return _error(request, APIError(500, f"internal error: {type(e).__name__}", type="server_error"))
 
 
 def invalid_body(errors: Any) -> APIError:

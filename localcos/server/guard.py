@@ -14,7 +14,7 @@ ollama does after the same reports, before anything else:
   without a CORS preflight, which a foreign origin fails.
 - A body may not exceed the size limit (413), counted as it arrives (a chunked one too).
 
-Each refusal is OpenAI's error shape. `*` in --cors or --allowed-hosts lifts that check.
+Each refusal is OpenAI's error shape (Ollama's on Ollama's routes). `*` in --cors or --allowed-hosts lifts that check.
 """
 
 from __future__ import annotations
@@ -130,7 +130,15 @@ class GuardPolicy:
         return port == self.port and self._ours(name, port)
 
 
-def error_body(message: str, code: str, type: str = "invalid_request_error") -> bytes:
+def ollama_route(path: str) -> bool:
+    """Whether `path` is one of Ollama's routes, whose errors are Ollama's shape ({"error": "..."})."""
+    return path.startswith("/api/")
+
+
+def error_body(message: str, code: str, path: str = "", type: str = "invalid_request_error") -> bytes:
+    """A refusal in the shape of the API asked: Ollama's on its routes, OpenAI's elsewhere."""
+    if ollama_route(path):
+        return json.dumps({"error": message}).encode()
     return json.dumps({"error": {"message": message, "type": type, "param": None, "code": code}}).encode()
 
 
@@ -150,7 +158,7 @@ class Guard:
         refusal = self.refusal(scope["method"], headers)
         if refusal is not None:
             status, message, code = refusal
-            await _respond(send, status, message, code)
+            await _respond(send, status, message, code, scope.get("path", ""))
             return
         if scope["method"] not in BODY_METHODS:
             await self.app(scope, receive, send)
@@ -166,7 +174,7 @@ class Guard:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.max_body_bytes:
-                await _respond(send, 413, self._too_large(), "request_too_large")
+                await _respond(send, 413, self._too_large(), "request_too_large", scope.get("path", ""))
                 return
         handed = False
 
@@ -217,7 +225,7 @@ def _headers(scope: Scope) -> dict[str, str]:
     return out
 
 
-async def _respond(send: Send, status: int, message: str, code: str) -> None:
-    body = error_body(message, code)
+async def _respond(send: Send, status: int, message: str, code: str, path: str) -> None:
+    body = error_body(message, code, path)
     await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})

@@ -132,10 +132,11 @@ class Request:
         return self.plans[0].combiner
 
 
-def _settings_for(served: ServedEnsemble, request: GenerationRequest, max_tokens: int, constraint: Constraint | None = None) -> Settings:
-    """The server's settings with the request's options over them (each value was parsed where
-    it entered; what depends on the models is checked when the request is planned).
-    `constraint`: the tools' grammar, in place of any other."""
+def settings_for(served: ServedEnsemble, request: Any, max_tokens: int, constraint: Constraint | None = None) -> Settings:
+    """The server's settings with the options of `request` (a body with `settings_values()`: an
+    OpenAI or an Ollama route's) over them (each value was parsed where it entered; what depends
+    on the models is checked when the request is planned). `constraint`: the tools' grammar, in
+    place of any other."""
     values = request.settings_values()
     if not served.byte_level:
         try:
@@ -171,7 +172,7 @@ def plan_completion(served: ServedEnsemble, request: CompletionRequest) -> Reque
     """POST /v1/completions: tokens and settings for a validated body."""
     check_model(served, request.model)
     max_tokens = served.settings.generation.max_tokens if request.max_tokens is None else request.max_tokens
-    settings = _settings_for(served, request, max_tokens)
+    settings = settings_for(served, request, max_tokens)
     if served.byte_level:
         return _byte_completion(served, request, settings, max_tokens)
     # with echo, nothing is added to what was sent: its tokens are the ones scored
@@ -180,12 +181,37 @@ def plan_completion(served: ServedEnsemble, request: CompletionRequest) -> Reque
                        param="echo")  # fmt: skip
     if request.echo and settings.generation.phrasing != "raw":
         raise APIError(400, "echo returns the prompt as sent: not with phrasing instruct (a request's, or serve --phrasing)", param="echo")
-    plans = _plans(served, settings, request.prompt, "prompt", **({"add_bos": False} if request.echo else {}))
+    plans = text_plans(served, settings, request.prompt, **({"add_bos": False} if request.echo else {}))
     texts = [p if isinstance(p, str) else served.ensemble.detokenize(p) for p in request.prompt]
     return Request(
         "completion", plans, texts, request.n, request.stream, max_tokens, request.echo, request.logprobs,
         include_usage=request.include_usage, return_token_ids=request.return_token_ids,
     )  # fmt: skip
+
+
+def text_plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[str | list[int]], **tokenize: Any) -> list[Plan] | list[BytePlan]:
+    """The plans of text (or token id) prompts read as `settings.generation.phrasing` says: at
+    the byte level each model's own tokens of the text."""
+    if not served.byte_level:
+        return _plans(served, settings, prompts, "prompt", **tokenize)
+    try:
+        tokens = [served.ensemble.prompts(t, phrasing=settings.generation.phrasing) for t in prompts if isinstance(t, str)]  # type: ignore[union-attr]
+    except LocalcosError as e:
+        raise from_localcos(e, "prompt") from None
+    return _byte_plans(served, settings, tokens, "prompt")
+
+
+def chat_plans(served: ServedEnsemble, settings: Settings, conversation: list[Message], definitions: list[dict] | None = None) -> list[Plan] | list[BytePlan]:
+    """The plan of a conversation through the models' chat template (at the byte level each
+    model's own), which describes the `definitions` of tools; where a member reads a second
+    prompt, the conversation as it reads it. The one way every chat route renders a chat."""
+    if served.byte_level:
+        return _byte_plans(served, settings, [render_messages(served, conversation)], "messages")  # type: ignore[list-item]
+    second = None
+    if served.ensemble.second_member is not None:  # the conversation as the second prompt's member reads it
+        other = second_conversation(conversation, settings.generation.negative_prompt, served.settings.guide_system)
+        second = None if other is None else render_messages(served, other, definitions)
+    return _plans(served, settings, [render_messages(served, conversation, definitions)], "messages", second)  # type: ignore[arg-type]
 
 
 def messages(request_messages: Sequence[ChatMessage]) -> list[Message]:
@@ -243,14 +269,10 @@ def plan_chat(served: ServedEnsemble, request: ChatCompletionRequest) -> Request
     limit = request.token_limit
     max_tokens = served.settings.generation.max_tokens if limit is None else limit
     if served.byte_level:
-        return _byte_chat(served, request, _settings_for(served, request, max_tokens), max_tokens)
+        return _byte_chat(served, request, settings_for(served, request, max_tokens), max_tokens)
     tools, constraint, definitions = _tools(served, request) if request.tools else (None, None, None)
-    settings = _settings_for(served, request, max_tokens, constraint)
-    second = None
-    if served.ensemble.second_member is not None:  # the conversation as the second prompt's member reads it
-        conversation = second_conversation(messages(request.messages), settings.generation.negative_prompt, served.settings.guide_system)
-        second = None if conversation is None else render_messages(served, conversation, definitions)
-    plans = _plans(served, settings, [render(served, request.messages, definitions)], "messages", second)
+    settings = settings_for(served, request, max_tokens, constraint)
+    plans = chat_plans(served, settings, messages(request.messages), definitions)
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     return Request(
         "chat", plans, [""], request.n, request.stream, max_tokens, False, logprobs,
@@ -287,17 +309,13 @@ def _byte_completion(served: ServedEnsemble, request: CompletionRequest, setting
     _refuse_at_byte_level([(any(not isinstance(p, str) for p in request.prompt), "prompt: token ids (send text)"), (request.echo, "echo"),
                            (request.logprobs is not None, "logprobs"), (request.return_token_ids, "return_token_ids")])  # fmt: skip
     texts = [p for p in request.prompt if isinstance(p, str)]
-    try:
-        prompts = [served.ensemble.prompts(t, phrasing=settings.generation.phrasing) for t in texts]
-    except LocalcosError as e:
-        raise from_localcos(e, "prompt") from None
-    plans = _byte_plans(served, settings, prompts, "prompt")
+    plans = text_plans(served, settings, texts)
     return Request("completion", plans, texts, request.n, request.stream, max_tokens, include_usage=request.include_usage)
 
 
 def _byte_chat(served: ServedEnsemble, request: ChatCompletionRequest, settings: Settings, max_tokens: int) -> Request:
     _refuse_at_byte_level([(bool(request.logprobs), "logprobs"), (bool(request.tools), "tools"), (request.return_token_ids, "return_token_ids")])
-    plans = _byte_plans(served, settings, [render(served, request.messages)], "messages")
+    plans = chat_plans(served, settings, messages(request.messages))
     return Request("chat", plans, [""], request.n, request.stream, max_tokens, include_usage=request.include_usage)
 
 

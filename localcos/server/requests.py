@@ -30,7 +30,7 @@ MAX_TOP_LOGPROBS = 20
 SETTINGS_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "seed", "stop", "method", "gamma", "byte_gamma", "combine", "weights", "mu",
     "plausibility", "expert", "gate", "lead", "proposer", "ignore_eos", "lookup", "lookup_ngram", "lookup_tokens", "negative_prompt",
-    "cfg_scale", "phrasing",
+    "cfg_scale", "phrasing", "lookahead", "lookahead_threshold",
 )  # fmt: skip
 
 
@@ -108,25 +108,18 @@ class _Body(BaseModel):
         return data
 
 
-class GenerationRequest(_Body):
-    """What both generating routes take: OpenAI's sampling fields and localcos's extras."""
+class SettingsFields(_Body):
+    """The settings-layer options every generating route takes, OpenAI's or Ollama's (in its
+    `options`): the sampling fields both APIs name alike, and localcos's own."""
 
-    model: StrictStr | None = None
-    max_tokens: Annotated[int | None, _integer(0)] = None
-    n: Annotated[int, _integer(1, MAX_CHOICES)] = 1
-    stream: StrictBool = False
-    stream_options: "StreamOptions | None" = None
-    # settings-layer options
     temperature: Annotated[float | None, _option("temperature")] = None
     top_p: Annotated[float | None, _option("top_p")] = None
     top_k: Annotated[int | None, _option("top_k")] = None
     min_p: Annotated[float | None, _option("min_p")] = None
     seed: Annotated[int | None, _option("seed")] = None  # -1: a fresh random seed
     stop: Annotated[tuple[str, ...] | None, _option("stop")] = None
-    ignore_eos: Annotated[bool | None, _option("ignore_eos")] = None
     method: Annotated[str | None, _option("method")] = None
     gamma: Annotated[Gamma, _option("gamma")] = None
-    byte_gamma: Annotated[int | Literal["auto"] | None, _option("byte_gamma")] = None
     combine: Annotated[str | None, _checked(parse_served_combine)] = None
     weights: Annotated[tuple[float, ...] | None, _option("weights")] = None
     mu: Annotated[float | None, _option("mu")] = None
@@ -137,6 +130,21 @@ class GenerationRequest(_Body):
     negative_prompt: Annotated[str | None, _option("negative_prompt")] = None  # the second prompt's member's (text completions)
     cfg_scale: Annotated[float | None, _option("cfg_scale")] = None
     proposer: Annotated[int | Literal["lookup"] | None, _option("proposer")] = None
+    lookahead: Annotated[tuple[int, int] | None, _option("lookahead")] = None  # "off": a server's lookahead lifted
+    lookahead_threshold: Annotated[float | None, _option("lookahead_threshold")] = None
+
+
+class GenerationRequest(SettingsFields):
+    """What both OpenAI generating routes take: OpenAI's sampling fields and localcos's extras."""
+
+    model: StrictStr | None = None
+    max_tokens: Annotated[int | None, _integer(0)] = None
+    n: Annotated[int, _integer(1, MAX_CHOICES)] = 1
+    stream: StrictBool = False
+    stream_options: "StreamOptions | None" = None
+    # settings-layer options beside `SettingsFields`'
+    ignore_eos: Annotated[bool | None, _option("ignore_eos")] = None
+    byte_gamma: Annotated[int | Literal["auto"] | None, _option("byte_gamma")] = None
     lookup: Annotated[str | None, _option("lookup")] = None
     lookup_ngram: Annotated[tuple[int, int] | None, _option("lookup_ngram")] = None
     lookup_tokens: Annotated[int | None, _option("lookup_tokens")] = None

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 from ...backend import Model, shared_vocab_size
 from ...core.bytelevel import ByteVocab
 from ...core.level import Level
+from ...config.specs import check_lookahead_level
 from ...errors import ConfigError, TokenizerMismatchError
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ def decoding_level(settings: "Settings", also_given: Sequence[str] = ()) -> Leve
     generation takes every model's sequences: one at a time)."""
     level = level_of(settings.load)
     if level.in_bytes:
+        check_lookahead_level(level.value, settings.generation)
         if (settings.load.parallel or 1) > 1:
             raise ConfigError("--parallel: the byte level decodes one generation at a time (models with different tokenizers)", param="parallel")
         if "chat_template_model" in settings.given:
