@@ -27,7 +27,7 @@ from localcos.paths import cache_dir
 from localcos.runtime.scoring import SCORING_LOGIT_ROWS
 from localcos.testing import llamacpp_sdist
 from localcos.testing.reference import tool_args
-from localcos.eval import perplexity as score
+from localcos.scoring import perplexity as score
 from localcos.tools.bench import RssSampler, current_rss_mb
 from localcos.models.writer import ModelSpec, cached_model
 

@@ -31,11 +31,12 @@ from .runtime.scoring import Loglikelihood, Scores, loglikelihood, score_tokens
 
 if TYPE_CHECKING:
     from .backend.rpc import Endpoint
-    from .eval.bytescore import ByteScore
+    from .scoring.bytescore import ByteScore
 
 
 class Ensemble(LoadedModels):
-    """Two or more GGUF models sharing one tokenizer, decoded together.
+    """One or more GGUF models sharing one tokenizer, decoded together (one model alone is the
+    model as llama.cpp decodes it, or with a second prompt's member, a model against itself).
 
     Args:
         models: loaded models (see `Ensemble.load`).
@@ -201,7 +202,7 @@ def _token_config(config: GenerationConfig | None, settings: dict[str, object]) 
 
 
 class ByteEnsemble(ByteModels):
-    """Two or more GGUF models of any tokenizers, combined exactly at the byte level: each model's
+    """One or more GGUF models of any tokenizers, combined exactly at the byte level: each model's
     distribution over the next byte, marginalised over its tokenisations, combined by the
     combiner, sampled byte by byte (docs/algorithm.md, section 10).
 
@@ -307,7 +308,7 @@ class ByteEnsemble(ByteModels):
         `prune` while scoring (default 0: every one kept, up to the loaded `byte_paths`, as
         `localcos score` does): pruning bounds how far sampled text moves, not one given text's
         probability."""
-        from .eval.bytescore import bits_per_byte
+        from .scoring.bytescore import bits_per_byte
 
         with self.pruning(prune):
             return bits_per_byte(self, text, list(combiners or [self.combiner.combiner]), window=window or self.n_ctx - 2)

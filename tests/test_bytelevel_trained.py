@@ -59,7 +59,7 @@ def test_generate_combines_two_tokenizers_at_the_byte_level(trained, big, combin
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     (completion,) = result["completions"]
-    (stats,) = result["stats"]
+    stats = result["stats"]
     text = completion["text"]
     assert stats["level"] == "byte"
     assert "return" in text and "a" in text and "b" in text  # the body of add
@@ -76,7 +76,7 @@ def test_the_cross_family_preset_contrasts_at_the_byte_level_where_its_gate_open
                   "--json", "--ctx", "512")  # fmt: skip
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    (stats,) = result["stats"]
+    stats = result["stats"]
     assert stats["level"] == "byte" and "cd" in result["combiner"] and "gate" in result["combiner"]
     assert 0 < stats["gate_opened"] < stats["gate_decided"]  # the amateur where the 1.5B is unsure, the 1.5B alone elsewhere
     code = [line for line in result["completions"][0]["text"].splitlines() if line.strip() and not line.strip().startswith("#")]

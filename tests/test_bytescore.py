@@ -1,4 +1,4 @@
-"""Bits per byte at the byte level (`eval.bytescore`): exact on tiny tokenised fakes, and the
+"""Bits per byte at the byte level (`scoring.bytescore`): exact on tiny tokenised fakes, and the
 `score` command on a real pair of different tokenizers."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from bytefakes import VOCAB_A, VOCAB_B, BruteForce, FakeMember
 from localcos.core.combiners import WeightedEnsemble
-from localcos.eval.bytescore import bits_per_byte, windows_of
+from localcos.scoring.bytescore import bits_per_byte, windows_of
 
 PROMPT = (0, 1)
 
@@ -103,8 +103,8 @@ def fake_choice_models(*models):
 def test_a_choice_scores_the_probability_of_its_bytes_after_the_context():
     """log p(choice | context) of each model is the brute-force prefix probability of its bytes
     after the context's tokens, and r's is the sum over its bytes of log r."""
-    from localcos.eval.bytescore import byte_choices
-    from localcos.eval.choices import ChoiceItem
+    from localcos.scoring.bytescore import byte_choices
+    from localcos.scoring.choices import ChoiceItem
 
     items = [ChoiceItem("ctx", ("ab", "ba\u00e9", "aab"), 2)]
     scores = byte_choices(fake_choice_models(VOCAB_A, VOCAB_B), items, [WeightedEnsemble()])
@@ -122,7 +122,7 @@ def test_a_choice_scores_the_probability_of_its_bytes_after_the_context():
 def test_a_byte_r_gives_nothing_is_scored_at_the_floor_not_as_infinite(monkeypatch):
     """Pruned paths can rule a byte of the text out in every model (the combination then gives
     it 0): it is scored at RULED_OUT, as each model's own is, and the bits stay finite."""
-    import localcos.eval.bytescore as bytescore
+    import localcos.scoring.bytescore as bytescore
     from localcos.runtime.bytelevel import RULED_OUT
 
     monkeypatch.setattr(bytescore, "combine_symbols", lambda combiner, dists, t: np.zeros(257))
@@ -134,7 +134,7 @@ def test_a_byte_the_held_paths_rule_out_is_scored_from_the_models_own_tokenisati
     """One path per model and heavy pruning: the text goes where a model's held path cannot
     follow. Its paths are rebuilt from its own tokenisation of the text so far and the byte is
     scored there (as a generation goes on), not at the floor of a byte it rules out."""
-    from localcos.eval.bytescore import walk_together
+    from localcos.scoring.bytescore import walk_together
 
     models = fake_models(VOCAB_A, VOCAB_B, max_paths=1, prune=0.5)
     data = "abbabaabab\u00e9ba".encode()

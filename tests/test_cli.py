@@ -63,6 +63,27 @@ def test_generate_json(models):
     assert s["seed"] == 3
 
 
+def test_generate_json_has_one_shape_at_every_level(models):
+    """The same keys, the same stats keys and completions' keys at the token, mixed and byte
+    levels; what a level does not count is null."""
+    common = ["--prompt", "The river runs", "--max-tokens", "6", "--seed", "1", "--temperature", "0", "--json"]
+    runs = {
+        "token": run("generate", "--models", str(models["base"]), "--level", "token", *common),
+        "mixed": run("generate", "--models", str(models["base"]), "--level", "mixed", "--gate", "0.5", *common),
+        "byte": run("generate", "--models", f"{models['base']},{models['other_tokenizer']}", *common),
+    }
+    outs = {}
+    for level, proc in runs.items():
+        assert proc.returncode == 0, (level, proc.stderr)
+        outs[level] = json.loads(proc.stdout)
+        assert outs[level]["level"] == outs[level]["stats"]["level"] == level
+    shapes = {level: (set(out), set(out["stats"]), set(out["completions"][0])) for level, out in outs.items()}
+    assert shapes["token"] == shapes["mixed"] == shapes["byte"], shapes
+    assert outs["token"]["completions"][0]["token_ids"] and outs["byte"]["completions"][0]["token_ids"] is None
+    assert outs["token"]["stats"]["chars"] is None and outs["byte"]["stats"]["chars"] > 0 and outs["token"]["stats"]["tokens"] > 0
+    assert outs["mixed"]["stats"]["token_bytes"] is not None and outs["byte"]["stats"]["token_bytes"] is None
+
+
 def test_generate_streams_text_and_summarises_on_stderr(models):
     proc = run(
         "generate", "--models", str(models["base"]), "--max-tokens", "10", "--seed", "1", stdin="The river runs"

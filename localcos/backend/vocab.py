@@ -7,7 +7,7 @@ from typing import Sequence
 from ..errors import TokenizerMismatchError
 from .model import Model
 from .slot import common_prefix
-from .tokenizers import TokenTable, tokenizer_mismatch
+from .tokenizers import table_of, tokenizer_mismatch
 
 
 def shared_vocab_size(models: Sequence[Model]) -> int:
@@ -15,9 +15,9 @@ def shared_vocab_size(models: Sequence[Model]) -> int:
     `TokenizerMismatchError` (`tokenizer_mismatch`)."""
     if not models:
         raise ValueError("no models")
-    first = TokenTable.of_model(models[0])
+    first = table_of(models[0])
     for other in models[1:]:
-        why = tokenizer_mismatch(first, TokenTable.of_model(other))
+        why = tokenizer_mismatch(first, table_of(other))
         if why is not None:
             raise TokenizerMismatchError(f"tokenizer mismatch: {why}")
     return min(m.n_vocab for m in models)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..core.level import Level
+from ..core.sizes import largest
 from ..errors import ConfigError
 from ..tools.plotting import plot_speedups, require_matplotlib
 from .options import add_options, loading_progress, resolve
@@ -52,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..core.strategies import cheapest
+    from ..core.sizes import cheapest
     from ..ensemble import Ensemble
     from ..runtime.bytelevel import decoding_level
     from ..tools import bench
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress) as ens:
         rss_loaded = bench.current_rss_mb()
         proposer = cheapest(ens.n_params) if plan.proposer is None else plan.proposer
-        big = bench.largest(ens.n_params)
+        big = largest(ens.n_params)
         alone = [big] if plan.members == "largest" else plan.members
         configs = bench.configurations(plan.methods, plan.gammas, members=[] if plan.levels else alone)
         names = [Path(p).name for p in settings.load.paths]
@@ -257,7 +258,7 @@ def _bench_bytes(args: argparse.Namespace, settings, level: Level) -> int:
     with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress) as models:
         n_models = len(models.models)
         members = _members(args.alone, n_models)
-        alone_ids = [bench.largest([m.n_params for m in models.models])] if members == "largest" else list(members)
+        alone_ids = [largest([m.n_params for m in models.models])] if members == "largest" else list(members)
         alone = {i: Ensemble.beside(models, i) for i in alone_ids}
         configs = bytebench.byte_configurations(methods, gammas, alone_ids)
         runs = bytebench.run_byte_benchmark(models, alone, prompts, configs, temperatures, max_tokens=max_tokens, seed=seed)

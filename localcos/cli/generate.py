@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
     from ..config import default_parallel
     from ..config.parse import parse_int
     from ..config.specs import check_second_prompt
+    from ..core.level import Level
+    from ..runtime.report import generation_json
     from ..stats import GenerationStats
 
     prompt = args.prompt
@@ -76,8 +78,7 @@ def run(args: argparse.Namespace) -> int:
             prompt_input = prompt
         if args.json:
             completions = ens.generate_many(prompt_input, n, config=config, second_prompt=second)
-            stats = GenerationStats.aggregate([c.stats for c in completions])
-            print(json.dumps({"completions": [c.to_dict() for c in completions], "stats": stats.to_dict()}))
+            print(json.dumps(generation_json(completions, Level.TOKEN, config.seed, ens.combiner.description)))
             return 0
         completions = []
         if n == 1:
@@ -105,6 +106,7 @@ def _generate_bytes(args: argparse.Namespace, settings, config, prompt: str, n: 
     from ..chat import Message, OwnTemplates
     from ..runtime.bytelevel import ByteModels, run_to_end
     from ..runtime.generation import completion_rng
+    from ..runtime.report import generation_json
 
     with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress) as models:
         if args.chat:
@@ -126,8 +128,7 @@ def _generate_bytes(args: argparse.Namespace, settings, config, prompt: str, n: 
                 sys.stdout.flush()
             completions.append(generation.completion)
         if args.json:
-            print(json.dumps({"completions": [c.to_dict() for c in completions], "stats": [c.stats.to_dict() for c in completions],
-                              "seed": config.seed, "combiner": models.combiner.description}))  # fmt: skip
+            print(json.dumps(generation_json(completions, plan.level, config.seed, models.combiner.description)))
             return 0
         sys.stdout.write("\n")
         sys.stdout.flush()

@@ -195,7 +195,7 @@ def _quantize(registry, ref: str, dtype: str, output: str | None, measure: bool,
 
 def _compare(source: Path, target: Path, text: str, threads: int | None) -> None:
     """Perplexity of both files on `text` (llama-perplexity's windows) and their batched costs."""
-    from ..eval.perplexity import perplexity
+    from ..scoring.perplexity import perplexity
     from ..runtime.loaded import LoadedModels
     from ..config.specs import LoadSpec
 

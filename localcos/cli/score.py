@@ -18,7 +18,7 @@ from .options import add_options, loading_progress, resolve
 # probability, which a dropped tokenisation the text then follows can hold most of.
 BYTE_DEFAULTS = {"byte_prune": 0.0, "byte_paths": 16}
 # At the byte level windows (or a choice's options) are scored side by side, each in sequences of
-# its own (`eval.bytescore`): at most this many at once.
+# its own (`scoring.bytescore`): at most this many at once.
 MAX_LANES = 4
 
 
@@ -53,8 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..ensemble import Ensemble
-    from ..eval import choices as choice_task, perplexity as perplexity_task
-    from ..eval.sweep import NEEDS, grid as sweep_grid, label, parse_sweep
+    from ..scoring import choices as choice_task, perplexity as perplexity_task
+    from ..scoring.sweep import NEEDS, grid as sweep_grid, label, parse_sweep
     from ..runtime.scoring import SCORING_LOGIT_ROWS
     from ..tools.bench import RssSampler, current_rss_mb
 
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _what_to_score(args: argparse.Namespace) -> "tuple[str | None, list | None]":
     """(the text of --file, or None; the items of --choices, or None), read and checked."""
-    from ..eval import choices as choice_task
+    from ..scoring import choices as choice_task
 
     given = [flag for flag in ("json_schema", "grammar", "json_object") if getattr(args, f"refused_{flag}") is not None]
     if given:
@@ -176,7 +176,7 @@ def _choice_rows(file: str, choices, bound: list[str], labels: list[str], names:
 def _score_bytes(args: argparse.Namespace, settings, text: str | None, items: list | None, grid: list, labels: list[str], sweep) -> int:
     """score at the byte level: bits per byte of the text (--file), or the accuracy on a
     multiple-choice set (--choices), under r and each model alone."""
-    from ..eval.bytescore import bits_per_byte, byte_choices, windows_of
+    from ..scoring.bytescore import bits_per_byte, byte_choices, windows_of
     from ..runtime.bytelevel import ByteModels
 
     window = settings.load.n_ctx - 2  # bytes: a window's tokens fit the context (a token has 1 byte or more), BOS too

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from ..backend import MIN_CTX
 from ..core.bytelevel import check_prune
-from ..core.combiners import check_gate, check_mu, check_plausibility, check_scale
+from ..core.combiners import COMBINERS, check_gate, check_mu, check_plausibility, check_scale
 from ..core.decoding import METHODS
 from ..core.lookup import LOOKUP_MODES
 from ..core.sampling import check_setting
@@ -75,7 +75,7 @@ class Option:
     target: str
     attr: str
     parse: Callable[[Any, str], Any]
-    help: str
+    described: str | Callable[[], str]  # its help, or what makes it when it is read (the combiners' registry)
     default: Any = None
     metavar: str | None = None
     switch: bool = False  # a command-line flag without a value
@@ -85,6 +85,11 @@ class Option:
     @property
     def flag(self) -> str:
         return self.flags[0]
+
+    @property
+    def help(self) -> str:
+        """What `--help`, the chat's form and the docs say of it."""
+        return self.described if isinstance(self.described, str) else self.described()
 
     def check(self, value: Any, *, json: bool = False) -> Any:
         """`value` parsed and checked; errors name the option (`ConfigError.param` = name)."""
@@ -115,7 +120,8 @@ class Option:
         return str(value)
 
 
-def _option(name: str, flags: str | tuple[str, ...], group: str, target: str, parse: Callable[[Any, str], Any], help: str, **kw: Any) -> Option:
+def _option(name: str, flags: str | tuple[str, ...], group: str, target: str, parse: Callable[[Any, str], Any], help: str | Callable[[], str],
+            **kw: Any) -> Option:  # fmt: skip
     attr = kw.pop("attr", name)
     return Option(name, (flags,) if isinstance(flags, str) else flags, group, target, attr, parse, help, **kw)
 
@@ -171,7 +177,8 @@ _OPTIONS = [
             default=False, switch=True),
     # how to combine
     _option("combine", "--combine", "combination", "combine", parse_combine,
-            "we (weighted ensemble), cd (contrastive), logit-mix, or FILE.py:FUNCTION", default="we", metavar="KIND"),
+            lambda: "; ".join(f"{k.name}: {k.help}" for k in COMBINERS.values()) + "; or FILE.py:FUNCTION (your function)", default="we",
+            metavar="KIND"),
     _option("weights", "--weights", "combination", "combine", lambda v, what: parse_floats(v, what),
             "we / logit-mix weights, one per model (default: equal)", metavar="W,W"),
     _option("mu", "--mu", "combination", "combine", lambda v, what: check_mu(parse_float(v, what), what),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numbers
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from ..core.combiners import COMBINERS, combiner_names
 from ..errors import ConfigError, check_range, param_of
 from ..grammar import Constraint
 
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from ..backend.rpc import Endpoint
 
 Gamma = int | tuple[int, ...] | str | None  # one value, one per model, "auto", or None (default)
-COMBINERS = ("we", "cd", "logit-mix", "cfg")  # or FILE.py:FUNCTION / MODULE:FUNCTION
 # the code of a value that is not of the kind asked for at all (a word where a number goes), as
 # against one of the right kind out of range: a list reports the first as a malformed list
 INVALID_TYPE = "invalid_type"
@@ -214,11 +214,12 @@ def is_custom_combine(text: str) -> bool:
 
 
 def parse_combine(value: Any, what: str) -> str:
-    """A combiner name (we, cd, logit-mix) or a user function FILE.py:FUNCTION / MODULE:FUNCTION."""
+    """A registered combiner's name (`core.combiners.COMBINERS`) or a user function
+    FILE.py:FUNCTION / MODULE:FUNCTION."""
     text = _text(value)
     if text in COMBINERS or (text and is_custom_combine(text)):
         return text
-    raise ConfigError(f"{what} must be we, cd, logit-mix, cfg or FILE.py:FUNCTION, got {value!r}", param=param_of(what))
+    raise ConfigError(f"{what} must be {combiner_names()}, got {value!r}", param=param_of(what))
 
 
 def parse_served_combine(value: Any, what: str) -> str:

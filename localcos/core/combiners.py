@@ -19,6 +19,7 @@ import importlib.util
 import math
 import sys
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from ..errors import ConfigError, check_range
 from .sampling import softmax
+from .sizes import largest
 
 
 def normalise_weights(weights: Sequence[float], n_models: int) -> tuple[float, ...]:
@@ -103,6 +105,11 @@ class Combiner(ABC):
     def single_model(self) -> int | None:
         """The model i when r is exactly softmax(l_i / T), its own distribution (single-target
         speculative decoding: weights 0 and 1); the decoder then skips the combination."""
+        return None
+
+    def lead_of(self) -> int | None:
+        """The model this combination itself puts first (fitted), where a gate's lead is not
+        named: None where it puts none first (then the largest leads: `default_lead`)."""
         return None
 
 
@@ -256,6 +263,9 @@ class Contrastive(Combiner):
         assert self.expert is not None
         return 1 - self.expert
 
+    def lead_of(self) -> int | None:
+        return self.expert
+
     def uses(self, n_models: int) -> tuple[bool, ...]:
         assert self.expert is not None, "bind() the combiner first"
         return tuple(i == self.expert or self.mu > 0 for i in range(2))  # mu = 0: the expert alone
@@ -324,6 +334,9 @@ class Guidance(Combiner):
     def negative(self) -> int:
         assert self.positive is not None, "bind() the combiner first"
         return 1 - self.positive
+
+    def lead_of(self) -> int | None:
+        return self.positive
 
     def uses(self, n_models: int) -> tuple[bool, ...]:
         assert self.positive is not None, "bind() the combiner first"
@@ -405,13 +418,10 @@ class CustomCombiner(Combiner):
 
 
 def default_lead(combiner: Combiner, n_params: Sequence[int]) -> int:
-    """The model that leads where the settings name none: contrastive decoding's expert or
-    guidance's positive member (fitted), else the model with the most parameters (ties: the last)."""
-    if isinstance(combiner, Contrastive) and combiner.expert is not None:
-        return combiner.expert
-    if isinstance(combiner, Guidance) and combiner.positive is not None:
-        return combiner.positive
-    return max(range(len(n_params)), key=lambda i: (n_params[i], i))
+    """The model that leads where the settings name none: the combiner's own (`Combiner.lead`:
+    contrastive decoding's expert, guidance's positive member), else the largest."""
+    own = combiner.lead_of()
+    return largest(n_params) if own is None else own
 
 
 class Gated(Combiner):
@@ -526,6 +536,43 @@ def load_custom(spec: str, level: str = "logits") -> CustomCombiner:
     return CustomCombiner(load_function(spec), level=level, name=custom_name(spec))
 
 
+@dataclass(frozen=True)
+class CombinerKind:
+    """A built-in combiner the settings layer names (`--combine NAME`, a request's `combine`, a
+    preset's): how it is made from the combination's values (`make`, called with the ones it
+    `reads`, by name: weights, mu, plausibility, expert, scale) and what `--help` says of it.
+    Its lead, where a gate's is not named, is its class's own rule (`Combiner.lead`)."""
+
+    name: str
+    make: Callable[..., Combiner]
+    reads: tuple[str, ...]
+    help: str
+
+
+COMBINERS: dict[str, CombinerKind] = {}
+
+
+def register(kind: CombinerKind) -> CombinerKind:
+    """Add a combiner to the ones every front end can name: parsing, `--help`, presets and the
+    server's requests take it from here."""
+    COMBINERS[kind.name] = kind
+    return kind
+
+
+register(CombinerKind("we", lambda weights: WeightedEnsemble(weights), ("weights",), "weighted ensemble, r = sum w_i softmax(l_i / T)"))
+register(CombinerKind("cd", lambda mu, plausibility, expert: Contrastive(mu, plausibility, expert), ("mu", "plausibility", "expert"),
+                      "contrastive decoding, r = softmax((l_expert - mu l_amateur) / T)"))  # fmt: skip
+register(CombinerKind("logit-mix", lambda weights: LogitMix(weights), ("weights",), "r = softmax(sum w_i l_i / T)"))
+register(CombinerKind("cfg", lambda scale: Guidance(scale), ("scale",), "classifier-free guidance of a model against itself under a second prompt"))
+
+_FLAGS = {"weights": "--weights", "mu": "--mu", "plausibility": "--plausibility", "expert": "--expert", "scale": "--cfg-scale"}
+
+
+def combiner_names() -> str:
+    """The names a --combine takes, for messages and help: the registry's, then a function."""
+    return ", ".join(COMBINERS) + " or FILE.py:FUNCTION"
+
+
 def make_combiner(
     kind: str,
     *,
@@ -538,9 +585,18 @@ def make_combiner(
     lead: int | None = None,
     scale: float = 1.5,
 ) -> Combiner:
-    """A combiner by CLI name: we, cd, logit-mix, cfg (guidance at `scale`), or FILE.py:FUNCTION /
-    MODULE:FUNCTION; with `gate`, combined only where the lead model is unsure (`gated`)."""
-    return gated(_make_combiner(kind, weights=weights, mu=mu, plausibility=plausibility, expert=expert, level=level, scale=scale), gate, lead)
+    """A combiner by its registered name (`COMBINERS`), or FILE.py:FUNCTION / MODULE:FUNCTION;
+    with `gate`, combined only where the lead model is unsure (`gated`). Weights given to a
+    combiner that reads none are refused, not ignored."""
+    values = {"weights": weights, "mu": mu, "plausibility": plausibility, "expert": expert, "scale": scale}
+    registered = COMBINERS.get(kind)
+    if registered is None:
+        if ":" not in kind:
+            raise ConfigError(f"unknown combiner {kind!r}; use {combiner_names()}", param="combine")
+        return gated(load_custom(kind, level), gate, lead)
+    if weights is not None and "weights" not in registered.reads:
+        raise ConfigError(f"--weights does not apply to {kind}; use {', '.join(_FLAGS[r] for r in registered.reads)}", param="weights")
+    return gated(registered.make(**{name: values[name] for name in registered.reads}), gate, lead)
 
 
 def gated(inner: Combiner, gate: float | None, lead: int | None = None) -> Combiner:
@@ -551,23 +607,3 @@ def gated(inner: Combiner, gate: float | None, lead: int | None = None) -> Combi
             raise ConfigError("--lead names the model a --gate leaves alone where it is sure: give --gate too", param="lead")
         return inner
     return Gated(inner, gate, lead)
-
-
-def _make_combiner(
-    kind: str, *, weights: Sequence[float] | None, mu: float, plausibility: float | None, expert: int | None, level: str, scale: float = 1.5
-) -> Combiner:
-    if kind == "we":
-        return WeightedEnsemble(weights)
-    if kind == "cd":
-        if weights is not None:
-            raise ConfigError("--weights does not apply to cd; use --mu", param="weights")
-        return Contrastive(mu, plausibility, expert)
-    if kind == "logit-mix":
-        return LogitMix(weights)
-    if kind == "cfg":
-        if weights is not None:
-            raise ConfigError("--weights does not apply to cfg; use --cfg-scale", param="weights")
-        return Guidance(scale)
-    if ":" in kind:
-        return load_custom(kind, level)
-    raise ConfigError(f"unknown combiner {kind!r}; use we, cd, logit-mix, cfg or FILE.py:FUNCTION", param="combine")

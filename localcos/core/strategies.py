@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from .decoding import Decoder, Evaluate, Origin, Phase, Step, Together
+from .sizes import cheapest
 
 class Strategy:
     """One decoding method; `step()` is one round of its loop (a generator of its requests)."""
@@ -257,11 +258,6 @@ def top_tokens(r: np.ndarray, k: int) -> np.ndarray:
 
 
 # --- choosing a strategy ---------------------------------------------------------------------------
-
-
-def cheapest(n_params: Sequence[int]) -> int:
-    """Index of the model with the fewest parameters (the first of equals)."""
-    return min(range(len(n_params)), key=lambda i: (n_params[i], i))
 
 
 def proposal_lengths(gamma: int | Sequence[int], proposer: int, n_models: int) -> list[int]:

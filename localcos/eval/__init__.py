@@ -1,2 +1,3 @@
-"""Evaluation tasks over the one scorer (`runtime.scoring`): a text's perplexity and
-multiple-choice accuracy, for the combination r and each model alone (`localcos score`)."""
+"""`localcos eval`: code tasks completed by several configurations of one loaded ensemble, each
+program run in a sandbox (`sandbox`, `launcher`), results kept as they come (`results`) and
+compared problem by problem (`summary`, `paired`)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import ConfigError
-from .jsonlines import json_objects
+from ..jsonlines import json_objects
 
 HUMANEVAL = "humaneval"
 # where a completion of a function body ends: anything at the top level after it (the Codex paper's

@@ -12,7 +12,7 @@ from ..config import OPTIONS, Settings, check_for_models, default_method
 from ..config.flags import parse_flags
 from ..config.specs import mixed_gate
 from ..core.level import Level
-from ..runtime.loaded import second_prompt_lead
+from ..core.sizes import largest
 from ..errors import ConfigError
 
 _CONFIG_TARGETS = ("combine", "generation")
@@ -51,7 +51,7 @@ class EvalConfig:
         member's (its model's, one fewer: the prompt's member leads), as `LoadedModels` counts them."""
         if self.contrast is None:
             return list(self.n_params)
-        return [*self.n_params, self.n_params[second_prompt_lead(self.n_params)] - 1]
+        return [*self.n_params, self.n_params[largest(self.n_params)] - 1]
 
     @property
     def member(self) -> int | None:

@@ -105,9 +105,9 @@ class EvalModels:
         return resolved(config.settings.generation.phrasing, self.plain.loaded[self._lead()]) in WHOLE_SCRIPTS
 
     def _lead(self) -> int:
-        from ..runtime.loaded import second_prompt_lead
+        from ..core.sizes import largest
 
-        return second_prompt_lead([m.n_params for m in self.plain.loaded])
+        return largest([m.n_params for m in self.plain.loaded])
 
     def _second_prompt(self, contrast: str, prompt: str) -> str | list[int] | None:
         """The second prompt of `contrast` for a task's `prompt`: text (`TRANSFORMS`), or the lead's

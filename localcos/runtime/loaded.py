@@ -12,6 +12,7 @@ from ..backend import Model, RemoteModel, set_verbose, shared_vocab_size, tokeni
 from ..backend.slot import Slot
 from ..core.combiners import BoundCombiner, Combiner, WeightedEnsemble
 from ..core.hostmem import keep_freed_memory
+from ..core.sizes import largest
 from ..core.speedmodel import CallProfile, Costs
 from ..config.specs import require_models
 from ..grammar import Vocabulary
@@ -71,11 +72,6 @@ def member_names(names: Sequence[str], second_member: int | None) -> list[str]:
     return [name + (" (second prompt)" if i == second_member else "") for i, name in enumerate(names)]
 
 
-def second_prompt_lead(n_params: Sequence[int]) -> int:
-    """The model that also reads a second prompt: the one with the most parameters (ties: the last)."""
-    return max(range(len(n_params)), key=lambda i: (n_params[i], i))
-
-
 class LoadedModels:
     """Models sharing one tokenizer, loaded, with what decoding needs to know of them.
 
@@ -92,7 +88,7 @@ class LoadedModels:
         profiles: each member's call costs by rows per call (default: measured now on this
             machine, or read from the cache of earlier measurements; see `runtime.profile`).
         calibrate: measure the profiles again instead of reading the cache.
-        second_prompt: the lead model (`second_prompt_lead`) is also a member reading a second
+        second_prompt: the lead model (the largest, `core.sizes.largest`) is also a member reading a second
             prompt, on the second half of its sequences.
         branches: sequences each sequence has beside it for lookahead's branches
             (`core.strategies.Lookahead`): the last ones of each model, `branches` per sequence
@@ -130,7 +126,7 @@ class LoadedModels:
         self.models = list(self.loaded)
         self.second_member: int | None = None  # the member reading the second prompt
         if second_prompt:
-            lead = second_prompt_lead([m.n_params for m in self.loaded])
+            lead = largest([m.n_params for m in self.loaded])
             half = len(self.member_slots[lead]) // 2
             self.member_slots[lead], second = self.member_slots[lead][:half], self.member_slots[lead][half:]
             self.models.append(self.loaded[lead])
@@ -178,7 +174,7 @@ class LoadedModels:
 
             if any(spec.rpc):
                 raise ConfigError("--negative-prompt: a model on RPC servers decodes one sequence; a second prompt needs two", param="rpc")
-            lead = second_prompt_lead([read_info(p, tokens=False).n_params for p in spec.paths])
+            lead = largest([read_info(p, tokens=False).n_params for p in spec.paths])
 
         candidates, rolled = spec.lookahead or (0, 0)
 

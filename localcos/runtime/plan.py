@@ -19,7 +19,7 @@ from ..core.lookup import LookupSettings
 from ..core.sampling import Sampler
 from ..errors import ConfigError, PromptTooLongError
 from ..grammar import Constraint
-from .loaded import second_prompt_lead
+from ..core.sizes import largest
 
 if TYPE_CHECKING:
     from .loaded import LoadedModels
@@ -65,7 +65,7 @@ def prompt_tokens(loaded: LoadedModels, prompt: str | Sequence[int], param: str 
     if isinstance(prompt, str):
         from ..phrasing import phrased_tokens
 
-        tokens = phrased_tokens(loaded.loaded, prompt, phrasing, lead=second_prompt_lead([m.n_params for m in loaded.loaded])) if prompt else []
+        tokens = phrased_tokens(loaded.loaded, prompt, phrasing, lead=largest([m.n_params for m in loaded.loaded])) if prompt else []
     else:
         tokens = [int(t) for t in prompt]
     if not tokens:

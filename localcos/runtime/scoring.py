@@ -4,8 +4,8 @@ Every model evaluates the tokens in llama_decode calls of up to `n_batch` tokens
 per token), each keeping what its KV cache already holds of them (a shared context is evaluated
 once; a different continuation after it costs its own tokens only, rolled back with `seq_rm`).
 llama.cpp's logits of a call are read in place, a slice of rows at a time, and go through the same
-combination code decoding uses (`core.scoring`), so host memory stays bounded by the slice, not
-the text. `Ensemble.score`, `Ensemble.loglikelihood`, `localcos score` (`localcos.eval`) and the server's
+combination code decoding uses (`core.logprobs`), so host memory stays bounded by the slice, not
+the text. `Ensemble.score`, `Ensemble.loglikelihood`, `localcos score` (`localcos.scoring`) and the server's
 ``echo`` + ``logprobs`` all come here.
 """
 

@@ -317,7 +317,7 @@ def final(served: ServedEnsemble, request: protocol.Request, choices: Sequence[p
         prompt_eval_duration=int((getattr(stats, "prompt_seconds", 0.0) or 0.0) * 1e9),
         eval_count=usage.completion_tokens,
         eval_duration=int((getattr(stats, "seconds", 0.0) or 0.0) * 1e9),
-        localcos=protocol.statistics(choices),
+        localcos=protocol.statistics(served, choices),
     )
     return line
 

@@ -19,12 +19,12 @@ from ..core.combiners import BoundCombiner
 from ..core.level import Level
 from ..errors import Cancelled, LocalcosError, RemoteError
 from ..grammar import Constraint, ToolCallFormat, tool_call_format, tool_grammar
-from ..runtime.bytelevel import ByteModels, BytePlan, ByteStats, refuse_byte_options
+from ..runtime.bytelevel import ByteModels, BytePlan, refuse_byte_options
 from ..runtime.generation import Completion
 from ..runtime.loaded import LoadedModels
 from ..runtime.plan import Plan, check_token_ids, plan
+from ..runtime.report import aggregate, stats_json
 from ..runtime.scoring import ScoreCache, score_tokens
-from ..stats import GenerationStats
 from . import responses as out
 from .engine import Generation, Job
 from .requests import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationRequest
@@ -501,11 +501,12 @@ def usage(request: Request, choices: Sequence[Choice]) -> out.Usage:
     return out.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens)
 
 
-def statistics(choices: Sequence[Choice]) -> dict | None:
+def statistics(served: ServedEnsemble, choices: Sequence[Choice]) -> dict | None:
+    """The `localcos` object of an answer: its choices' statistics, one shape at every level."""
     stats = [c.completion.stats for c in choices if c.completion is not None]
     if not stats:
         return None
-    return (ByteStats.aggregate(stats) if isinstance(stats[0], ByteStats) else GenerationStats.aggregate(stats)).to_dict()
+    return stats_json(aggregate(stats), served.level)
 
 
 def _tool_calls(calls: list[dict], streamed: bool = False) -> list[out.ToolCall]:
@@ -521,7 +522,7 @@ def response(served: ServedEnsemble, request: Request, choices: Sequence[Choice]
                 out.ChatChoice(index=c.index, message=_message(c), logprobs=c.logprobs, finish_reason=_finish(c), **_extras(request, c))
                 for c in choices
             ],
-            usage=usage(request, choices), localcos=statistics(choices),
+            usage=usage(request, choices), localcos=statistics(served, choices),
         ).body()  # fmt: skip
     return out.TextCompletion(
         id="cmpl-" + request.id, created=request.created, model=served.alias,
@@ -532,7 +533,7 @@ def response(served: ServedEnsemble, request: Request, choices: Sequence[Choice]
             )
             for c in choices
         ],
-        usage=usage(request, choices), localcos=statistics(choices),
+        usage=usage(request, choices), localcos=statistics(served, choices),
     ).body()  # fmt: skip
 
 
@@ -565,7 +566,7 @@ def final_chunks(served: ServedEnsemble, request: Request, choices: Sequence[Cho
     if the client asked (stream_options.include_usage), a usage event without choices."""
     events = [chunk(served, request, c.index, None, _finish(c), extras=_extras(request, c), calls=c.calls) for c in choices]
     if events:
-        events[-1].localcos = statistics(choices)
+        events[-1].localcos = statistics(served, choices)
     if request.include_usage:
         tail = chunk(served, request, 0, None)
         tail.choices = []

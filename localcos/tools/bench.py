@@ -93,12 +93,6 @@ class Row:
     of_largest: float | None = None  # tokens/s as a fraction of the largest model's alone
 
 
-def largest(n_params: Sequence[int]) -> int:
-    """The model with the most parameters (the last of equals): the one an ensemble is weighed
-    against ("what does the ensemble cost me over the big model?")."""
-    return max(range(len(n_params)), key=lambda i: (n_params[i], i))
-
-
 def alone(n_models: int, member: int) -> WeightedEnsemble:
     """r = that model's own distribution: the ensemble then evaluates only it (plain decoding)."""
     return WeightedEnsemble([1.0 if i == member else 0.0 for i in range(n_models)])

@@ -9,7 +9,7 @@ from ..errors import ConfigError
 from ..files import atomic_path
 
 if TYPE_CHECKING:
-    from ..eval.sweep import Sweep
+    from ..scoring.sweep import Sweep
     from .bench import Row
 
 

@@ -48,7 +48,7 @@ class ByteModels:
         self, models: Sequence[Model], combiner: "BoundCombiner | Combiner", *, max_paths: int, prune: float,
         profiles: Sequence[CallProfile] | None = None, level: Level = Level.BYTE, second_prompt: bool = False,
     ) -> None:  # fmt: skip
-        from ..loaded import second_prompt_lead
+        from ...core.sizes import largest
 
         keep_freed_memory()  # every row's vocabulary-sized arrays come and go (see core.hostmem)
         self.loaded = list(models)
@@ -56,7 +56,7 @@ class ByteModels:
         slots = [m.slots[:max_paths] for m in models]
         self.second_member: int | None = None
         if second_prompt:
-            lead = second_prompt_lead([m.n_params for m in models])
+            lead = largest([m.n_params for m in models])
             self.models.append(models[lead])
             slots.append(models[lead].slots[max_paths : 2 * max_paths])
             self.second_member = len(self.models) - 1
@@ -98,9 +98,9 @@ class ByteModels:
         lead = None
         if spec.second_prompt:  # the lead model holds the second prompt's member's paths too
             from ...backend import read_info
-            from ..loaded import second_prompt_lead
+            from ...core.sizes import largest
 
-            lead = second_prompt_lead([read_info(p, tokens=False).n_params for p in spec.paths])
+            lead = largest([read_info(p, tokens=False).n_params for p in spec.paths])
 
         def build(models: list[Model]) -> "ByteModels":
             for m in models:
@@ -116,7 +116,7 @@ class ByteModels:
         return load_models(spec, open_model, build, progress=progress, max_logit_rows=max(32, spec.byte_paths * min(lanes, 4)))
 
     def lanes(self) -> list[list[ByteMember]]:
-        """Members that score texts side by side (`eval.bytescore`), one list per text, one
+        """Members that score texts side by side (`scoring.bytescore`), one list per text, one
         member per model: the loaded members first, then members on the models' other sequences
         (as many lanes as every model has `byte_paths` sequences for), pruned as they are."""
         k = self.members[0].view.max_paths

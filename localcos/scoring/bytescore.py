@@ -2,7 +2,7 @@
 and for each model alone: the measures that compare models of different tokenizers (each model's byte distribution from
 `core.bytelevel`, marginalised over its tokenisations).
 
-Windows follow `eval.perplexity` in bytes: the text's UTF-8 bytes are cut into windows of
+Windows follow `scoring.perplexity` in bytes: the text's UTF-8 bytes are cut into windows of
 `window` bytes (cut on character boundaries; a tail shorter than a window is dropped unless it is
 the only one), each scored from an empty context (each model's BOS, as its metadata says), the
 second half of each window scored, each byte given everything before it in its window.

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..core.combiners import Combiner
 from ..errors import ConfigError
-from .jsonlines import json_objects
+from ..jsonlines import json_objects
 from ..runtime.scoring import continuation_scores
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 
 def json_objects(text: str, where: str, param: str, expected: str) -> Iterator[tuple[str, dict[str, Any]]]:
