@@ -26,7 +26,28 @@ import httpx
 from localcos.testing.loopback import ServeProcess
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = "the river runs past the old mill and the village by the sea where the market opens in the morning".split()
+WORDS = [
+    "the",
+    "river",
+    "runs",
+    "past",
+    "the",
+    "old",
+    "mill",
+    "and",
+    "the",
+    "village",
+    "by",
+    "the",
+    "sea",
+    "where",
+    "the",
+    "market",
+    "opens",
+    "in",
+    "the",
+    "morning",
+]
 
 
 def items(tokenize, n_items: int, context_tokens: int) -> list[tuple[list[int], list[list[int]]]]:
@@ -75,7 +96,9 @@ def main() -> None:
     from localcos import Ensemble
     from localcos.config import resolve
 
-    settings = resolve({"models": args.models} if args.models else {"preset": args.preset} if args.preset else {}, defaults={"synthetic": "demo"})
+    settings = resolve(
+        {"models": args.models} if args.models else {"preset": args.preset} if args.preset else {}, defaults={"synthetic": "demo"}
+    )
     with Ensemble.load(settings.load.paths, n_ctx=64) as ens:
         work = items(lambda text: ens.tokenize(text, add_bos=False), args.items, args.context)
     print(f"{args.items} items: a context of {len(work[0][0])} tokens and 4 choices of {', '.join(str(len(c)) for c in work[0][1])} tokens "

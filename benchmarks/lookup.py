@@ -122,7 +122,8 @@ def main() -> None:
         share = lookup_seconds[key] / total.seconds if total.seconds else 0.0
         config = method if method == "ensemble" else f"cos lookup {mode}"
         print(
-            f"{temperature:>3g} {kind:<8}{config:<14}{total.tokens_per_second or 0:>8.1f}{(total.tokens_per_second or 0) / (base.tokens_per_second or 1):>7.2f}x"
+            f"{temperature:>3g} {kind:<8}{config:<14}{total.tokens_per_second or 0:>8.1f}"
+            f"{(total.tokens_per_second or 0) / (base.tokens_per_second or 1):>7.2f}x"
             f"{min(ratios):>6.2f}x{looked:>12}{calls:>12}{share:>9.2%}"
         )
 

@@ -100,27 +100,52 @@ def main() -> None:
             mixed.chars += len(m.text)
             mixed.token_calls += steps.calls - t0
             mixed.token_llama += steps.seconds - s0
-            print(f"[{n + 1}/{len(tasks)}] {task.task_id}: {'sampled' if sampled else 'same text'}, token level {a.stats.seconds:.2f} s, mixed {m.stats.seconds:.2f} s", flush=True)
+            print(
+                f"[{n + 1}/{len(tasks)}] {task.task_id}: {'sampled' if sampled else 'same text'}, "
+                f"token level {a.stats.seconds:.2f} s, mixed {m.stats.seconds:.2f} s",
+                flush=True,
+            )
     if sampled:
         rate = (mixed.chars / mixed.seconds) / (token.chars / token.seconds)
         print(f"\n{args.model} | {len(tasks)} texts sampled at T={args.temperature:g}, top-p {args.top_p:g} | {cpu_name()}")
-        print(f"token level: {token.chars} chars in {token.seconds:.1f} s ({token.chars / token.seconds:.1f} chars/s), host {token.seconds - token.llama:.1f} s")
-        print(f"mixed level: {mixed.chars} chars in {mixed.seconds:.1f} s ({mixed.chars / mixed.seconds:.1f} chars/s) = {rate:.3f}x, "
-              f"host {mixed.seconds - mixed.llama:.1f} s, {mixed.calls} calls against {token.calls}")
+        print(
+            f"token level: {token.chars} chars in {token.seconds:.1f} s ({token.chars / token.seconds:.1f} chars/s), host {token.seconds - token.llama:.1f} s"
+        )
+        print(
+            f"mixed level: {mixed.chars} chars in {mixed.seconds:.1f} s ({mixed.chars / mixed.seconds:.1f} chars/s) = {rate:.3f}x, "
+            f"host {mixed.seconds - mixed.llama:.1f} s, {mixed.calls} calls against {token.calls}"
+        )
         return
     print(f"\n{args.model} | {shared} shared texts, {differ} differ | {cpu_name()}")
     tok_call = token.llama / max(token.calls, 1)
     byte_calls = mixed.calls - mixed.token_calls
     byte_llama = mixed.llama - mixed.token_llama
-    print(f"token level: {token.seconds:.1f} s ({token.llama:.1f} in {token.calls} calls, {1000 * tok_call:.1f} ms each; host {token.seconds - token.llama:.1f})")
+    print(
+        f"token level: {token.seconds:.1f} s ({token.llama:.1f} in {token.calls} calls, {1000 * tok_call:.1f} ms each; host {token.seconds - token.llama:.1f})"
+    )
     print(f"mixed level: {mixed.seconds:.1f} s = {token.seconds / max(mixed.seconds, 1e-9):.3f}x")
-    print(f"  whole-token steps: {mixed.token_calls} calls, {mixed.token_llama:.1f} s ({1000 * mixed.token_llama / max(mixed.token_calls, 1):.1f} ms each)")
-    print(f"  byte steps: {byte_calls} calls, {mixed.rows - mixed.token_calls} rows, {byte_llama:.1f} s "
-          f"({1000 * byte_llama / max(byte_calls, 1):.1f} ms each; {byte_calls + mixed.token_calls - token.calls:+d} calls on the token level's)")
+    print(
+        f"  whole-token steps: {mixed.token_calls} calls, {mixed.token_llama:.1f} s ({1000 * mixed.token_llama / max(mixed.token_calls, 1):.1f} ms each)"
+    )
+    print(
+        f"  byte steps: {byte_calls} calls, {mixed.rows - mixed.token_calls} rows, {byte_llama:.1f} s "
+        f"({1000 * byte_llama / max(byte_calls, 1):.1f} ms each; {byte_calls + mixed.token_calls - token.calls:+d} calls on the token level's)"
+    )
     print(f"  host: {mixed.seconds - mixed.llama:.1f} s (token level {token.seconds - token.llama:.1f})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "cpu": cpu_name(), "shared": shared, "differ": differ, "token": token.__dict__, "mixed": mixed.__dict__}, f, indent=1)
+            json.dump(
+                {
+                    "model": args.model,
+                    "cpu": cpu_name(),
+                    "shared": shared,
+                    "differ": differ,
+                    "token": token.__dict__,
+                    "mixed": mixed.__dict__,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import threading
 import time
 
 from localcos.testing.loopback import RpcServerProcess
+import contextlib
 
 PROMPTS = ["The river flows from the mountains", "Once upon a time there was", "Two plus two makes", "The old mill by the water"]
 METHODS = ("ensemble", "cos")
@@ -41,10 +42,8 @@ METHODS = ("ensemble", "cos")
 
 def _hang_up(sock: socket.socket) -> None:
     """Send FIN now (close() alone waits for the other thread reading this socket)."""
-    try:
+    with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
 
 
 class Proxy:

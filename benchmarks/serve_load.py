@@ -29,6 +29,7 @@ import time
 import httpx
 
 from localcos.testing.loopback import ServeProcess
+import contextlib
 
 PROMPTS = ["The river flows from the mountains", "Once upon a time there was", "Two plus two makes", "The old mill by the water"]
 
@@ -118,10 +119,8 @@ def stress(url: str, n: int, seed: int) -> dict[str, int]:
                                 break
                     return "ok"
                 if kind == "abandoned":
-                    try:
+                    with contextlib.suppress(httpx.TimeoutException):
                         c.post(url + "/v1/completions", json={**body, "max_tokens": 400}, timeout=0.05)
-                    except httpx.TimeoutException:
-                        pass
                     return "ok"
                 if kind == "bad-json":
                     r = c.post(url + "/v1/completions", content=b'{"prompt": ', headers={"content-type": "application/json"})

@@ -112,7 +112,14 @@ def main() -> None:
     # two models at 152k: the combination's share of the time, and host memory
     sibling = cached_model(replace(qwen2, noise=0.3, name="ppl-qwen2-sibling"), where)
     text = text_path.read_text()
-    with Ensemble.load([real, sibling], WeightedEnsemble([0.5, 0.5]), n_ctx=args.ctx, n_batch=args.ctx, max_logit_rows=SCORING_LOGIT_ROWS, n_threads=args.threads) as ens:
+    with Ensemble.load(
+        [real, sibling],
+        WeightedEnsemble([0.5, 0.5]),
+        n_ctx=args.ctx,
+        n_batch=args.ctx,
+        max_logit_rows=SCORING_LOGIT_ROWS,
+        n_threads=args.threads,
+    ) as ens:
         run_localcos(ens, text, args.ctx)  # warm up (llama.cpp sizes its output buffers)
         shares, speeds = [], []
         base = current_rss_mb()

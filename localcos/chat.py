@@ -11,7 +11,8 @@ Models of one ensemble may carry different templates; one designated model's tem
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from .backend import tokenize_alike
 from .errors import ConfigError, PromptTooLongError

@@ -15,7 +15,8 @@ for one seed, as the command line and the server do.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from .config.specs import GenerationConfig, LoadSpec
 from .core.combiners import BoundCombiner, Combiner
@@ -57,14 +58,14 @@ class Ensemble(LoadedModels):
         split_mode: str = "layer",
         flash_attn: str = "auto",
         max_logit_rows: int = 64,
-        rpc: Sequence[Sequence["Endpoint"]] = (),
+        rpc: Sequence[Sequence[Endpoint]] = (),
         rpc_timeout: float = 120.0,
         parallel: int = 1,
         calibrate: bool = False,
         progress: Callable[[int, int, str], None] | None = None,
         second_prompt: bool = False,
         lookahead: tuple[int, int] | None = None,
-    ) -> "Ensemble":
+    ) -> Ensemble:
         """Load every model (each into its own llama.cpp context) and check their tokenizers.
         `paths`: GGUF files, or names as `--models` takes them (models.toml names, hf:,
         ollama:, lmstudio:; nothing is downloaded).
@@ -99,7 +100,7 @@ class Ensemble(LoadedModels):
         return cls.from_spec(spec, combiner, progress=progress, max_logit_rows=max_logit_rows)
 
     @classmethod
-    def beside(cls, models: "ByteModels", i: int) -> "Ensemble":
+    def beside(cls, models: ByteModels, i: int) -> Ensemble:
         """Model i of byte-level `models` by itself, decoding on its own tokens (the token level)
         on the weights and the context loaded there: no second copy in memory, and its calls cost
         what the byte level's calls cost (a second copy of the same file can run a few percent
@@ -230,7 +231,7 @@ class ByteEnsemble(ByteModels):
         calibrate: bool = False,
         progress: Callable[[int, int, str], None] | None = None,
         level: str = "auto",
-    ) -> "ByteEnsemble":
+    ) -> ByteEnsemble:
         """Load every model with `byte_paths` llama.cpp sequences (the tokenisations it holds at
         most); a tokenisation below `byte_prune` times the likeliest is dropped (0: exact, with
         enough paths). `level` "mixed": whole tokens of the lead where it is sure, with a gated
@@ -301,7 +302,7 @@ class ByteEnsemble(ByteModels):
 
     def bits_per_byte(
         self, text: str, *, combiners: Sequence[Combiner] | None = None, window: int | None = None, prune: float = 0.0
-    ) -> "ByteScore":
+    ) -> ByteScore:
         """Bits per byte of `text` under each of `combiners` (default: the ensemble's) and each
         model alone, in windows of `window` bytes (default: the context less 2), the second half
         of each scored (`localcos score --file` at the byte level). Tokenisations are pruned at

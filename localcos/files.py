@@ -9,7 +9,8 @@ import errno
 import os
 import tempfile
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
+from collections.abc import Iterator
 
 from .errors import StorageError
 
@@ -95,11 +96,10 @@ def atomic_write(
     """An open file ("w" text or "wb" binary) whose content becomes `target` when the block ends
     without error (see `atomic_path`, which also turns a failed write into a `StorageError`)."""
     text = "b" not in mode
-    with atomic_path(target, hint) as temp:
-        with open(temp, mode, encoding=encoding if text else None, newline=newline if text else None) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+    with atomic_path(target, hint) as temp, open(temp, mode, encoding=encoding if text else None, newline=newline if text else None) as f:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def write_text(target: str | os.PathLike[str], text: str, hint: str = "") -> None:

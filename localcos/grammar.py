@@ -20,7 +20,8 @@ import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -122,7 +123,7 @@ class Vocabulary:
         self.n_vocab = n_vocab
 
     @classmethod
-    def of_model(cls, model: Any, n_vocab: int, end_tokens: Sequence[int]) -> "Vocabulary":
+    def of_model(cls, model: Any, n_vocab: int, end_tokens: Sequence[int]) -> Vocabulary:
         """A model's vocabulary; a model without a llama.cpp vocabulary (a test's fake) gives its
         tokens' bytes instead."""
         eos = sorted(end_tokens) or None
@@ -137,7 +138,7 @@ class Vocabulary:
             return cls(lltokenizer_from_vocab(model._vocab, eos_token=eos), n_vocab)
 
     @classmethod
-    def of_pieces(cls, pieces: Sequence[bytes], end_tokens: Sequence[int], n_vocab: int | None = None) -> "Vocabulary":
+    def of_pieces(cls, pieces: Sequence[bytes], end_tokens: Sequence[int], n_vocab: int | None = None) -> Vocabulary:
         """Tokens given by their bytes (`end_tokens` among them), tokenised longest match first."""
         llguidance = _llguidance()
         eos = sorted(end_tokens)

@@ -4,7 +4,8 @@ refused in one line that names the file and the line."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from .errors import ConfigError
 

@@ -13,7 +13,7 @@ A member is a model and the prompt it reads; this makes the second half of that 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .config.options import PHRASINGS
 from .errors import ConfigError

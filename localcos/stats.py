@@ -26,7 +26,7 @@ Words, the same in code, JSON and the README:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Sequence
+from collections.abc import Sequence
 
 
 @dataclass
@@ -136,7 +136,7 @@ class GenerationStats:
 
     # --- combining and showing --------------------------------------------------------------------
     @classmethod
-    def aggregate(cls, stats: Sequence["GenerationStats"]) -> "GenerationStats":
+    def aggregate(cls, stats: Sequence[GenerationStats]) -> GenerationStats:
         """Totals over completions of one setting (method, combiner and gamma of the first)."""
         if not stats:
             raise ValueError("no stats")

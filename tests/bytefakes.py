@@ -7,7 +7,7 @@ import codecs
 import functools
 import hashlib
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -53,7 +53,7 @@ class BruteForce:
         self.model = model
         self.prompt = tuple(prompt)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache  # noqa: B019  (a brute force that lives for one test)
     def _probs(self, tokens: tuple[int, ...]) -> np.ndarray:
         return self.model.probs(self.prompt + tokens)
 
@@ -200,7 +200,7 @@ class FakeMember:
     def take_token(self, k: int, log_p: float | None = None) -> None:
         self._evaluate(self.view.take_token(k, log_p).new)
 
-    def start_beside(self, other: "FakeMember") -> None:
+    def start_beside(self, other: FakeMember) -> None:
         self.start(other.prompt)
 
     @staticmethod
@@ -257,6 +257,3 @@ class FakeMember:
 
         return replay(self.view, draft, known, evaluate, distributions)
 
-    @property
-    def longest(self) -> int:
-        return len(self.prompt) + max(len(p.tokens) for p in self.view.paths)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -110,7 +110,7 @@ def exact_joint(
 class FakeSeq:
     """One sequence of a `FakeSequences` model: its tokens, evaluated by the model's table."""
 
-    def __init__(self, model: "FakeSequences", seq_id: int) -> None:
+    def __init__(self, model: FakeSequences, seq_id: int) -> None:
         self.model = model
         self.seq_id = seq_id
         self.tokens: list[int] = []
@@ -132,7 +132,7 @@ class FakeSeq:
     def truncate(self, n: int) -> None:
         del self.tokens[n:]
 
-    def hold(self, other: "FakeSeq", n: int | None = None) -> None:
+    def hold(self, other: FakeSeq, n: int | None = None) -> None:
         self.tokens = list(other.tokens[: len(other.tokens) if n is None else n])
 
     def known_row(self, prompt: Sequence[int]) -> None:

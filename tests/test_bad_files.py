@@ -236,19 +236,16 @@ def test_atomic_writes_leave_nothing_behind_on_a_storage_fault(tmp_path, monkeyp
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full)
-    with pytest.raises(StorageError, match=r"cannot write .*out.json: the disk is full"):
-        with atomic_write(target) as f:
-            f.write("new")
+    with pytest.raises(StorageError, match=r"cannot write .*out.json: the disk is full"), atomic_write(target) as f:
+        f.write("new")
     assert target.read_text() == "old"
     _no_temporaries(tmp_path)
     monkeypatch.undo()
-    with pytest.raises(RuntimeError):  # any other failure: the temporary file goes too
-        with atomic_path(target):
-            raise RuntimeError("interrupted")
+    with pytest.raises(RuntimeError), atomic_path(target):  # any other failure: the temporary file goes too
+        raise RuntimeError("interrupted")
     _no_temporaries(tmp_path)
     if os.geteuid() != 0:  # root writes anywhere: a folder without write permission stops only others
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
-        with pytest.raises(StorageError, match="permission denied"):
-            with atomic_write(locked / "x.txt") as f:
-                f.write("x")
+        with pytest.raises(StorageError, match="permission denied"), atomic_write(locked / "x.txt") as f:
+            f.write("x")

@@ -3,14 +3,21 @@ token sequences, on tiny models with deliberately ambiguous vocabularies."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
-from bytefakes import VOCAB_A, VOCAB_B, BruteForce, TinyModel, all_strings, alphabet_of
+from bytefakes import VOCAB_A, VOCAB_B, BruteForce, FakeMember, TinyModel, all_strings, alphabet_of, string_distribution
+from statcheck import assert_matches
+
 from localcos.core.bytelevel import END, ByteView, ByteVocab, Unreachable, check_prune
+from localcos.core.combiners import Contrastive, Gated, WeightedEnsemble
+from localcos.core.sampling import Sampler
+from localcos.core.speedmodel import ByteAutoGamma, CallProfile, Costs
 from localcos.errors import ConfigError
+from localcos.runtime.bytelevel import RULED_OUT, ByteCompletion, ByteGeneration, ByteStats, run_to_end
 
 PROMPT = (0, 1)
 
@@ -131,14 +138,8 @@ def test_end_symbol_only_where_a_path_ends_exactly():
 
 # --- sampling through the byte-level generation -----------------------------------------------
 
-from collections import Counter  # noqa: E402
 
-from bytefakes import FakeMember, string_distribution  # noqa: E402
-from statcheck import assert_matches  # noqa: E402
 
-from localcos.core.combiners import Contrastive, Gated, WeightedEnsemble  # noqa: E402
-from localcos.core.sampling import Sampler  # noqa: E402
-from localcos.runtime.bytelevel import RULED_OUT, ByteCompletion, ByteGeneration, ByteStats, run_to_end  # noqa: E402
 
 LENGTH = 3  # characters per sampled string
 
@@ -404,7 +405,6 @@ def test_a_grammar_constrains_the_bytes_and_cos_samples_the_constrained_r_exactl
 
 
 # --- --byte-gamma auto: drafts planned from call costs ---------------------------------------------
-from localcos.core.speedmodel import ByteAutoGamma, CallProfile, Costs  # noqa: E402
 
 # a small model and one 30 times dearer; on an accelerator a call's rows cost nothing more, on a
 # compute-bound CPU k rows cost k calls
@@ -437,7 +437,11 @@ def test_cos_with_a_plan_that_changes_every_round_samples_r_exactly(monkeypatch)
     so r stays exact; here the plan cycles through proposers, lengths and ensemble steps."""
     plans = [(0, 3), (1, 0), (1, 2), (0, 1), (0, 0), (1, 4)]
     turn = iter(range(10**9))
-    monkeypatch.setattr(ByteAutoGamma, "choose", lambda self, proposers=None: (lambda p: (p[0] if proposers is None else proposers[0], p[1]))(plans[next(turn) % len(plans)]))
+    def choose(self, proposers=None):  # type: ignore[no-untyped-def]
+        planned = plans[next(turn) % len(plans)]
+        return (planned[0] if proposers is None else proposers[0], planned[1])
+
+    monkeypatch.setattr(ByteAutoGamma, "choose", choose)
     brutes = [BruteForce(VOCAB_A, PROMPT), BruteForce(VOCAB_B, PROMPT)]
     exact = string_distribution(_r_we(brutes), LENGTH, alphabet_of(VOCAB_A, VOCAB_B))
     members = [FakeMember(m) for m in (VOCAB_A, VOCAB_B)]

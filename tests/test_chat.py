@@ -48,9 +48,8 @@ def test_formatter_uses_the_gguf_template_and_tokenises_once_for_all(models):
 
 
 def test_model_without_a_template(models):
-    with Ensemble.load([models["base"]], n_ctx=64) as ens:
-        with pytest.raises(ConfigError, match="has no chat template"):
-            ChatFormatter(ens)
+    with Ensemble.load([models["base"]], n_ctx=64) as ens, pytest.raises(ConfigError, match="has no chat template"):
+        ChatFormatter(ens)
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

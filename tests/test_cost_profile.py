@@ -135,8 +135,8 @@ def test_the_scheduler_splits_calls_that_cost_more_than_their_parts(models):
             for m in ens.models:
                 original = m.decode
 
-                def decode(parts, _original=original):
-                    shapes.append(tuple(len(tokens) for _, tokens, _, _ in parts))
+                def decode(parts, _original=original, _shapes=shapes):
+                    _shapes.append(tuple(len(tokens) for _, tokens, _, _ in parts))
                     return _original(parts)
 
                 m.decode = decode

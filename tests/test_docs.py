@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from localcos.cli import build_parser
+import contextlib
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -95,10 +96,8 @@ def test_every_command_a_page_shows_parses(page, monkeypatch):
         assert sub in parsers, f"{page.name}: `{command}`: no subcommand {words[:1]}"
         errors = []
         monkeypatch.setattr(type(parsers[sub]), "error", lambda self, message: errors.append(message) or (_ for _ in ()).throw(SystemExit(2)))
-        try:
+        with contextlib.suppress(SystemExit):
             build_parser().parse_args(words)
-        except SystemExit:
-            pass
         assert not errors, f"{page.name}: `{command}`: {errors[0]}"
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -84,7 +83,8 @@ def test_mbpp_files_are_read_as_released_and_become_functions_to_complete(tmp_pa
          "test_setup_code": "K = 2", "test_list": ["assert f (3) == 3 * K"], "challenge_test_list": []},
     ]  # fmt: skip
     (tmp_path / "mbpp.jsonl").write_text("".join(json.dumps(d) + "\n" for d in jsonl))
-    sanitized = [{"source_file": "x", "task_id": 13, "prompt": "Write a function to find the square root.", "code": "import math\ndef root(x):\n    return math.sqrt(x)",
+    sanitized = [{"source_file": "x", "task_id": 13, "prompt": "Write a function to find the square root.",
+                  "code": "import math\ndef root(x):\n    return math.sqrt(x)",
                   "test_imports": ["import math"], "test_list": ["assert math.isclose(root(4.0), 2.0)"]}]  # fmt: skip
     (tmp_path / "sanitized-mbpp.json").write_text(json.dumps(sanitized, indent=2))
 
@@ -104,7 +104,7 @@ def test_mbpp_files_are_read_as_released_and_become_functions_to_complete(tmp_pa
     for task, body in bodies.items():
         assert run_program(task.program(body)).passed, task.task_id
         assert not run_program(task.program("    return None\n")).passed, task.task_id
-    assert '\'\'\'quoted\'\'\'' in doubled.prompt and "\\\\ backslash" in doubled.prompt
+    assert "'''quoted'''" in doubled.prompt and "\\\\ backslash" in doubled.prompt
     assert CodeTask.program(doubled, "    return n * 2\n").count('"""') == 2  # the docstring closes where it should
 
     for record, message in (
@@ -138,13 +138,21 @@ def test_pass_rates_get_wilson_intervals_and_pairs_an_exact_mcnemar_p():
 
 TASKS = [
     # passes whatever is written (it goes into a string the test closes)
-    {"task_id": "t/any", "prompt": 'def anything():\n    return 1\n\n\nwritten = """', "test": '"""\n\n\ndef check(f):\n    assert f() == 1\n',
-     "entry_point": "anything"},
+    {
+        "task_id": "t/any",
+        "prompt": 'def anything():\n    return 1\n\n\nwritten = """',
+        "test": '"""\n\n\ndef check(f):\n    assert f() == 1\n',
+        "entry_point": "anything",
+    },
     # fails whatever is written: a synthetic model does not write code
     {"task_id": "t/add", "prompt": "def add(a, b):\n", "test": "def check(f):\n    assert f(2, 3) == 5\n", "entry_point": "add"},
     # hangs whatever is written
-    {"task_id": "t/hang", "prompt": 'def spin():\n    while True:\n        pass\n\n\nwritten = """', "test": '"""\n\n\ndef check(f):\n    f()\n',
-     "entry_point": "spin"},
+    {
+        "task_id": "t/hang",
+        "prompt": 'def spin():\n    while True:\n        pass\n\n\nwritten = """',
+        "test": '"""\n\n\ndef check(f):\n    f()\n',
+        "entry_point": "spin",
+    },
 ]
 
 
@@ -171,14 +179,21 @@ def test_eval_runs_each_variant_on_each_problem_and_resumes(models, task_file, t
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["baseline"] in ("t-base alone", "t-sibling alone") and summary["unit"] == "tokens"
     cd = next(c for c in summary["configs"] if c["config"] == "CD")
-    assert cd["passed"] == 1 and cd["problems"] == 3 and {k: cd["vs_baseline"][k] for k in ("problems", "won", "lost", "difference", "p_mcnemar", "p_holm")} == {"problems": 3, "won": 0, "lost": 0, "difference": 0.0, "p_mcnemar": 1.0, "p_holm": 1.0}
+    assert (
+        cd["passed"] == 1
+        and cd["problems"] == 3
+        and {k: cd["vs_baseline"][k] for k in ("problems", "won", "lost", "difference", "p_mcnemar", "p_holm")}
+        == {"problems": 3, "won": 0, "lost": 0, "difference": 0.0, "p_mcnemar": 1.0, "p_holm": 1.0}
+    )
     assert "pass@1" in proc.stdout and "95% interval" in proc.stdout and "33.3%" in proc.stdout
     # the same command again: nothing is run again, no model loads, the same summary
     again = run(*args)
     assert again.returncode == 0 and "resuming: 12 done" in again.stderr and len(results.read_text().splitlines()) == 13
     assert again.stdout == proc.stdout
     # a finished run's summary loads no model: the same command with loading made to fail
-    no_load = "import sys, localcos.eval.models as m; m.EvalModels.__init__ = None; from localcos.cli import main; sys.exit(main(sys.argv[1:]))"
+    no_load = (
+        "import sys, localcos.eval.models as m; m.EvalModels.__init__ = None; from localcos.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
     summary_only = subprocess.run([sys.executable, "-c", no_load, *args], capture_output=True, text=True, timeout=120)
     assert summary_only.returncode == 0 and summary_only.stdout == proc.stdout, summary_only.stderr
     # a line cut short by an interruption runs again; another variant runs beside the kept ones
@@ -215,8 +230,22 @@ def test_a_byte_level_run_has_each_model_alone_on_its_own_tokens(real_models, ta
         name = f"{read_info(path, tokens=False).label} alone"  # the model's name, as at the token level
         assert by[(name, "t/add")]["settings"]["level"] == "token"
         # as eval reads a task by default: as the model's makers run it (--phrasing auto)
-        own = run("generate", "--models", str(path), "--prompt", TASKS[1]["prompt"], "--temperature", "0", "--max-tokens", "20", "--json", "--level", "token",
-                  "--phrasing", "auto")
+        own = run(
+            "generate",
+            "--models",
+            str(path),
+            "--prompt",
+            TASKS[1]["prompt"],
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "20",
+            "--json",
+            "--level",
+            "token",
+            "--phrasing",
+            "auto",
+        )
         assert own.returncode == 0, own.stderr
         text = json.loads(own.stdout)["completions"][0]["text"]
         # --max-tokens: its own 20 tokens, as it writes alone (the same length at every level)
@@ -229,7 +258,11 @@ def test_a_byte_level_run_has_each_model_alone_on_its_own_tokens(real_models, ta
     assert more.returncode == 0, more.stderr
     records = [json.loads(line) for line in results.read_text().splitlines()[1:]]
     mine, mixed = ({r["task_id"]: r for r in records if r["config"] == name} for name in ("mine", "mixed"))
-    assert mine["t/add"]["completion"] == by[(f"{read_info(qwen, tokens=False).label} alone", "t/add")]["completion"] == mixed["t/add"]["completion"]
+    assert (
+        mine["t/add"]["completion"]
+        == by[(f"{read_info(qwen, tokens=False).label} alone", "t/add")]["completion"]
+        == mixed["t/add"]["completion"]
+    )
     assert mixed["t/add"]["settings"]["level"] == "mixed"
     assert all("level" not in r["settings"] for r in records if r["config"] == "bytes")
     bad = run(*args[:-2], "--variant", "x=--combine we --level token")
@@ -277,10 +310,15 @@ def test_eval_refuses_in_one_line(models, task_file, tmp_path):
     other = tmp_path / "other.jsonl"
     other.write_text(json.dumps({"localcos_eval": 2, "task": "tasks.jsonl", "models": ["elsewhere.gguf"], "sandbox": "namespaces"}) + "\n")
     older = tmp_path / "older.jsonl"
-    older.write_text(json.dumps({"localcos_eval": 1, "task": "tasks.jsonl", "models": [str(models["base"]), str(models["sibling"])]}) + "\n")
+    older.write_text(
+        json.dumps({"localcos_eval": 1, "task": "tasks.jsonl", "models": [str(models["base"]), str(models["sibling"])]}) + "\n"
+    )
     cases = [
         ([], "add --run-code to allow it"),
-        (["--run-code", "--variant", "x=--ctx 64"], "--variant x: --ctx is not a combination or generation option of localcos generate, nor --level"),
+        (
+            ["--run-code", "--variant", "x=--ctx 64"],
+            "--variant x: --ctx is not a combination or generation option of localcos generate, nor --level",
+        ),
         (["--run-code", "--variant", "nothing"], "--variant takes NAME=FLAGS"),
         (["--run-code", "--variant", "x=--mu"], "--variant x: --mu needs a value"),
         (["--run-code", "--variant", "x=--gate 2"], "--gate must be <= 1"),
@@ -337,7 +375,6 @@ def test_a_configuration_names_the_model_the_run_binds_it_to(models):
         parse_config("x=--combine we --weights 0,1 --gate 0.5 --level token", settings, n_params, Level.BYTE)
 
 
-
 def test_a_variant_decodes_at_the_level_it_names(models):
     # in a run at the byte level, each configuration at the level its variant names: the run's own
     # by default, --level mixed or byte otherwise (recorded, so a resumed run never mixes levels);
@@ -361,6 +398,7 @@ def test_a_variant_decodes_at_the_level_it_names(models):
     configs = default_configs(settings, ["a", "b"], n_params, Level.MIXED, preset="p")
     assert [(c.own_tokens, c.mixed) for c in configs] == [(True, False), (True, False), (False, True)]
 
+
 def test_the_default_baseline_is_the_model_alone_that_passed_most(models, tmp_path):
     from localcos.config import resolve
     from localcos.eval.configs import default_configs
@@ -375,7 +413,18 @@ def test_the_default_baseline_is_the_model_alone_that_passed_most(models, tmp_pa
     passes = {"a alone": [1, 0, 0, 0], "b alone": [1, 1, 1, 0], "WE": [1, 1, 1, 1], "CD": [0, 0, 0, 0]}
     for config in configs:
         for task, passed in zip(tasks, passes[config.name]):
-            results.add(config, {"task_id": task.task_id, "passed": bool(passed), "result": "", "length": 10, "seconds": 1.0, "llama_seconds": 0.9, "completion": ""})
+            results.add(
+                config,
+                {
+                    "task_id": task.task_id,
+                    "passed": bool(passed),
+                    "result": "",
+                    "length": 10,
+                    "seconds": 1.0,
+                    "llama_seconds": 0.9,
+                    "completion": "",
+                },
+            )
     baseline, summaries = summarize(results, tasks, configs, None)
     assert baseline == "b alone"  # not WE, which passed more but is no model alone; not the first listed
     by = {s.name: s.against for s in summaries}
@@ -405,7 +454,11 @@ def test_eval_of_a_preset_compares_it_with_each_of_its_models_alone(models, real
         assert proc.returncode == 0, proc.stderr
         records = [json.loads(line) for line in results.read_text().splitlines()[1:]]
         names = list(dict.fromkeys(r["config"] for r in records))
-        assert names[-1] == preset and len(names) == len(alone) + 1 and all(n.startswith(a) and n.endswith("alone") for n, a in zip(names, alone)), names
+        assert (
+            names[-1] == preset
+            and len(names) == len(alone) + 1
+            and all(n.startswith(a) and n.endswith("alone") for n, a in zip(names, alone))
+        ), names
         summary = json.loads((tmp_path / f"{preset}.json").read_text())
         assert summary["baseline"] in names[:-1]  # the best model alone
         mine = next(c for c in summary["configs"] if c["config"] == preset)
@@ -531,14 +584,17 @@ def test_variants_with_their_own_gates_run_at_the_mixed_level_the_run_names(mode
 def test_the_mixed_levels_rules_refuse_before_any_model_loads(models, task_file, tmp_path):
     # --level mixed needs a gate, and takes the ensemble's step: refused in one line by the settings
     # layer, with loading made to fail (it is never reached) and no results file written
-    no_load = "import sys, localcos.eval.models as m; m.EvalModels.__init__ = None; from localcos.cli import main; sys.exit(main(sys.argv[1:]))"
+    no_load = (
+        "import sys, localcos.eval.models as m; m.EvalModels.__init__ = None; from localcos.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
     results = tmp_path / "r.jsonl"
     base = ["eval", "--models", f"{models['base']},{models['sibling']}", "--task", str(task_file), "--run-code", "--results", str(results)]
     for extra, message in ((["--level", "mixed"], "--level mixed needs --gate G"),
                            (["--level", "mixed", "--gate", "0.5", "--variant", "x=--method cos"], "--method cos: not available at the mixed level"),
                            (["--level", "byte", "--variant", "x=--level mixed"], "--variant x: --level mixed needs --gate G"),
                            # the run's own combination is not decoded where variants are given: each variant needs its gate
-                           (["--level", "mixed", "--variant", "a=--gate 0.5", "--variant", "b=--combine we"], "--variant b: --level mixed needs --gate G")):  # fmt: skip
+                           (["--level", "mixed", "--variant", "a=--gate 0.5", "--variant", "b=--combine we"],
+                            "--variant b: --level mixed needs --gate G")):  # fmt: skip
         proc = subprocess.run([sys.executable, "-c", no_load, *base, *extra], capture_output=True, text=True, timeout=120)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], (extra, proc.stderr)

@@ -45,7 +45,7 @@ def test_r_is_the_leads_own_where_it_is_sure_and_the_combination_elsewhere(inner
     bound = inner.bind(2, [100, 900])
     for k in range(64):
         top = float(softmax(logits[1][k]).max())
-        want = softmax(logits[1][k], temperature) if top >= 0.3 else bound.combine([l[k : k + 1] for l in logits], temperature)[0]
+        want = softmax(logits[1][k], temperature) if top >= 0.3 else bound.combine([rows[k : k + 1] for rows in logits], temperature)[0]
         np.testing.assert_allclose(r[k], want, rtol=1e-5, atol=1e-7)
     opened = gated.opens(logits[1])
     assert 0 < opened.sum() < 64  # both sides are tested

@@ -153,9 +153,8 @@ def test_context_full_ends_with_length(models):
 
 
 def test_prompt_longer_than_the_context(models):
-    with Ensemble.load([models["base"]], n_ctx=16) as ens:
-        with pytest.raises(PromptTooLongError, match="context holds 16"):
-            ens.generate("word " * 40)
+    with Ensemble.load([models["base"]], n_ctx=16) as ens, pytest.raises(PromptTooLongError, match="context holds 16"):
+        ens.generate("word " * 40)
 
 
 def test_prompt_cache_is_reused_and_correct(pair):

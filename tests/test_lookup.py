@@ -53,7 +53,9 @@ def test_the_longest_most_recent_earlier_occurrence_is_continued():
 
 
 def test_auto_takes_only_the_rows_that_pay():
-    cost = lambda k: 0.3 * k  # noqa: E731
+    def cost(k: int) -> float:
+        return 0.3 * k
+
     assert worth_drafting([1, 2, 3, 4], alpha=0.9, extra_cost=cost, saving=1.0) == 4
     assert worth_drafting([1, 2, 3, 4], alpha=0.2, extra_cost=cost, saving=1.0) == 0
     assert 0 < worth_drafting([1, 2, 3, 4], alpha=0.6, extra_cost=cost, saving=1.0) < 4

@@ -19,7 +19,6 @@ from bytefakes import VOCAB_A, VOCAB_B, BruteForce, FakeMember, TinyModel, compl
 from localcos import Contrastive, Guidance, WeightedEnsemble
 from localcos.core.level import Level
 from localcos.core.combiners import Gated
-from localcos.core.bytelevel import END, SYMBOLS
 from localcos.core.sampling import Sampler
 from localcos.runtime.bytelevel import combine_symbols
 from localcos.runtime.bytelevel.generation import ByteGeneration, run_to_end

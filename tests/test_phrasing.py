@@ -100,7 +100,8 @@ def test_a_server_phrases_text_completions_per_request_and_leaves_chats_their_ow
         assert out.status_code == 200 and out.json()["choices"][0]["token_ids"] == want, out.text
         for route, body, param in (("/v1/completions", {"prompt": CODE, "phrasing": "plain"}, "phrasing"),
                                    ("/v1/completions", {"prompt": CODE, "phrasing": "instruct", "echo": True}, "echo"),
-                                   ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "phrasing": "instruct"}, "phrasing")):  # fmt: skip
+                                   ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "phrasing": "instruct"},
+                                    "phrasing")):  # fmt: skip
             response = post(route, body)
             assert response.status_code == 400 and response.json()["error"]["param"] == param, (body, response.text)
     finally:
@@ -132,7 +133,9 @@ def _evalplus_prompt(path: str, code: str) -> list[int]:
                 + code.strip() + "\n```\n")  # fmt: skip
         text = Jinja2ChatFormatter(template=llm.metadata["tokenizer.chat_template"], eos_token="", bos_token=bos,
                                    add_generation_prompt=True)(messages=[{"role": "user", "content": user}]).prompt  # fmt: skip
-        text += "Below is a Python script with a self-contained function that solves the problem and passes corresponding tests:\n```python\n"
+        text += (
+            "Below is a Python script with a self-contained function that solves the problem and passes corresponding tests:\n```python\n"
+        )
         return llm.tokenize(text.encode(), add_bos=not text.startswith(bos), special=True)
     finally:
         llm.close()
@@ -165,7 +168,9 @@ def test_a_whole_script_runs_with_its_definitions_after_the_prompt():
     assert "print(" not in definitions(script) and "def square" in definitions(script)
     assert run_program(task.program(script, script=True)).passed
     # a script cut short keeps what parses of it
-    assert definitions(script.replace("return math.pi * square(r)", "return math.pi * (")) == "import math\n\ndef square(x):\n    return x * x"
+    assert (
+        definitions(script.replace("return math.pi * square(r)", "return math.pi * (")) == "import math\n\ndef square(x):\n    return x * x"
+    )
     assert not run_program(task.program("def area(r):\n    return 0\n", script=True)).passed
 
 

@@ -128,8 +128,10 @@ def test_a_server_takes_a_second_prompt_per_request_and_rejects_bad_ones(models)
     path = str(models["base"])
     server = ServeProcess(["--models", path, "--negative-prompt", NEGATIVE, "--cfg-scale", "1.8", "--alias", "guided"], start_timeout=90)
     try:
-        post = lambda body: httpx.post(server.url + "/v1/completions", json={"model": "guided", "max_tokens": N, "temperature": 0,  # noqa: E731
-                                                                             "ignore_eos": True, **body}, timeout=120)  # fmt: skip
+        def post(body: dict) -> httpx.Response:
+            return httpx.post(server.url + "/v1/completions", json={"model": "guided", "max_tokens": N, "temperature": 0, "ignore_eos": True, **body},
+                              timeout=120)  # fmt: skip
+
         with Ensemble.load([path], combiner=Guidance(scale=1.8), second_prompt=True) as ens:
             served = ens.generate(PROMPT, second_prompt=NEGATIVE, temperature=0, max_tokens=N, ignore_eos=True).text
             other = ens.generate(PROMPT, second_prompt="Once upon a time", temperature=0, max_tokens=N, ignore_eos=True).text
@@ -253,7 +255,8 @@ def test_eval_reads_each_task_without_its_examples_and_says_where_there_were_non
     completion = by[("cfg", "t/0")]["completion"]
     assert completion and guided.startswith(completion) and completion != by[("alone", "t/0")]["completion"]
     # at the mixed level, a task with nothing to drop is the model alone behind the same gate
-    _, by = evaluate("--temperature", "0", "--level", "mixed", "--variant", "plus=--gate 0.5", "--variant", "cfg=--contrast-prompt drop-examples --cfg-scale 3 --gate 0.5")
+    _, by = evaluate("--temperature", "0", "--level", "mixed", "--variant", "plus=--gate 0.5",
+                     "--variant", "cfg=--contrast-prompt drop-examples --cfg-scale 3 --gate 0.5")
     assert "nothing to change" in by[("cfg", "t/1")]["note"] and by[("cfg", "t/1")]["completion"] == by[("plus", "t/1")]["completion"]
 
 

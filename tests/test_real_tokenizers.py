@@ -246,27 +246,35 @@ def test_greedy_byte_level_cos_equals_the_byte_level_ensemble_across_tokenizers(
 def test_models_info_on_real_tokenizers_and_quantisation(real_models):
     info = run("models", "info", str(real_models["qwen2_q4km"]))
     assert info.returncode == 0, info.stderr
-    lines = dict(line.split(None, 1) if " " in line else (line, "") for line in info.stdout.replace("chat template", "chat_template").replace("context length", "context_length").splitlines())
+    shown = info.stdout.replace("chat template", "chat_template").replace("context length", "context_length")
+    lines = dict(line.split(None, 1) if " " in line else (line, "") for line in shown.splitlines())
     assert lines["architecture"].strip() == "qwen2"
     assert lines["quantization"].startswith("Q4_K_M (") and "Q4_K" in lines["quantization"] and "Q6_K" in lines["quantization"]
     assert lines["vocabulary"].strip() == "151936 tokens (gpt2)"
     assert lines["chat_template"].strip() == "yes"
     check = run("models", "check", f"{real_models['qwen2']},{real_models['qwen2_q4km']}")
     assert check.returncode == 0 and "shared vocabulary 151936 tokens" in check.stdout
-    as_json = run("generate", "--models", str(real_models["qwen2_q4km"]), "--chat", "--prompt", "Hi", "--max-tokens", "4", "--seed", "1", "--json")
+    as_json = run(
+        "generate", "--models", str(real_models["qwen2_q4km"]), "--chat", "--prompt", "Hi", "--max-tokens", "4", "--seed", "1", "--json"
+    )
     assert as_json.returncode == 0, as_json.stderr
     assert json.loads(as_json.stdout)["stats"]["prompt_tokens"] > 10  # the ChatML template's system turn and markers
 
 
 @pytest.mark.parametrize("template, message", [("{% for m in messages %}{{ m.content }", r"cannot render r-llama3-bad-template\S*'s chat template: "),
-                                               ("{{ raise_exception('no system turns here') }}", r"r-llama3-bad-template\S*'s chat template refused the conversation: no system turns here")])  # fmt: skip
-def test_a_template_that_cannot_render_at_the_byte_level_is_one_line_naming_its_model(real_models, model_dir, llama_vocab, template, message):
+                                               ("{{ raise_exception('no system turns here') }}",
+                                                r"r-llama3-bad-template\S*'s chat template refused the conversation: no system turns here")])  # fmt: skip
+def test_a_template_that_cannot_render_at_the_byte_level_is_one_line_naming_its_model(
+    real_models, model_dir, llama_vocab, template, message
+):
     from dataclasses import replace
 
     from conftest import REAL_SPECS
 
     _, spec = REAL_SPECS["llama3"]
-    bad = cached_model(replace(spec, tokenizer=str(llama_vocab("llama-bpe")), chat_template=template, name="r-llama3-bad-template"), model_dir)
+    bad = cached_model(
+        replace(spec, tokenizer=str(llama_vocab("llama-bpe")), chat_template=template, name="r-llama3-bad-template"), model_dir
+    )
     proc = run("generate", "--models", f"{real_models['qwen2']},{bad}", "--chat", "--prompt", "Hello", "--max-tokens", "4", "--ctx", "256")
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
@@ -297,7 +305,9 @@ def test_byte_level_cos_with_few_sequences_per_model_gives_the_ensembles_text(re
     "paths, prune, combine, gamma, method, seed",
     [(1, 0.0, "cd", 2, "ensemble", 0), (1, 0.0, "we", "auto", "cos", 1), (2, 0.2, "cd", 5, "cos", 1), (2, 0.0, "cd", 5, "cos", 1)],
 )
-def test_untrained_models_at_the_byte_level_go_on_where_a_model_gives_the_byte_drawn_no_mass(real_models, paths, prune, combine, gamma, method, seed):
+def test_untrained_models_at_the_byte_level_go_on_where_a_model_gives_the_byte_drawn_no_mass(
+    real_models, paths, prune, combine, gamma, method, seed
+):
     """Random F16 models at T=1 with few paths: r draws bytes that a model's held paths, or its
     own rows in float64 prefix sums, give no mass (once: Unreachable out of a restart, or no
     valid UTF-8 byte left). The model follows its own tokenisation of the text, and the text
@@ -311,7 +321,9 @@ def test_untrained_models_at_the_byte_level_go_on_where_a_model_gives_the_byte_d
     assert sum(out.stats.restarts) > 0  # what this test is about did happen
 
 
-@pytest.mark.parametrize("paths, prune, method, gamma", [(3, 0.01, "ensemble", 8), (3, 0.2, "cos", 4), (8, 0.01, "cos", 6), (2, 0.0, "cos", 3)])
+@pytest.mark.parametrize(
+    "paths, prune, method, gamma", [(3, 0.01, "ensemble", 8), (3, 0.2, "cos", 4), (8, 0.01, "cos", 6), (2, 0.0, "cos", 3)]
+)
 def test_every_path_is_evaluated_on_its_own_tokens(real_models, monkeypatch, paths, prune, method, gamma):
     """A path's row is llama.cpp's row after the prompt and the path's tokens, so the sequence
     that holds a path must hold exactly those tokens first, after every byte, draft and rollback:
@@ -341,7 +353,9 @@ def test_every_path_is_evaluated_on_its_own_tokens(real_models, monkeypatch, pat
     with ByteEnsemble.load([real_models["qwen2"], real_models["llama3"]], Contrastive(mu=0.5, expert=1), n_ctx=512, byte_paths=paths,
                            byte_prune=prune) as ens:  # fmt: skip
         for seed in range(3):
-            out = ens.generate("Hello wörld 🦙 def f(x):", max_tokens=24, temperature=1.0, byte_gamma=gamma, seed=seed, method=method, ignore_eos=True)
+            out = ens.generate(
+                "Hello wörld 🦙 def f(x):", max_tokens=24, temperature=1.0, byte_gamma=gamma, seed=seed, method=method, ignore_eos=True
+            )
             assert within_budget(out.stats.tokens, 24)
     assert checked[0] > 200
 
@@ -364,8 +378,8 @@ def test_the_byte_level_makes_the_calls_its_profiles_say_cost_least(real_models)
                 member.price = profile
                 original = member.model.decode
 
-                def decode(parts, _original=original):
-                    calls.append(tuple(last - first for _, _, first, last in parts))
+                def decode(parts, _original=original, _calls=calls):
+                    _calls.append(tuple(last - first for _, _, first, last in parts))
                     return _original(parts)
 
                 member.model.decode = decode
@@ -408,6 +422,8 @@ def test_byte_members_keep_their_sequences_exact_through_bytes_drafts_and_rollba
     with ByteEnsemble.load([real_models["qwen2"], real_models["llama3"]], WeightedEnsemble([0.5, 0.5]), n_ctx=256, byte_paths=paths,
                            byte_prune=0.0) as ens:  # fmt: skip
         for seed in (1, 2):
-            out = ens.generate("Hello wörld, def f(x):", max_tokens=12, temperature=1.0, seed=seed, method=method, byte_gamma=6, ignore_eos=True)
+            out = ens.generate(
+                "Hello wörld, def f(x):", max_tokens=12, temperature=1.0, seed=seed, method=method, byte_gamma=6, ignore_eos=True
+            )
             assert within_budget(out.stats.tokens, 12)
     assert checked["step"] > 40 and (checked["rollback"] > 0) == (method == "cos")

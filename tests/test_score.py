@@ -114,7 +114,9 @@ def test_perplexity_windows_and_formula_match_a_numpy_computation(models):
         m = ens.models[0]
     assert m.add_bos and result.windows == len(tokens) // n_ctx >= 2
     paths = [models["base"], models["sibling"]]
-    ppl, count = reference_perplexity(paths, lambda rows: np.logaddexp(np.log(0.5) + log_softmax(rows[0]), np.log(0.5) + log_softmax(rows[1])), tokens, n_ctx, m.bos)
+    ppl, count = reference_perplexity(
+        paths, lambda rows: np.logaddexp(np.log(0.5) + log_softmax(rows[0]), np.log(0.5) + log_softmax(rows[1])), tokens, n_ctx, m.bos
+    )
     assert result.combined[0].count == count == result.windows * (n_ctx - n_ctx // 2 - 1)
     assert result.combined[0].perplexity == pytest.approx(ppl, rel=1e-4)
     alone, _ = reference_perplexity(paths[:1], lambda rows: log_softmax(rows[0]), tokens, n_ctx, m.bos)
@@ -170,13 +172,29 @@ def test_scoring_errors(pair):
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localcos", *args], capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "localcos", *args], capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})}
+    )
 
 
 def test_score_command_perplexity_with_a_weights_sweep(models, tmp_path):
     pair = f"{models['base']},{models['sibling']}"
     out = tmp_path / "ppl.json"
-    proc = run("score", "--models", pair, "--file", str(ROOT / "examples" / "river.txt"), "--ctx", "128", "--sweep", "weights=0:1:0.5", "--json", str(out), "--plot", str(tmp_path / "p.png"))
+    proc = run(
+        "score",
+        "--models",
+        pair,
+        "--file",
+        str(ROOT / "examples" / "river.txt"),
+        "--ctx",
+        "128",
+        "--sweep",
+        "weights=0:1:0.5",
+        "--json",
+        str(out),
+        "--plot",
+        str(tmp_path / "p.png"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "perplexity" in proc.stdout and "r weights 0.5,0.5" in proc.stdout and "scored tokens/s" in proc.stdout
     rows = json.loads(out.read_text())["rows"]
@@ -205,7 +223,21 @@ def test_score_command_sweeps_two_parameters_at_once(models, tmp_path):
     r = {x["label"]: x["value"] for x in report["rows"] if x["kind"] == "r"}
     alone = {x["label"]: x["value"] for x in report["rows"] if x["kind"] == "model"}
     assert len(r) == 6 and r["gate 1e-06, mu 0.1"] == pytest.approx(alone["t-larger"], rel=1e-4) == r["gate 1e-06, mu 0.5"]
-    plain = run("score", "--models", pair, "--file", text, "--ctx", "128", "--combine", "cd", "--sweep", "mu=0.1,0.5", "--json", str(tmp_path / "p.json"))
+    plain = run(
+        "score",
+        "--models",
+        pair,
+        "--file",
+        text,
+        "--ctx",
+        "128",
+        "--combine",
+        "cd",
+        "--sweep",
+        "mu=0.1,0.5",
+        "--json",
+        str(tmp_path / "p.json"),
+    )
     assert plain.returncode == 0, plain.stderr
     ungated = {x["label"]: x["value"] for x in json.loads((tmp_path / "p.json").read_text())["rows"] if x["kind"] == "r"}
     assert r["gate 1, mu 0.5"] == pytest.approx(ungated["mu 0.5"], rel=1e-4) and r["gate 0.4, mu 0.5"] != r["gate 1, mu 0.5"]
@@ -214,7 +246,19 @@ def test_score_command_sweeps_two_parameters_at_once(models, tmp_path):
 
 def test_score_command_multiple_choice(models, tmp_path):
     pair = f"{models['base']},{models['sibling']}"
-    proc = run("score", "--models", pair, "--choices", str(ROOT / "examples" / "choices.jsonl"), "--combine", "cd", "--sweep", "mu=0,0.5", "--csv", str(tmp_path / "c.csv"))
+    proc = run(
+        "score",
+        "--models",
+        pair,
+        "--choices",
+        str(ROOT / "examples" / "choices.jsonl"),
+        "--combine",
+        "cd",
+        "--sweep",
+        "mu=0,0.5",
+        "--csv",
+        str(tmp_path / "c.csv"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "36 multiple-choice items" in proc.stdout and "r mu 0" in proc.stdout and "alone" in proc.stdout
     assert len((tmp_path / "c.csv").read_text().splitlines()) == 1 + 2 + 2

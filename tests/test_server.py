@@ -169,7 +169,10 @@ def _error(response: httpx.Response) -> dict:
 
 def test_errors_have_openai_shape_and_status(server):
     url = server.url
-    post = lambda path, **kw: httpx.post(url + path, timeout=30, **kw)  # noqa: E731
+
+    def post(path: str, **kw) -> httpx.Response:
+        return httpx.post(url + path, timeout=30, **kw)
+
     cases = [
         (post("/v1/completions", json={"prompt": "x", "temperature": -1}), 400, "temperature"),
         (post("/v1/completions", json={"prompt": "x", "max_tokens": "many"}), 400, "max_tokens"),

@@ -245,7 +245,7 @@ def test_tokenizer_routes_and_health_during_long_generations_answer_as_alone(ser
 
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         long = [pool.submit(generate, i) for i in range(2)]
-        hammers = [pool.submit(hammer, "health", 150), pool.submit(hammer, "tokenize", 100), pool.submit(hammer, "health", 150), pool.submit(hammer, "token-id prompt", 8)]
+        hammers = [pool.submit(hammer, what, n) for what, n in (("health", 150), ("tokenize", 100), ("health", 150), ("token-id prompt", 8))]
         for f in hammers + long:
             f.result()
     print(f"during long generations: {rounds}")
@@ -329,7 +329,9 @@ scalars = st.one_of(
     st.text(max_size=40),
     st.sampled_from(["we", "cd", "logit-mix", "cos", "ensemble", "auto", "duo", "this:x", "5,1", "user", "\u0000", "Ω≈ç√"]),
 )
-wild = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=12)
+wild = st.recursive(
+    scalars, lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=12
+)
 token_ids = st.one_of(st.lists(st.integers(0, 1023), min_size=1, max_size=12), st.lists(st.integers(-2, 1100), max_size=12))
 texts = st.text(max_size=40)
 # values a client might well send, edges included (about half the bodies get through to the
@@ -363,7 +365,10 @@ CHAT_ONLY = {"max_completion_tokens": st.integers(1, 80), "logprobs": st.boolean
 prompts = st.one_of(texts, token_ids, st.lists(token_ids, max_size=3), st.lists(texts, max_size=3))
 messages = st.lists(
     st.fixed_dictionaries(
-        {"role": st.sampled_from(["user", "system", "assistant"]), "content": st.one_of(texts, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}), max_size=2))}
+        {
+            "role": st.sampled_from(["user", "system", "assistant"]),
+            "content": st.one_of(texts, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}), max_size=2)),
+        }
     ),
     min_size=1,
     max_size=3,
@@ -377,7 +382,19 @@ tokenize = st.one_of(
 detokenize = st.fixed_dictionaries({"tokens": token_ids}, optional={"model": st.just("duo")})
 BY_ROUTE = {"/v1/completions": completion, "/v1/chat/completions": chat, "/tokenize": tokenize, "/detokenize": detokenize}
 ROUTES = list(BY_ROUTE)
-FIELD_NAMES = [*PLAUSIBLE, *COMPLETION_ONLY, *CHAT_ONLY, "prompt", "messages", "tokens", "add_special_tokens", "logit_bias", "suffix", "response_format", "foo"]
+FIELD_NAMES = [
+    *PLAUSIBLE,
+    *COMPLETION_ONLY,
+    *CHAT_ONLY,
+    "prompt",
+    "messages",
+    "tokens",
+    "add_special_tokens",
+    "logit_bias",
+    "suffix",
+    "response_format",
+    "foo",
+]
 
 
 @st.composite

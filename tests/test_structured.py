@@ -116,11 +116,14 @@ def test_every_sampled_completion_validates_under_the_schema(qwen_pair):
     constraint = json_schema(SCHEMA)
     with Ensemble.load(qwen_pair, n_ctx=512, parallel=4) as ens:
         for method, extra in (("ensemble", {}), ("sd", {}), ("naive-cos", {}), ("cos", {}), ("cos", {"lookup": "on", "lookup_ngram": (1, 4)})):
-            outs = checked(ens).generate_many("A person:", 12, method=method, gamma=3, max_tokens=120, temperature=1.0, seed=5, json_schema=constraint, **extra)  # fmt: skip
+            outs = checked(ens).generate_many("A person:", 12, method=method, gamma=3, max_tokens=120, temperature=1.0, seed=5, json_schema=constraint,
+                                              **extra)  # fmt: skip
             for o in outs:
                 assert o.finish_reason == "stop" and valid(o.text), (method, o.finish_reason, o.text)
         # greedy, the four methods agree (a near-tie aside) and stay valid
-        greedy = {m: ens.generate("A person:", method=m, max_tokens=120, temperature=0, json_schema=constraint).text for m in ("ensemble", "cos")}
+        greedy = {
+            m: ens.generate("A person:", method=m, max_tokens=120, temperature=0, json_schema=constraint).text for m in ("ensemble", "cos")
+        }
         assert all(valid(t) for t in greedy.values())
 
 
@@ -157,7 +160,10 @@ def tools_pair(llama_vocab, model_dir):
     vocab, spec = REAL_SPECS["qwen2"]
     tokenizer = str(llama_vocab(vocab))  # first: the sdist, fetched under the workers' lock
     base = replace(spec, tokenizer=tokenizer, chat_template=llamacpp_sdist.template("Qwen-Qwen2.5-7B-Instruct"))
-    return [cached_model(replace(base, name="r-qwen25-tools"), model_dir), cached_model(replace(base, noise=0.3, name="r-qwen25-tools-b"), model_dir)]
+    return [
+        cached_model(replace(base, name="r-qwen25-tools"), model_dir),
+        cached_model(replace(base, noise=0.3, name="r-qwen25-tools-b"), model_dir),
+    ]
 
 
 WEATHER = {
@@ -184,7 +190,9 @@ def test_response_format_and_tools_through_the_openai_client(tools_pair):
         out = client.chat.completions.create(model="q", messages=messages, response_format=schema_format, n=4, seed=1)
         assert all(c.finish_reason == "stop" and valid(c.message.content) for c in out.choices), [c.message.content for c in out.choices]
         # chat, json_object, streamed
-        events = list(client.chat.completions.create(model="q", messages=messages, response_format={"type": "json_object"}, stream=True, seed=2))
+        events = list(
+            client.chat.completions.create(model="q", messages=messages, response_format={"type": "json_object"}, stream=True, seed=2)
+        )
         text = "".join(e.choices[0].delta.content or "" for e in events if e.choices)
         assert isinstance(json.loads(text), dict) and events[-1].choices[0].finish_reason == "stop"
         # completions, json_schema (localcos takes it on both routes)
@@ -193,11 +201,17 @@ def test_response_format_and_tools_through_the_openai_client(tools_pair):
         # an invalid schema is a 400 before any model call
         served = s.health()["queue"]["served"]
         with pytest.raises(openai.BadRequestError) as e:
-            client.chat.completions.create(model="q", messages=messages, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}})
+            client.chat.completions.create(
+                model="q",
+                messages=messages,
+                response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}},
+            )
         assert e.value.body["param"] == "response_format" and "objekt" in e.value.body["message"]
         assert s.health()["queue"]["served"] == served
         # tools: a required call comes back as message.tool_calls, its arguments valid
-        asked = client.chat.completions.create(model="q", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER], tool_choice="required", seed=4)
+        asked = client.chat.completions.create(
+            model="q", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER], tool_choice="required", seed=4
+        )
         choice = asked.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
         (call,) = choice.message.tool_calls

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
@@ -299,9 +299,7 @@ class ChatApp(App):
     # --- actions ------------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         # Escape / Ctrl-C stop a reply; otherwise they keep their usual meaning (Ctrl-C copies)
-        if action == "stop" and self.stream is None:
-            return False
-        return True
+        return not (action == "stop" and self.stream is None)
 
     def action_stop(self) -> None:
         if self.stream is not None:

@@ -25,7 +25,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType
 
@@ -294,7 +295,9 @@ def _read(c: _Cursor, keep: Callable[[str], bool], want_tokens: bool) -> GGUFInf
     return GGUFInfo(c.path, version, metadata, lengths, tokens, types, n_params, c.size, fields, n_tensors, data_offset, data_end)
 
 
-def _read_metadata(c: _Cursor, n_kv: int, keep: Callable[[str], bool], want_tokens: bool) -> tuple[dict[str, Any], dict[str, int], list[bytes], dict[str, Field]]:
+def _read_metadata(
+    c: _Cursor, n_kv: int, keep: Callable[[str], bool], want_tokens: bool
+) -> tuple[dict[str, Any], dict[str, int], list[bytes], dict[str, Field]]:
     """The metadata's `n_kv` keys: (scalar and string values, array lengths, the token texts where
     wanted, the fields `keep` asks for as stored)."""
     metadata: dict[str, Any] = {}

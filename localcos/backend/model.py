@@ -24,7 +24,7 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 # llama.cpp's libraries load before NumPy's (see `llamacpp`)
 from .llamacpp import _offloaded_layers, default_extra_buffers, default_threads, last_llama_error  # isort: skip
@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import ModelFileError
 from .gguf_file import check_model_file, model_label
 from .slot import PROMPT_CHUNK, ModelStats, Slot, charged_slots, common_prefix
+import contextlib
 
 MIN_CTX = 8
 SPLIT_MODES = {
@@ -316,7 +317,7 @@ class Model:
 
     # --- evaluation: slot 0, as a model with one sequence ---------------------------------------
     @property
-    def slot0(self) -> "Slot":
+    def slot0(self) -> Slot:
         return self.slots[0]
 
     @property
@@ -365,7 +366,7 @@ class Model:
         from its start (`prompt_calls`)."""
         return min(PROMPT_CHUNK, self.n_batch)
 
-    def restore_prompt(self, slot: "Slot", prompt: Sequence[int]) -> np.ndarray | None:
+    def restore_prompt(self, slot: Slot, prompt: Sequence[int]) -> np.ndarray | None:
         """Begin `prompt` in `slot` as a fresh process does: the cache emptied (`reset`), then
         what the last kept prompt (`keep_prompt`) holds of it exactly put back: the whole prompt
         with the row after it where it is the same prompt, else its first calls of
@@ -392,7 +393,7 @@ class Model:
         self._sole = slot
         return row
 
-    def keep_prompt(self, slot: "Slot", prompt: Sequence[int], row: np.ndarray) -> None:
+    def keep_prompt(self, slot: Slot, prompt: Sequence[int], row: np.ndarray) -> None:
         """Keep `prompt`'s cells and the row after it for `restore_prompt`, when they are what a
         fresh process computes: `slot` holds exactly `prompt`, no other slot had cells since
         `restore_prompt` emptied the cache, and the caller made the rest of it in `prompt_calls`
@@ -409,7 +410,7 @@ class Model:
         return self.slots[0].kv_length()
 
     # --- evaluation: any slots, one call ---------------------------------------------------------
-    def decode(self, parts: Sequence[tuple["Slot", Sequence[int], int, int]]) -> list[np.ndarray]:
+    def decode(self, parts: Sequence[tuple[Slot, Sequence[int], int, int]]) -> list[np.ndarray]:
         """One llama_decode call over several slots: each part (slot, tokens, out_from, out_to)
         appends `tokens` to its slot and asks for the logits after tokens[out_from:out_to].
         Returns each part's rows, [out_to - out_from, logits_vocab], as views of llama.cpp's
@@ -449,7 +450,7 @@ class Model:
         self.stats.seconds += seconds
         return out
 
-    def _run_batch(self, parts: Sequence[tuple["Slot", Sequence[int], int, int]]) -> np.ndarray:
+    def _run_batch(self, parts: Sequence[tuple[Slot, Sequence[int], int, int]]) -> np.ndarray:
         """llama_decode of every part's tokens at its slot's next positions; llama.cpp's own output
         rows (every part's asked rows, in order), in place."""
         row = 0
@@ -476,7 +477,7 @@ class Model:
         ptr = llama_cpp.llama_get_logits(self._ctx)  # the output rows, in batch order
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
 
-    def _note_cells(self, slot: "Slot") -> None:
+    def _note_cells(self, slot: Slot) -> None:
         """`slot` has cells now: whether one slot alone had cells since the last reset."""
         if self._sole is None:
             self._sole = slot
@@ -536,7 +537,7 @@ class Model:
         return seconds
 
     # --- lifetime ----------------------------------------------------------------------------------
-    def __enter__(self) -> "Model":
+    def __enter__(self) -> Model:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -553,10 +554,8 @@ class Model:
             self._model = None
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return f"Model({self.name!r}, n_vocab={self.n_vocab}, n_params={self.n_params}, n_ctx={self.n_ctx})"

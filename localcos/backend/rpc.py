@@ -19,7 +19,7 @@ import ctypes
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import llama_cpp  # noqa: F401  (loads llama.cpp's libraries before ggml is bound below)
 from llama_cpp._ggml import libggml as _ggml
@@ -129,7 +129,7 @@ def probe(endpoint: Endpoint, timeout: float = 5.0) -> str | None:
                 if not chunk:
                     return "it closed the connection at the handshake (not an RPC server, or another protocol version)"
                 reply += chunk
-    except socket.timeout:
+    except TimeoutError:
         return f"no answer within {timeout:g} s"
     except OSError as e:
         return e.strerror or str(e)

@@ -5,7 +5,8 @@ counters of a model's and a slot's calls (`ModelStats`); and the calls a prompt 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Protocol
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -28,15 +29,15 @@ class ModelStats:
     def reset(self) -> None:
         self.calls, self.tokens, self.seconds = 0, 0, 0.0
 
-    def snapshot(self) -> "ModelStats":
+    def snapshot(self) -> ModelStats:
         return ModelStats(self.calls, self.tokens, self.seconds)
 
-    def minus(self, earlier: "ModelStats") -> "ModelStats":
+    def minus(self, earlier: ModelStats) -> ModelStats:
         return ModelStats(
             self.calls - earlier.calls, self.tokens - earlier.tokens, self.seconds - earlier.seconds
         )
 
-    def plus(self, other: "ModelStats") -> "ModelStats":
+    def plus(self, other: ModelStats) -> ModelStats:
         return ModelStats(self.calls + other.calls, self.tokens + other.tokens, self.seconds + other.seconds)
 
 
@@ -54,9 +55,9 @@ class Sequences(Protocol):
 
     name: str
     n_ctx: int
-    slots: list["Slot"]
+    slots: list[Slot]
 
-    def decode(self, parts: Sequence[tuple["Slot", Sequence[int], int, int]]) -> list[np.ndarray]: ...
+    def decode(self, parts: Sequence[tuple[Slot, Sequence[int], int, int]]) -> list[np.ndarray]: ...
     def remove_cells(self, seq_id: int, n: int) -> None: ...
     def share_cells(self, source: int, target: int, n: int) -> None: ...
     def kv_positions(self, seq_id: int) -> int: ...
@@ -76,7 +77,7 @@ class Slot:
         # the slot this one's calls count with (a second prompt's member's, which reads the lead's
         # model, the lead's; a lookahead branch's, its own sequence's): a call they share counts
         # once (`charged_slots`)
-        self.partner: "Slot | None" = None
+        self.partner: Slot | None = None
         # (tokens, llama.cpp's KV positions) after the last call that changed the sequence,
         # published by the thread that drives the model for other threads to read
         self.cache_state: tuple[int, int] = (0, 0)
@@ -200,7 +201,7 @@ class Slot:
         if donor is not None:
             self.hold(donor, best)
 
-    def hold(self, other: "Slot", n: int | None = None) -> None:
+    def hold(self, other: Slot, n: int | None = None) -> None:
         """Hold exactly `other`'s first `n` tokens (default all): its cells, shared, not
         evaluated again (llama.cpp's seq_cp)."""
         n = len(other.tokens) if n is None else n
@@ -234,7 +235,7 @@ class Slot:
         return f"Slot({self.name!r}, seq {self.seq_id}, {len(self.tokens)} tokens)"
 
 
-def charged_slots(slots: Sequence["Slot"]) -> set["Slot"]:
+def charged_slots(slots: Sequence[Slot]) -> set[Slot]:
     """The slots of one call that count it: of the slots sharing a partner (followed to the
     sequence that has none: a second prompt's member's sequence to the lead's, a lookahead
     branch's to its own), one: that sequence where it is in the call, else the first of them."""

@@ -4,7 +4,8 @@ as it reads it (`TokenTable`): from a loaded model, or from a GGUF header before
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 
 @dataclass(frozen=True)

@@ -24,13 +24,15 @@ import sys
 import tempfile
 import threading
 from multiprocessing.connection import Connection
-from typing import IO, Any, Sequence
+from typing import IO, Any
+from collections.abc import Sequence
 
 import numpy as np
 
 from ..errors import ConfigError, ModelFileError, RemoteError
 from .model import Model
 from .rpc import Endpoint, check_reachable, probe
+import contextlib
 
 DEFAULT_TIMEOUT = 120.0  # seconds a worker may stay silent before its server is taken as lost
 _EXIT_WAIT = 5.0
@@ -61,7 +63,7 @@ class WorkerProcess:
     """One worker process, the message channel to it (a socket pair, pickled messages) and the
     `RemoteModel`s it holds."""
 
-    _live: list["WorkerProcess"] = []
+    _live: list[WorkerProcess] = []
 
     def __init__(self, endpoints: Sequence[Endpoint]) -> None:
         self.endpoints: set[Endpoint] = set(endpoints)
@@ -69,7 +71,7 @@ class WorkerProcess:
         self.lost: str | None = None  # why it is gone, once it is
         self._lock = threading.Lock()  # one request at a time on the channel
         ours, theirs = socket.socketpair()
-        self._stderr: IO[bytes] = tempfile.TemporaryFile()
+        self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115  (the worker's stderr for its whole life, read when it fails)
         env = dict(os.environ, GGML_NO_BACKTRACE="1")  # an abort is expected here, not a bug to trace
         self.process = subprocess.Popen(
             [sys.executable, "-m", "localcos.backend.worker", str(theirs.fileno())],
@@ -84,7 +86,7 @@ class WorkerProcess:
         WorkerProcess._live.append(self)
 
     @classmethod
-    def for_endpoints(cls, endpoints: Sequence[Endpoint]) -> "WorkerProcess":
+    def for_endpoints(cls, endpoints: Sequence[Endpoint]) -> WorkerProcess:
         """A live worker already connected to one of these servers, else a new one. Servers it
         is not yet connected to are probed first (the one it holds would not answer a probe:
         an RPC server serves one connection at a time)."""
@@ -150,7 +152,7 @@ class WorkerProcess:
         aborts = [ln for ln in lines if "GGML_ABORT" in ln or "error" in ln.lower()]
         return (aborts or lines or [""])[-1][-300:]
 
-    def detach(self, model: "RemoteModel") -> None:
+    def detach(self, model: RemoteModel) -> None:
         """`model` no longer uses this worker; the last one out ends it."""
         if model in self.models:
             self.models.remove(model)
@@ -305,10 +307,8 @@ class RemoteModel(Model):
 
     def close(self) -> None:
         if self.connected:
-            try:
+            with contextlib.suppress(RemoteError):
                 self._request("close")
-            except RemoteError:
-                pass
         self._disconnect()
         super().close()
 

@@ -6,7 +6,7 @@ import argparse
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from ..core.level import Level
 from ..core.sizes import largest
@@ -105,7 +105,7 @@ class _TokenPlan:
     seed: int
     prompts: list[tuple[str, str]]
     levels: list[int] | None  # sequences decoded together (--sequences), or None
-    members: "list[int] | str"  # the models alone beside, or "largest"
+    members: list[int] | str  # the models alone beside, or "largest"
     proposer: int | None
 
 

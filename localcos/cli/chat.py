@@ -15,7 +15,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "chat", help="chat with an ensemble in the terminal", description="A terminal chat with an ensemble of models, showing speculation at work."
     )
     p.add_argument("--demo", action="store_true", help="chat with the built-in synthetic demo pair")
-    add_options(p, ["models", "hardware", "combination", "method", "level", "sampling", "output", "chat"], defaults=DEFAULTS, exclude={"synthetic", "synthetic_dtype"})
+    add_options(
+        p,
+        ["models", "hardware", "combination", "method", "level", "sampling", "output", "chat"],
+        defaults=DEFAULTS,
+        exclude={"synthetic", "synthetic_dtype"},
+    )
     p.set_defaults(func=run)
 
 

@@ -20,7 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--models or --preset it builds (once) a small synthetic pair whose text is random by design.",
     )
     p.add_argument("--prompt", default="The small model writes a draft and the large model", help="prompt text")
-    add_options(p, ["models", "hardware", "combination", "sampling"], defaults=DEFAULTS, exclude={"synthetic", "synthetic_dtype", "negative_prompt", "cfg_scale"})
+    add_options(
+        p,
+        ["models", "hardware", "combination", "sampling"],
+        defaults=DEFAULTS,
+        exclude={"synthetic", "synthetic_dtype", "negative_prompt", "cfg_scale"},
+    )
     add_options(p, ["output"], defaults=DEFAULTS, exclude={"stop"})
     p.set_defaults(func=run)
 

@@ -8,7 +8,7 @@ import csv
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..files import atomic_write, write_text
@@ -51,7 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--timeout or --memory-mb is refused, never mixed.",
     )
     what = p.add_argument_group("what to evaluate")
-    what.add_argument("--task", default="humaneval", help="humaneval (default), a .jsonl / .jsonl.gz file of the same shape, or MBPP's mbpp.jsonl or sanitized-mbpp.json as released")
+    what.add_argument(
+        "--task",
+        default="humaneval",
+        help="humaneval (default), a .jsonl / .jsonl.gz file of the same shape, or MBPP's mbpp.jsonl or sanitized-mbpp.json as released",
+    )
     what.add_argument("--problems", help="N (the first N problems) or A:B (problems A to B-1); default all")
     what.add_argument("--variant", action="append", metavar="NAME=FLAGS",
                       help="a configuration: combination and generation flags of localcos generate over this command's, e.g. "
@@ -113,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
         say(f"localcos: each program's memory: {memory_bound(limits)}")
         lookahead = [c.settings.generation.lookahead for c in configs if c.settings.generation.lookahead is not None]
         most = (max(k for k, _ in lookahead), max(n for _, n in lookahead)) if lookahead else None
-        with EvalModels(settings, run_level, progress=loading_progress, second_prompt=any(c.contrast for c in configs), lookahead=most) as models:
+        with EvalModels(
+            settings, run_level, progress=loading_progress, second_prompt=any(c.contrast for c in configs), lookahead=most
+        ) as models:
             models.load_alone(sorted({c.member for c in configs if c.own_tokens}), say=say)  # type: ignore[type-var]
             run_eval(tasks, configs, models.generate, results, limits, args.sandbox, report=say, scripts=models.writes_script)
     baseline, summaries = summarize(results, tasks, configs, args.baseline)
@@ -125,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sandbox(args: argparse.Namespace) -> "Limits":
+def _sandbox(args: argparse.Namespace) -> Limits:
     """The programs' limits, once the sandbox asked for is known to run here (before any model loads)."""
     from ..config.parse import parse_float, parse_int
     from ..eval.sandbox import SANDBOXES, UNCONTAINED, Limits, require
@@ -133,7 +139,9 @@ def _sandbox(args: argparse.Namespace) -> "Limits":
     if not args.run_code:
         raise ConfigError("eval runs the code the models write: add --run-code to allow it (each program runs sandboxed in "
                           "its own process and temporary folder; see localcos eval --help)", param="run_code")  # fmt: skip
-    limits = Limits(seconds=parse_float(args.timeout, "--timeout", minimum=0.1), memory_mb=parse_int(args.memory_mb, "--memory-mb", minimum=64))
+    limits = Limits(
+        seconds=parse_float(args.timeout, "--timeout", minimum=0.1), memory_mb=parse_int(args.memory_mb, "--memory-mb", minimum=64)
+    )
     if args.sandbox not in SANDBOXES:
         raise ConfigError(f"--sandbox takes {' or '.join(SANDBOXES)}, got {args.sandbox!r}", param="sandbox")
     require(args.sandbox)  # one line saying what is missing
@@ -142,7 +150,7 @@ def _sandbox(args: argparse.Namespace) -> "Limits":
     return limits
 
 
-def _configs(args: argparse.Namespace, settings: "Settings", run_level: "Level") -> "tuple[list[str], list[EvalConfig]]":
+def _configs(args: argparse.Namespace, settings: Settings, run_level: Level) -> tuple[list[str], list[EvalConfig]]:
     """The models' names (from their headers, read before anything loads: a finished run's
     summary loads no model) and the configurations: the variants, or the defaults."""
     from ..backend.gguf_file import read_info
@@ -159,11 +167,15 @@ def _configs(args: argparse.Namespace, settings: "Settings", run_level: "Level")
     else:
         configs = default_configs(settings, names, n_params, run_level, preset=args.preset)
     if args.baseline is not None and args.baseline not in {c.name for c in configs}:
-        raise ConfigError(f"--baseline {args.baseline!r} is not one of the configurations ({', '.join(c.name for c in configs)})", param="baseline")
+        raise ConfigError(
+            f"--baseline {args.baseline!r} is not one of the configurations ({', '.join(c.name for c in configs)})", param="baseline"
+        )
     return names, configs
 
 
-def _results(path: str, task: str, settings: "Settings", run_level: "Level", sandbox: str, limits: "Limits", configs: "list[EvalConfig]") -> "ResultsFile":
+def _results(
+    path: str, task: str, settings: Settings, run_level: Level, sandbox: str, limits: Limits, configs: list[EvalConfig]
+) -> ResultsFile:
     """The results file, opened (resumed) for this run: its header holds what the run shares."""
     from ..eval.results import ResultsFile
 

@@ -143,11 +143,18 @@ def _info(path: Path, timing: bool, threads: int | None) -> int:
         ("name", info.name),
         ("architecture", info.architecture),
         ("parameters", f"{info.n_params / 1e9:.3f} B" if info.n_params >= 1e8 else f"{info.n_params / 1e6:.2f} M"),
-        ("quantization", f"{info.quantization} ({', '.join(f'{k} {v / max(info.n_params, 1):.0%}' for k, v in info.tensor_types.most_common(3))})"),
+        (
+            "quantization",
+            f"{info.quantization} ({', '.join(f'{k} {v / max(info.n_params, 1):.0%}' for k, v in info.tensor_types.most_common(3))})",
+        ),
         ("size", f"{info.size_bytes / 2**20:.1f} MiB"),
         ("context length", str(info.context_length)),
         ("vocabulary", f"{info.vocab_size} tokens ({info.metadata.get('tokenizer.ggml.model', '?')})"),
-        ("tokenizer", f"fingerprint {info.tokenizer_fingerprint}, BOS {info.metadata.get('tokenizer.ggml.bos_token_id')}, EOS {info.metadata.get('tokenizer.ggml.eos_token_id')}"),
+        (
+            "tokenizer",
+            f"fingerprint {info.tokenizer_fingerprint}, BOS {info.metadata.get('tokenizer.ggml.bos_token_id')}, "
+            f"EOS {info.metadata.get('tokenizer.ggml.eos_token_id')}",
+        ),
         ("chat template", "yes" if info.chat_template else "no"),
         ("GGUF version", str(info.version)),
     ]

@@ -7,7 +7,8 @@ import argparse
 import ipaddress
 import socket
 import sys
-from typing import Any, Iterable, Mapping
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 from ..errors import ConfigError
 from ..config import GROUPS, OPTIONS, Settings

@@ -29,7 +29,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="IPv4 address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", default=str(DEFAULT_PORT), help=f"port (default {DEFAULT_PORT})")
     p.add_argument("--threads", default=None, help="CPU threads for the CPU device (default: physical cores)")
-    p.add_argument("--device", default=None, metavar="DEV[,DEV]", help="devices to offer, e.g. CUDA0,CUDA1 (default: every GPU, else the CPU); see --list-devices")
+    p.add_argument(
+        "--device",
+        default=None,
+        metavar="DEV[,DEV]",
+        help="devices to offer, e.g. CUDA0,CUDA1 (default: every GPU, else the CPU); see --list-devices",
+    )
     p.add_argument("--cache", action="store_true", help="keep large tensors in a local cache so a reload sends only their hashes")
     p.add_argument(TRUST_FLAG, action="store_true", help="allow a non-loopback --host: only on a network where every host is trusted")
     p.add_argument("--list-devices", action="store_true", help="list this host's devices and exit")
@@ -44,7 +49,9 @@ def _listen_address(host: str) -> str:
     try:
         ipaddress.IPv4Address(host)
     except ValueError:
-        raise ConfigError(f"--host must be an IPv4 address (llama.cpp's RPC server listens on IPv4 only), got {host!r}", param="host") from None
+        raise ConfigError(
+            f"--host must be an IPv4 address (llama.cpp's RPC server listens on IPv4 only), got {host!r}", param="host"
+        ) from None
     return host
 
 
@@ -92,4 +99,3 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     serve(endpoint, devices, threads, rpc_cache)
     raise LocalcosError(f"llama.cpp's RPC server could not start on {endpoint} (see the lines above)")
-

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _what_to_score(args: argparse.Namespace) -> "tuple[str | None, list | None]":
+def _what_to_score(args: argparse.Namespace) -> tuple[str | None, list | None]:
     """(the text of --file, or None; the items of --choices, or None), read and checked."""
     from ..scoring import choices as choice_task
 
@@ -208,7 +208,8 @@ def _score_bytes(args: argparse.Namespace, settings, text: str | None, items: li
         rows += [("model", name, bits.per_byte, None) for name, bits in zip(names, result.members)]
         for kind, label, value, _ in rows:
             print(f"{(f'r {label}' if kind == 'r' else f'{label} alone')[:33]:<34}{value:>12.4f}")
-        pruned = ", ".join(f"{n}: {d:.2g} of its mass over a window dropped, {u} bytes outside its held paths (rebuilt)" for n, d, u in zip(names, result.dropped, result.unreachable))
+        pruned = ", ".join(f"{n}: {d:.2g} of its mass over a window dropped, {u} bytes outside its held paths (rebuilt)"
+                           for n, d, u in zip(names, result.dropped, result.unreachable))
         print(f"\n{seconds:.2f}s, {scored / seconds:.1f} scored bytes/s; pruning (--byte-prune {settings.load.byte_prune:g}): {pruned}")
         report.update(kind="bits_per_byte", bytes=result.bytes, windows=result.windows, window=result.window,
                       dropped_mass=result.dropped, unreachable_bytes=result.unreachable)  # fmt: skip
@@ -217,7 +218,11 @@ def _score_bytes(args: argparse.Namespace, settings, text: str | None, items: li
         assert items is not None
         rows, speed = _choice_rows(args.choices, choices, bound, labels, names, seconds, "byte", " at the byte level")
         print(f"\n{seconds:.2f}s, {speed}")
-        report.update(kind="choices", items=len(items), loglikelihoods={"combined": choices.combined, "members": choices.members, "bytes": choices.tokens})
+        report.update(
+            kind="choices",
+            items=len(items),
+            loglikelihoods={"combined": choices.combined, "members": choices.members, "bytes": choices.tokens},
+        )
         metric, header = "accuracy", ["kind", "label", "accuracy", "accuracy_per_byte"]
     report["rows"] = [{"kind": k, "label": label, "value": v, "extra": e} for k, label, v, e in rows]
     _write(args, report, header, rows, sweep, metric)
@@ -246,13 +251,21 @@ class _Progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         console = Console(stderr=True)
-        self._bar = Progress(TextColumn(f"scoring {unit}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console, transient=True, disable=not console.is_terminal)
+        self._bar = Progress(
+            TextColumn(f"scoring {unit}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+            disable=not console.is_terminal,
+        )
         self._task = self._bar.add_task("score", total=None)
 
     def update(self, done: int, total: int) -> None:
         self._bar.update(self._task, completed=done, total=total)
 
-    def __enter__(self) -> "_Progress":
+    def __enter__(self) -> _Progress:
         self._bar.__enter__()
         return self
 

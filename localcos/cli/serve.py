@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 
 from ..errors import ConfigError, LocalcosError
@@ -19,15 +20,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Serve an ensemble over OpenAI's HTTP API (/v1/chat/completions, /v1/completions, /v1/models, "
         "/health, /tokenize, /detokenize, /tokenizer_info): any OpenAI client can use it. The options below are "
         "every request's defaults; a request may change the sampling ones and, in extra_body, method, gamma, "
-        "combine (we, cd or logit-mix: a request never names code; --combine FILE.py:FUNCTION here makes a custom "
+        "combine (a built-in combiner: a request never names code; --combine FILE.py:FUNCTION here makes a custom "
         "combiner every request's default), weights and mu. Up to --parallel generations decode together, their "
-        "rows sharing llama_decode calls; a new request joins as soon as one ends (arrival order). Safe to leave running: it answers only requests whose Host names this server "
+        "rows sharing llama_decode calls; a new request joins as soon as one ends (arrival order). It speaks "
+        "Ollama's API too (/api/chat, /api/generate, /api/tags...). Safe to leave running: it answers only requests "
+        "whose Host names this server "
         "(--allowed-hosts adds names) and, from web pages, only the origins given with --cors; bodies must be "
         "application/json.",
     )
     p.add_argument("--demo", action="store_true", help="serve the small synthetic demo pair (random text; for trying clients)")
     add_options(p, ["server"])
-    add_options(p, ["models", "hardware", "combination", "method", "level", "sampling", "output", "chat"], defaults=DEFAULTS, exclude={"synthetic", "synthetic_dtype"})
+    add_options(
+        p,
+        ["models", "hardware", "combination", "method", "level", "sampling", "output", "chat"],
+        defaults=DEFAULTS,
+        exclude={"synthetic", "synthetic_dtype"},
+    )
     p.set_defaults(func=run)
 
 
@@ -48,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.demo and (args.models or args.preset):
         raise ConfigError("--demo serves the synthetic demo pair; leave out --models/--preset, or --demo", param="demo")
-    server = resolve_server({**option_values(args), "api_key": args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None})
+    server = resolve_server(
+        {**option_values(args), "api_key": args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None}
+    )
     port, api_key = server.port, server.api_key
     listener = listen(server.host, port)  # held from now on: fail before loading anything when it is taken
     port = listener.getsockname()[1]  # --port 0: the free port the system chose
@@ -91,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         auth = ' -H "Authorization: Bearer $LOCALCOS_API_KEY"' if api_key else ""
         say(
             f"  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
-            f"-d '{{\"model\": \"{alias}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'"
+            f'-d \'{{"model": "{alias}", "messages": [{{"role": "user", "content": "Hello"}}]}}\''
         )
         say("  OpenAI clients: base_url=" + f"{url}/v1" + ("" if api_key else ", api_key=anything") + "; Ctrl-C stops")
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3, access_log=False)
@@ -101,10 +111,8 @@ def run(args: argparse.Namespace) -> int:
                 engine.cancel_all()  # Ctrl-C: requests in flight are answered now, not cut off later
                 super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
-        try:
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn shuts down gracefully, then re-raises the signal
             Server(config).run(sockets=[listener])
-        except KeyboardInterrupt:  # uvicorn shuts down gracefully, then re-raises the signal
-            pass
         say("localcos serve: stopped")
     finally:
         listener.close()

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import ConfigError
 from .options import Option

@@ -9,7 +9,8 @@ option or repeats its rule.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from ..backend import MIN_CTX
 from ..core.bytelevel import check_prune

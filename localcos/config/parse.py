@@ -10,7 +10,8 @@ spec built from parsed values (`config.specs`) checks them with the same rule, n
 from __future__ import annotations
 
 import numbers
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
 
 from ..core.combiners import COMBINERS, combiner_names
 from ..errors import ConfigError, check_range, param_of

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
 from ..errors import ConfigError
 from .options import OPTIONS
@@ -101,7 +102,7 @@ class _Sources:
 
     @classmethod
     def of(cls, given: dict[str, Any], front: dict[str, Any], progress: Callable[[str], None] | None,
-           building: Callable[[str], None] | None) -> "_Sources":  # fmt: skip
+           building: Callable[[str], None] | None) -> _Sources:  # fmt: skip
         from ..models.registry import Registry
 
         registry = Registry.load(given.get("config"))

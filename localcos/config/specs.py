@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
 
 from ..backend.worker import layers_to_offload
 from ..core.combiners import Combiner, CustomCombiner, custom_name, gated, load_function, make_combiner
@@ -108,9 +109,9 @@ class LoadSpec:
         *,
         labels: Sequence[str] | None = None,
         n_gpu_layers: int | Sequence[int | None] | None = None,
-        rpc: Sequence[Sequence["Endpoint"]] = (),
+        rpc: Sequence[Sequence[Endpoint]] = (),
         **options: Any,
-    ) -> "LoadSpec":
+    ) -> LoadSpec:
         """A spec from values as the Python API takes them: `n_gpu_layers` one value for all
         models or one per model (None: all layers for a model on RPC servers, none for a local
         one), `rpc` one entry per model or none (every model here)."""
@@ -161,7 +162,7 @@ class CombineSpec:
     def __post_init__(self) -> None:
         _checked(self, "combine")
 
-    def loaded(self) -> "CombineSpec":
+    def loaded(self) -> CombineSpec:
         """This spec with its custom combiner's function imported (once), or none for a built-in."""
         if not is_custom_combine(self.combine):
             return self if self.function is None else replace(self, function=None)
@@ -236,7 +237,7 @@ class GenerationConfig:
     def sampler(self) -> Sampler:
         return Sampler(self.temperature, self.top_k, self.top_p, self.min_p)
 
-    def for_models(self, n: int, level: str = "auto") -> "GenerationConfig":
+    def for_models(self, n: int, level: str = "auto") -> GenerationConfig:
         """This config for an ensemble of n models decoding at `level`: its method, or the
         default (`default_method`)."""
         return self if self.method is not None else replace(self, method=default_method(n, level, self.lookahead is not None))
@@ -248,7 +249,7 @@ class GenerationConfig:
             return json_object()
         return self.json_schema or self.grammar
 
-    def with_values(self, values: Mapping[str, Any]) -> "GenerationConfig":
+    def with_values(self, values: Mapping[str, Any]) -> GenerationConfig:
         """This config with the keyword settings over it (lists become tuples, a string stop one
         stop string); an unknown keyword is a `ConfigError`."""
         known = {f.name for f in fields(self)}
@@ -432,7 +433,7 @@ class Settings:
         spec = {"load": self.load, "combine": self.combine, "generation": self.generation}.get(opt.target, self)
         return getattr(spec, opt.attr)
 
-    def with_values(self, values: Mapping[str, Any], *, json: bool = False, parsed: bool = False, check: bool = True) -> "Settings":
+    def with_values(self, values: Mapping[str, Any], *, json: bool = False, parsed: bool = False, check: bool = True) -> Settings:
         """These settings with some combination and generation options changed (the chat's
         settings form, a server request). An empty string resets an option to its default.
         `parsed`: the values were checked where they entered (the server's request models run

@@ -40,7 +40,7 @@ import codecs
 import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -176,7 +176,7 @@ class Row:
 
     __slots__ = ("logits", "vocab", "_probs", "_scale", "_end")
 
-    def __init__(self, logits: np.ndarray, vocab: "ByteVocab") -> None:
+    def __init__(self, logits: np.ndarray, vocab: ByteVocab) -> None:
         self.logits = logits
         self.vocab = vocab
         self._probs: np.ndarray | None = None
@@ -230,7 +230,7 @@ class Row:
             out[filled] = np.add.reduceat(self.probs[lo : int(bounds[-1])], starts[filled] - lo)
         return out * self.scale
 
-    def distance(self, other: "Row") -> float:
+    def distance(self, other: Row) -> float:
         """Total variation between this distribution and `other` (rows of one vocabulary)."""
         gap = self.probs * self.scale
         gap -= other.probs * other.scale
@@ -253,7 +253,7 @@ class TokenPath:
     log_mass: float
     lo: int
     hi: int
-    parent: "TokenPath | None" = None
+    parent: TokenPath | None = None
     row: Row | None = None
     bounds: np.ndarray | None = field(default=None, repr=False)
     split: np.ndarray | None = field(default=None, repr=False)
@@ -311,7 +311,7 @@ class ByteView:
         self.folded = 0  # paths folded into a heavier one at the same position (`settle`)
         self._scratch: tuple[np.ndarray, np.ndarray] | None = None  # `likeliest_token`'s buffers
 
-    def start(self, row: "np.ndarray | Row", handle: object = None) -> TokenPath:
+    def start(self, row: np.ndarray | Row, handle: object = None) -> TokenPath:
         """Begin at the end of the prompt, whose next-token logits are `row` (or its `Row`, as
         another view of the same model read it)."""
         root = TokenPath((), 0, 0.0, 0, self.vocab.size, handle=handle)
@@ -334,7 +334,7 @@ class ByteView:
         self.restarts += 1
         return root
 
-    def set_row(self, path: TokenPath, row: "np.ndarray | Row") -> None:
+    def set_row(self, path: TokenPath, row: np.ndarray | Row) -> None:
         """The next-token logits after `path`'s tokens (or their `Row`)."""
         path.row = row if isinstance(row, Row) else self.normalise(row)
 
@@ -343,12 +343,12 @@ class ByteView:
         buffer, valid until the next call)."""
         return Row(np.array(row[: self.vocab.n_vocab], dtype=np.float32), self.vocab)
 
-    def snapshot(self) -> "ViewState":
+    def snapshot(self) -> ViewState:
         """Where the view stands now; `restore` comes back to it after advancing further (paths
         are never changed once made, so this holds no copies)."""
         return ViewState(len(self.text), tuple(self.paths), self._kept)
 
-    def restore(self, state: "ViewState") -> None:
+    def restore(self, state: ViewState) -> None:
         """Back to an earlier `snapshot` of this view (the bytes after it are forgotten)."""
         del self.text[state.length :]
         self.paths = list(state.paths)
@@ -700,7 +700,7 @@ class Utf8State:
     def allowed(self) -> np.ndarray:
         return _UTF8[(self.need, self.lo, self.hi)]
 
-    def copy(self) -> "Utf8State":
+    def copy(self) -> Utf8State:
         other = Utf8State()
         other.need, other.lo, other.hi = self.need, self.lo, self.hi
         return other

@@ -21,7 +21,7 @@ import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -72,7 +72,7 @@ class Combiner(ABC):
     # decoder then reuses the softmax a proposer already computed for its draft token.
     mixes_probs: bool = False
 
-    def bind(self, n_models: int, n_params: Sequence[int]) -> "BoundCombiner":
+    def bind(self, n_models: int, n_params: Sequence[int]) -> BoundCombiner:
         """This combiner fitted to an ensemble of `n_models` models (`ConfigError` if it does not
         fit, e.g. weights for another number of models), with its defaults filled in: the only
         kind the decoder and the scorer take. `n_params` (parameter counts, in model order) lets a
@@ -80,7 +80,7 @@ class Combiner(ABC):
         combiner once."""
         return BoundCombiner(self.fit(n_models, n_params), n_models)
 
-    def fit(self, n_models: int, n_params: Sequence[int]) -> "Combiner":
+    def fit(self, n_models: int, n_params: Sequence[int]) -> Combiner:
         """The combiner with its defaults filled in for this ensemble, checked against it; a
         combiner with parameters that depend on the ensemble overrides this."""
         return self
@@ -149,7 +149,7 @@ class BoundCombiner:
         lead alone. A model not asked for is not evaluated there."""
         return self.used if opened else self._shut_asks
 
-    def bind(self, n_models: int, n_params: Sequence[int]) -> "BoundCombiner":
+    def bind(self, n_models: int, n_params: Sequence[int]) -> BoundCombiner:
         """Itself, when it is bound for this many models already."""
         if n_models == self.n_models:
             return self
@@ -183,7 +183,7 @@ class _Weighted(Combiner):
     def __init__(self, weights: Sequence[float] | None = None) -> None:
         self.weights: tuple[float, ...] | None = None if weights is None else tuple(weights)
 
-    def fit(self, n_models: int, n_params: Sequence[int]) -> "_Weighted":
+    def fit(self, n_models: int, n_params: Sequence[int]) -> _Weighted:
         weights = self.weights if self.weights is not None else [1.0] * n_models
         return type(self)(normalise_weights(weights, n_models))
 
@@ -209,7 +209,7 @@ class WeightedEnsemble(_Weighted):
 
     def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
         assert self.weights is not None, "bind() the combiner first"
-        return self.mix([softmax(l, temperature) if w else None for w, l in zip(self.weights, logits)])
+        return self.mix([softmax(z, temperature) if w else None for w, z in zip(self.weights, logits)])
 
     def mix(self, probs: Sequence[np.ndarray | None]) -> np.ndarray:
         """sum_k w_k p_k as a new array; models with weight 0 may pass None."""
@@ -248,7 +248,7 @@ class Contrastive(Combiner):
         self.plausibility = plausibility
         self.expert = expert
 
-    def fit(self, n_models: int, n_params: Sequence[int]) -> "Contrastive":
+    def fit(self, n_models: int, n_params: Sequence[int]) -> Contrastive:
         if n_models != 2:
             raise ConfigError(f"contrastive decoding combines exactly 2 models (an amateur and an expert), got {n_models}", param="combine")
         expert = self.expert
@@ -320,7 +320,7 @@ class Guidance(Combiner):
         self.scale = check_scale(float(scale), "cfg scale")
         self.positive = positive
 
-    def fit(self, n_models: int, n_params: Sequence[int]) -> "Guidance":
+    def fit(self, n_models: int, n_params: Sequence[int]) -> Guidance:
         if n_models != 2:
             raise ConfigError(f"guidance (--cfg-scale) combines exactly 2 members, a prompt and a negative prompt; got {n_models}", param="cfg_scale")
         positive = self.positive
@@ -368,9 +368,9 @@ class LogitMix(_Weighted):
     def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
         assert self.weights is not None, "bind() the combiner first"
         z: np.ndarray | None = None
-        for w, l in zip(self.weights, logits):
+        for w, row in zip(self.weights, logits):
             if w != 0.0:
-                term = np.float32(w) * np.asarray(l, dtype=np.float32)
+                term = np.float32(w) * np.asarray(row, dtype=np.float32)
                 z = term if z is None else z + term
         assert z is not None
         return softmax(z, temperature)
@@ -398,12 +398,12 @@ class CustomCombiner(Combiner):
 
     def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
         if self.level == "logits":
-            out = np.asarray(self.fn([np.asarray(l, dtype=np.float64) for l in logits]), dtype=np.float64)
+            out = np.asarray(self.fn([np.asarray(z, dtype=np.float64) for z in logits]), dtype=np.float64)
             self._check_shape(out, logits[0])
             if np.isnan(out).any():
                 raise ConfigError(f"combiner {self.name} returned NaN logits", param="combine")
             return softmax(out, temperature)
-        out = np.array(self.fn([softmax(l, temperature) for l in logits]), dtype=np.float64)
+        out = np.array(self.fn([softmax(z, temperature) for z in logits]), dtype=np.float64)
         self._check_shape(out, logits[0])
         if not np.isfinite(out).all() or (out < 0).any():
             raise ConfigError(f"combiner {self.name} must return finite, non-negative probabilities", param="combine")
@@ -448,7 +448,7 @@ class Gated(Combiner):
         self.lead = lead
         self.name = inner.name
 
-    def fit(self, n_models: int, n_params: Sequence[int]) -> "Gated":
+    def fit(self, n_models: int, n_params: Sequence[int]) -> Gated:
         inner = self.inner.fit(n_models, n_params)
         lead = default_lead(inner, n_params) if self.lead is None else self.lead
         if not 0 <= lead < n_models:
@@ -484,7 +484,7 @@ class Gated(Combiner):
         assert self.lead is not None, "bind() the combiner first"
         lead = np.asarray(logits[self.lead], dtype=np.float32)
         return self.compose(softmax(lead, temperature), self.opens(lead) if opened is None else opened,
-                            lambda rows: self.inner.combine([None if l is None else np.asarray(l)[rows] for l in logits], temperature))  # fmt: skip
+                            lambda rows: self.inner.combine([None if z is None else np.asarray(z)[rows] for z in logits], temperature))  # fmt: skip
 
     def uses(self, n_models: int) -> tuple[bool, ...]:
         return tuple(u or i == self.lead for i, u in enumerate(self.inner.uses(n_models)))

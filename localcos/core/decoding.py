@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Callable, Generator, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Generator, Sequence
 
 import numpy as np
 
@@ -592,7 +593,8 @@ class Decoder:
         self.speculation.lookup_proposed += sum(d.proposer == LOOKUP for d in drafts[len(judged) :])
         accepted = drafts[: verdict.accepted]
         tokens = [d.token for d in accepted]
-        origins = [Origin("lookup" if d.proposer == LOOKUP else "bonus" if d.bonus else "draft", None if d.proposer == LOOKUP else d.proposer) for d in accepted]
+        origins = [Origin("lookup" if d.proposer == LOOKUP else "bonus" if d.bonus else "draft", None if d.proposer == LOOKUP else d.proposer)
+                   for d in accepted]
         if verdict.resample is None:
             del self.pending[:k]
             self.commit(tokens, origins)

@@ -13,7 +13,7 @@ exp pass per model and slice gives both a model's softmax and its log-sum-exp.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -65,7 +65,7 @@ def score_rows(
     *,
     members: bool = True,
     top: int = 0,
-    scratch: "Scratch | None" = None,
+    scratch: Scratch | None = None,
 ) -> SliceScores:
     """Score k target tokens given each model's logits rows at their positions ([k, vocab], None
     for a model not evaluated). `combiners` are bound; every one of them gets the same rows.

@@ -17,7 +17,7 @@ n-gram proposer tries sizes from a maximum down to a minimum, as here.)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

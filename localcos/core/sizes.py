@@ -4,7 +4,7 @@ the cheapest drafts (the default proposer)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def largest(n_params: Sequence[int]) -> int:

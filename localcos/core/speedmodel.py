@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 
 def expected_tokens(alpha: float, n: int) -> float:
@@ -71,7 +71,7 @@ class CallProfile:
             raise ValueError("a call profile needs positive seconds for 1 row and any others")
 
     @classmethod
-    def flat(cls, seconds: float) -> "CallProfile":
+    def flat(cls, seconds: float) -> CallProfile:
         """A model whose calls cost the same whatever their rows (an accelerator's regime)."""
         return cls({1: seconds})
 
@@ -160,7 +160,7 @@ class CallProfile:
         return {str(n): t for n, t in sorted(self.seconds.items())}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, float]) -> "CallProfile":
+    def from_dict(cls, data: Mapping[str, float]) -> CallProfile:
         return cls({int(n): float(t) for n, t in data.items()})
 
 
@@ -188,7 +188,7 @@ class Costs:
         share = others * profile.least((1,) * (others + 1)) / (others + 1)
         return max(profile.least((1,) * others + (n_tokens,)) - share, 1e-3 * profile(1))
 
-    def under_load(self, rows: Sequence[int]) -> "Costs":
+    def under_load(self, rows: Sequence[int]) -> Costs:
         return Costs(self.profiles, rows)
 
     def ensemble_seconds(self, n_tokens: int) -> float:

@@ -9,7 +9,7 @@ The algorithms are stated in docs/algorithm.md (sections 2-5, 9, 11; CoS paper, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

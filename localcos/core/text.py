@@ -8,7 +8,7 @@ string; streaming hands out only final text, so what a user sees never has to be
 from __future__ import annotations
 
 import codecs
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 class TextAssembler:

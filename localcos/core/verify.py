@@ -15,7 +15,7 @@ the same way). Such a draft's proposal row is None: no vocabulary-sized one-hot 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from ..errors import ConfigError
 from ..jsonlines import json_objects
@@ -110,7 +111,7 @@ def _parse(text: str, where: str) -> list[CodeTask]:
     tasks: list[CodeTask] = []
     seen: set[str] = set()
     for at, data in _records(text, where):
-        fields = mbpp_fields(data, at) if _MBPP_KEYS <= data.keys() else {k: data.get(k) for k in _FIELDS}
+        fields = mbpp_fields(data, at) if data.keys() >= _MBPP_KEYS else {k: data.get(k) for k in _FIELDS}
         bad = [k for k, v in fields.items() if not isinstance(v, str) or not v]
         if bad:
             raise ConfigError(f"{at}: {', '.join(bad)} must be non-empty strings", param="task")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..config import OPTIONS, Settings, check_for_models, default_method
 from ..config.flags import parse_flags

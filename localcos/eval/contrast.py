@@ -6,7 +6,7 @@ that finds nothing to change in a task says so (None), and that problem is decod
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from ..config.options import CONTRAST_PROMPTS
 
@@ -27,7 +27,7 @@ def drop_examples(prompt: str) -> str | None:
     (`name(...) == ...`, `name(...) ➞ ...`) and worked "Input: ... Output: ..." pairs; the rest
     kept as it is. None where there is no example to drop."""
     names = re.findall(r"^\s*def\s+(\w+)\s*\(", prompt, re.MULTILINE)
-    call = re.compile(r"^\s*(?:%s)\s*\(" % "|".join(map(re.escape, names))) if names else None
+    call = re.compile(r"^\s*(?:{})\s*\(".format("|".join(map(re.escape, names)))) if names else None
     kept: list[str] = []
     dropping = after_input = False
     for line in prompt.split("\n"):

@@ -171,7 +171,7 @@ class Launcher:
             else:
                 os.chdir(self.cfg["folder"])
                 self.init(None)
-        except BaseException as e:  # noqa: BLE001 - whatever failed, one line, as a setup failure
+        except BaseException as e:  # whatever failed: one line, as a setup failure
             self.fail(e)
         os._exit(0)
 
@@ -198,7 +198,7 @@ class Launcher:
             os.close(down_write)
             try:
                 self.contain(me, up_write, down_read)
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:
                 self.fail(e)
             os._exit(0)
         os.close(up_write)
@@ -368,7 +368,7 @@ class Launcher:
             os.set_inheritable(self.control.fileno(), False)
             os.set_inheritable(verdict, True)
             os.execve(cfg["python"], [cfg["python"], "-I", "-X", "utf8", "-c", cfg["driver"], str(verdict)], cfg["env"])
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             self.fail(e)
 
     def limit(self) -> None:

@@ -18,7 +18,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 PREFIX = "localcos-eval-"
 _LEFT = re.compile(re.escape(PREFIX) + r"(\d+)-")
@@ -54,7 +54,7 @@ class Cgroup:
                 time.sleep(0.002)
 
 
-@lru_cache(maxsize=None)
+@cache
 def hierarchy() -> Cgroup | None:
     """The memory cgroup under which this process can make a run's cgroup (checked by making
     and removing one), or None where it cannot."""

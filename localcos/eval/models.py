@@ -4,7 +4,8 @@ level, and a completion under each configuration at the level it names."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from ..core.level import Level
 from .codeeval import Generated
@@ -30,7 +31,7 @@ class EvalModels:
     configurations decode on. `lookahead`: the most candidates and rolled-out tokens a
     configuration looks ahead (the sequences of its branches are made as the models load)."""
 
-    def __init__(self, settings: "Settings", run: Level, progress: Callable[[int, int, str], None] | None = None,
+    def __init__(self, settings: Settings, run: Level, progress: Callable[[int, int, str], None] | None = None,
                  second_prompt: bool = False, lookahead: tuple[int, int] | None = None) -> None:  # fmt: skip
         from ..core.combiners import WeightedEnsemble
         from ..ensemble import Ensemble
@@ -52,7 +53,11 @@ class EvalModels:
                                         profiles=m.costs.profiles[: len(m.loaded)], level=m.level)  # fmt: skip
         else:
             self.models = Ensemble.from_spec(load, WeightedEnsemble() if second_prompt else settings.combiner(), progress=progress)
-            self.plain = self.models if not second_prompt else Ensemble(self.models.loaded, settings.combiner(), profiles=self.models.profiles[: len(self.models.loaded)])
+            self.plain = (
+                self.models
+                if not second_prompt
+                else Ensemble(self.models.loaded, settings.combiner(), profiles=self.models.profiles[: len(self.models.loaded)])
+            )
 
     @property
     def names(self) -> list[str]:
@@ -67,7 +72,7 @@ class EvalModels:
             assert isinstance(self.plain, ByteModels), "a model decodes alone beside a byte-level run"
             self.alone[i] = Ensemble.beside(self.plain, i)
 
-    def generate(self, prompt: str, config: "EvalConfig") -> Generated:
+    def generate(self, prompt: str, config: EvalConfig) -> Generated:
         """A completion of `prompt` under `config`, at its level (`max_tokens` the same length at
         every level: tokens, the lead's at the byte and mixed levels); its length in tokens, or in
         characters in a run at the byte or mixed level (every configuration's speed in one unit).
@@ -90,14 +95,16 @@ class EvalModels:
             from ..runtime.generation import completion_rng
 
             assert isinstance(models, ByteModels)
-            prompts = models.prompts(prompt, phrasing=settings.generation.phrasing) + ([second if isinstance(second, list) else models.models[-1].tokenize(second)] if second is not None else [])
+            prompts = models.prompts(prompt, phrasing=settings.generation.phrasing) + (
+                [second if isinstance(second, list) else models.models[-1].tokenize(second)] if second is not None else []
+            )
             plan = models.plan(prompts, settings.generation, combiner=combiner, level=config.level)
             b = run_to_end(models.start(plan, completion_rng(settings.generation.seed, 0)))
             return Generated(b.text, b.stats.chars, b.stats.seconds, b.stats.llama_seconds, note)
         c = models.generate(prompt, config=settings.generation, combiner=combiner, second_prompt=second)  # type: ignore[union-attr]
         return Generated(c.text, len(c.token_ids), c.stats.seconds, c.stats.llama_seconds, note)
 
-    def writes_script(self, config: "EvalConfig") -> bool:
+    def writes_script(self, config: EvalConfig) -> bool:
         """Whether `config`'s models write a whole script for a task (the evalplus phrasing, as
         it resolves for the model whose template phrases the prompt), not its continuation."""
         from ..phrasing import WHOLE_SCRIPTS, resolved
@@ -124,7 +131,7 @@ class EvalModels:
     def close(self) -> None:
         self.models.close()  # the models alone decode on its models (`Ensemble.beside`)
 
-    def __enter__(self) -> "EvalModels":
+    def __enter__(self) -> EvalModels:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -55,6 +55,7 @@ standard error are kept for the one line that says why it failed.
 
 from __future__ import annotations
 
+import contextlib
 import marshal
 import os
 import platform
@@ -70,7 +71,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 from ..errors import ConfigError
 from . import memcg
@@ -157,7 +158,7 @@ def python_paths() -> tuple[str, tuple[str, ...]]:
     return python, tuple(sorted(f for f in folders if not any(f == s or f.startswith(s + "/") for s in ("/", *_SYSTEM))))
 
 
-@lru_cache(maxsize=None)
+@cache
 def unavailable(sandbox: str = CONTAINED) -> str | None:
     """Why `sandbox` cannot run programs here (one line), or None. Checked once per process by
     running a program that must pass."""
@@ -220,7 +221,7 @@ class _SetupFailed(Exception):
     pass
 
 
-@lru_cache(maxsize=None)
+@cache
 def _sweep() -> None:
     """Once per process: remove what runs of an eval that was killed left (its scratch folders,
     its memory cgroups), named after a process that no longer exists."""
@@ -384,14 +385,10 @@ def _end(proc: subprocess.Popen, control: socket.socket, heard: _Heard) -> None:
         except OSError:
             pass
     if heard.pidfd is not None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(heard.pidfd, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
     if proc.stderr is not None:
         proc.stderr.close()

@@ -8,7 +8,8 @@ outside llama.cpp. Reads the results file; no I/O of its own."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
 
 from .paired import Paired, holm, paired, wilson
 

@@ -22,7 +22,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import ModelNotAvailableError
 from ..files import CACHE_HINT, is_storage_fault, make_folder, storage_error

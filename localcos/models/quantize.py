@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from ..backend import check_model_file, read_info
 from ..errors import ConfigError

@@ -18,7 +18,8 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..errors import ConfigError, ModelFileError, ModelNotAvailableError
 from ..backend import check_model_file
@@ -107,7 +108,7 @@ class Registry:
     files: list[str] = field(default_factory=list)
 
     @classmethod
-    def load(cls, extra: str | os.PathLike[str] | None = None, *, user: bool = True) -> "Registry":
+    def load(cls, extra: str | os.PathLike[str] | None = None, *, user: bool = True) -> Registry:
         """The built-in models.toml, then the user's, then `extra` (later entries override)."""
         reg = cls()
         reg.merge_file(BUILTIN)
@@ -277,7 +278,7 @@ def hub_file(repo: str, file: str, *, name: str, download: bool = True) -> Path:
 # --- parsing -------------------------------------------------------------------------------------
 
 
-def _table(value: Any, parser: "_Parser", kind: str) -> dict[str, dict]:
+def _table(value: Any, parser: _Parser, kind: str) -> dict[str, dict]:
     if not isinstance(value, dict):
         raise ConfigError(parser.where(kind) + f"[{kind}] must be a table of [{kind}.NAME] tables", param="config")
     for name, body in value.items():

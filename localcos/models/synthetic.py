@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from ..paths import cache_dir
 from .writer import CHAT_TEMPLATE, ModelSpec, cached_model, cached_path

@@ -36,7 +36,7 @@ import os
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -9,7 +9,8 @@ advances the running one until it has new text (or ends), then hands the text on
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
 
 import numpy as np
 

@@ -10,7 +10,8 @@ import codecs
 import time
 from dataclasses import dataclass
 from functools import reduce
-from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Generator, Sequence
 
 import numpy as np
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Sequence
 
 from ..backend import Model, RemoteModel, set_verbose, shared_vocab_size, tokenize_alike
 from ..backend.slot import Slot
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def model_options(spec: "LoadSpec", i: int, max_logit_rows: int) -> dict:
+def model_options(spec: LoadSpec, i: int, max_logit_rows: int) -> dict:
     """`Model`'s keyword arguments for model i of `spec` (its sequences aside)."""
     return dict(
         n_ctx=spec.n_ctx,
@@ -39,7 +40,7 @@ def model_options(spec: "LoadSpec", i: int, max_logit_rows: int) -> dict:
 
 
 def load_models(
-    spec: "LoadSpec",
+    spec: LoadSpec,
     open_model: Callable[[int, Path, dict], Model],
     build: Callable[[list[Model]], T],
     *,
@@ -118,7 +119,7 @@ class LoadedModels:
         self.member_slots: list[list[Slot]] = [list(m.slots[: len(m.slots) // (branches + 1)]) for m in self.loaded]
         spare = [iter(m.slots[len(own) :]) for m, own in zip(self.loaded, self.member_slots)]
         self._branches: dict[Slot, list[Slot]] = {
-            main: [next(rest) for _ in range(branches)] for own, rest in zip(self.member_slots, spare) for main in own
+            main: [next(rest) for _ in range(branches)] for mains, rest in zip(self.member_slots, spare) for main in mains
         }
         for main, others in self._branches.items():
             for branch in others:
@@ -188,7 +189,7 @@ class LoadedModels:
             cells = sequences * (spec.n_ctx + candidates * (rolled + 2))
             return Model(path, n_seq=sequences * (candidates + 1), cells=cells, **options)
 
-        def build(models: list[Model]) -> "LoadedModels":
+        def build(models: list[Model]) -> LoadedModels:
             return cls(models, combiner, calibrate=spec.calibrate, second_prompt=spec.second_prompt, branches=candidates)
 
         return load_models(spec, open_model, build, progress=progress, max_logit_rows=max_logit_rows)

@@ -10,7 +10,8 @@ runs from the same plan.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from ..config.specs import GenerationConfig, check_for_models, check_second_prompt, required_second_prompt
 from ..core.combiners import BoundCombiner, Combiner

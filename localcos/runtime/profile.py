@@ -18,7 +18,8 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..core.speedmodel import CallProfile
 from ..files import CACHE_HINT, atomic_write

@@ -4,7 +4,8 @@ and of the byte and mixed levels' (`ByteStats`), null where it does not apply, a
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..core.level import Level
 from ..stats import GenerationStats

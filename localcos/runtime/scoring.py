@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -98,7 +99,7 @@ class ScoreCache:
 
 
 def score_tokens(
-    loaded: "LoadedModels",
+    loaded: LoadedModels,
     tokens: Sequence[int],
     start: int = 1,
     *,
@@ -200,7 +201,7 @@ def score_tokens(
     )
 
 
-def _checked(loaded: "LoadedModels", tokens: Sequence[int], start: int, second: tuple[Sequence[int], int] | None) -> list[int]:
+def _checked(loaded: LoadedModels, tokens: Sequence[int], start: int, second: tuple[Sequence[int], int] | None) -> list[int]:
     """The tokens to score, as ints, once they are known to fit: something to score from `start`
     (>= 1), within the context, every id in the vocabulary; a second prompt for the second
     prompt's member where the models have one (and only there), read in place of tokens[:k],
@@ -246,7 +247,7 @@ def _calls(n: int, start: int, keep: int, n_batch: int, max_rows: int) -> Iterat
 
 
 def _score_reusing(
-    loaded: "LoadedModels",
+    loaded: LoadedModels,
     tokens: Sequence[int],
     start: int,
     combiners: Sequence[Combiner | BoundCombiner] | None,
@@ -301,7 +302,7 @@ class Loglikelihood:
 
 
 def continuation_scores(
-    loaded: "LoadedModels",
+    loaded: LoadedModels,
     context: str | Sequence[int],
     continuations: Sequence[str | Sequence[int]],
     combiners: Sequence[Combiner | BoundCombiner] | None = None,
@@ -333,7 +334,7 @@ def continuation_scores(
 
 
 def loglikelihood(
-    loaded: "LoadedModels", context: str | Sequence[int], continuations: Sequence[str | Sequence[int]], *, combiner: Combiner | BoundCombiner | None = None,
+    loaded: LoadedModels, context: str | Sequence[int], continuations: Sequence[str | Sequence[int]], *, combiner: Combiner | BoundCombiner | None = None,
     second_prompt: str | Sequence[int] | None = None,
 ) -> list[Loglikelihood]:
     """The log-likelihood of each continuation given the context (the context is evaluated once;

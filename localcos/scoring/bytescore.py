@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from ..core.combiners import Combiner
 from ..errors import ConfigError
@@ -77,7 +78,7 @@ def windows_of(data: bytes, window: int) -> list[tuple[int, int]]:
     return out
 
 
-def walk_together(lanes: Sequence[Sequence["ByteMember"]], texts: Sequence[bytes], visit: Callable[[int, int, list], None],
+def walk_together(lanes: Sequence[Sequence[ByteMember]], texts: Sequence[bytes], visit: Callable[[int, int, list], None],
                   wanted: Callable[[int, int], bool]) -> None:  # fmt: skip
     """Advance each lane's members (one per model, on sequences of their own) through its text
     (lane l: texts[l]) a byte of every lane at a time, each model's new rows for all lanes in
@@ -105,7 +106,7 @@ def walk_together(lanes: Sequence[Sequence["ByteMember"]], texts: Sequence[bytes
 
 
 def bits_per_byte(
-    models: "ByteModels",
+    models: ByteModels,
     text: str,
     combiners: Sequence[Combiner],
     *,
@@ -152,7 +153,7 @@ def bits_per_byte(
     return ByteScore(combined, alone, len(spans), window, len(data), unreachable, dropped)
 
 
-def start_lanes(lanes: Sequence[Sequence["ByteMember"]], prompts: Sequence[Sequence[int]]) -> None:
+def start_lanes(lanes: Sequence[Sequence[ByteMember]], prompts: Sequence[Sequence[int]]) -> None:
     """Every lane's members at the start of `prompts` (one per model): the first lane's evaluated
     as a generation's prompt is, the others sharing its cells and rows."""
     for i, prompt in enumerate(prompts):
@@ -162,12 +163,12 @@ def start_lanes(lanes: Sequence[Sequence["ByteMember"]], prompts: Sequence[Seque
 
 
 def byte_choices(
-    models: "ByteModels",
-    items: Sequence["ChoiceItem"],
+    models: ByteModels,
+    items: Sequence[ChoiceItem],
     combiners: Sequence[Combiner],
     *,
     progress: Callable[[int, int], None] | None = None,
-) -> "ChoiceScores":
+) -> ChoiceScores:
     """Each choice's log-likelihood at the byte level: every model reads the context in its own
     tokens (as a generation's prompt), and the choice's bytes are scored as its reply would be,
     under each combination and each model alone. `ChoiceScores.tokens` counts bytes."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -64,7 +65,7 @@ class ChoiceScores:
 
 
 def score_choices(
-    ens: "LoadedModels",
+    ens: LoadedModels,
     items: Sequence[ChoiceItem],
     combiners: Sequence[Combiner],
     *,

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -84,7 +85,7 @@ def windows(tokens: Sequence[int], n_ctx: int, bos: int | None) -> list[list[int
 
 
 def perplexity(
-    ens: "LoadedModels",
+    ens: LoadedModels,
     text: str,
     combiners: Sequence[Combiner],
     *,

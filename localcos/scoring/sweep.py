@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import itertools
 from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import ConfigError
 

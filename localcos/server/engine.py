@@ -27,7 +27,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 from ..errors import Cancelled
 from ..runtime.bytelevel import ByteModels
@@ -68,10 +69,10 @@ class Job:
     completions in `completions`), whose value is the job's `result`."""
 
     generations: list[Generation]
-    collect: Callable[["Job"], Any]
+    collect: Callable[[Job], Any]
     on_text: Callable[[int, Any], None] | None = None  # (choice index, Chunk) as each round ends: streaming
     on_done: Callable[[], None] | None = None  # called (in the engine thread) once result/error are set
-    prepare: Callable[["Job"], None] | None = None  # before the generations, in the scoring slot
+    prepare: Callable[[Job], None] | None = None  # before the generations, in the scoring slot
     state: JobState = JobState.QUEUED
     cancelled: bool = False
     completions: dict[int, Completion] = field(default_factory=dict)

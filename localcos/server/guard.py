@@ -22,7 +22,8 @@ from __future__ import annotations
 import ipaddress
 import json
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 Scope = dict[str, Any]
@@ -227,5 +228,6 @@ def _headers(scope: Scope) -> dict[str, str]:
 
 async def _respond(send: Send, status: int, message: str, code: str, path: str) -> None:
     body = error_body(message, code, path)
-    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

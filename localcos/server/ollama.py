@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import cached_property
-from typing import Annotated, Any, Literal, Sequence
+from typing import Annotated, Any, Literal
+from collections.abc import Sequence
 
 from pydantic import StrictBool, StrictStr, model_validator
 
@@ -158,7 +159,7 @@ class ChatRequest(OllamaRequest):
     tools: Annotated[Any, _refused("tools are served by /v1/chat/completions", "use that route")] = None
 
     @model_validator(mode="after")
-    def _check(self) -> "ChatRequest":
+    def _check(self) -> ChatRequest:
         if not self.messages:
             raise protocol_error("messages", "messages must be a non-empty list of {role, content}")
         return self

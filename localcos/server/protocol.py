@@ -11,7 +11,8 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
+from collections.abc import Callable, Sequence
 
 from ..chat import ChatFormatter, Message, OwnTemplates, second_conversation
 from ..config import Settings
@@ -27,7 +28,7 @@ from ..runtime.report import aggregate, stats_json
 from ..runtime.scoring import ScoreCache, score_tokens
 from . import responses as out
 from .engine import Generation, Job
-from .requests import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationRequest
+from .requests import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 
 class APIError(Exception):

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Literal
+from collections.abc import Callable
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictStr, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
@@ -141,7 +142,7 @@ class GenerationRequest(SettingsFields):
     max_tokens: Annotated[int | None, _integer(0)] = None
     n: Annotated[int, _integer(1, MAX_CHOICES)] = 1
     stream: StrictBool = False
-    stream_options: "StreamOptions | None" = None
+    stream_options: StreamOptions | None = None
     # settings-layer options beside `SettingsFields`'
     ignore_eos: Annotated[bool | None, _option("ignore_eos")] = None
     byte_gamma: Annotated[int | Literal["auto"] | None, _option("byte_gamma")] = None
@@ -230,7 +231,7 @@ class CompletionRequest(GenerationRequest):
     phrasing: Annotated[str | None, _option("phrasing")] = None  # how a text prompt is read (a chat's prompt is its own)
 
     @model_validator(mode="after")
-    def _check(self) -> "CompletionRequest":
+    def _check(self) -> CompletionRequest:
         if self.stream and (self.logprobs is not None or self.echo):
             raise _field_error("stream", "logprobs and echo are not supported with stream")
         if self.max_tokens == 0 and not self.echo:
@@ -317,7 +318,7 @@ class ChatCompletionRequest(GenerationRequest):
     modalities: Annotated[list | None, _neutral(["text"])] = None
 
     @model_validator(mode="after")
-    def _check(self) -> "ChatCompletionRequest":
+    def _check(self) -> ChatCompletionRequest:
         if not self.messages:
             raise _field_error("messages", "messages must be a non-empty list of {role, content}")
         if self.stream and self.logprobs:
@@ -351,7 +352,7 @@ class TokenizeRequest(_Body):
     add_special_tokens: StrictBool = True
 
     @model_validator(mode="after")
-    def _check(self) -> "TokenizeRequest":
+    def _check(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise _field_error("prompt", "give prompt (a string) or messages, one of them")
         if self.messages is not None and not self.messages:

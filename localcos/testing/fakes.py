@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..backend.slot import PROMPT_CHUNK
 from ..core.speedmodel import CallProfile

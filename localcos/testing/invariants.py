@@ -8,7 +8,8 @@ asserting the invariant after every round.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 

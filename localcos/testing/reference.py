@@ -18,7 +18,8 @@ import os
 import signal
 import traceback
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 import llama_cpp  # isort: skip
 import llama_cpp.llama_cpp as llama_cpp_c

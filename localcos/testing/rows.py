@@ -11,7 +11,7 @@ two runs' rows for the same model and tokens.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class RowLog:
         def recorded(model: Model, parts):  # type: ignore[no-untyped-def]
             before = [list(slot.tokens) for slot, _, _, _ in parts]
             out = decode(model, parts)
-            for prior, (slot, tokens, out_from, out_to), rows in zip(before, parts, out):
+            for prior, (_, tokens, out_from, out_to), rows in zip(before, parts, out):
                 for i in range(out_from, out_to):
                     log[(str(model.path), tuple(prior) + tuple(int(t) for t in tokens[: i + 1]))] = np.array(rows[i - out_from])
             return out

@@ -19,7 +19,7 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -235,7 +235,8 @@ def format_throughput(rows: Sequence[ThroughputRow], names: Sequence[str]) -> st
         base = one.get((r.method, r.gamma, r.temperature))
         calls = "/".join(f"{c / r.tokens:.2f}" if r.tokens else "-" for c in r.calls)
         ratio = f"{r.tokens_per_second / base:.2f}x" if base else "-"
-        lines.append(f"{r.method:<11}{'-' if r.gamma is None else str(r.gamma):>6}{r.temperature:>5g}{r.sequences:>6}{r.tokens_per_second:>9.1f}{ratio:>7}{calls:>16}")
+        gamma = "-" if r.gamma is None else str(r.gamma)
+        lines.append(f"{r.method:<11}{gamma:>6}{r.temperature:>5g}{r.sequences:>6}{r.tokens_per_second:>9.1f}{ratio:>7}{calls:>16}")
     lines.append(f"(calls/tok: llama_decode calls per generated token, {' / '.join(names)})")
     return "\n".join(lines)
 
@@ -392,7 +393,7 @@ class RssSampler:
         while not self._stop.wait(self.interval):
             self.peak = max(self.peak, current_rss_mb())
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self._thread.start()
         return self
 

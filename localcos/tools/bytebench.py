@@ -9,7 +9,8 @@ ratio there is the cost of the level itself)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from ..config.specs import GenerationConfig
 from ..runtime.bytelevel import ByteStats, run_to_end
@@ -64,8 +65,8 @@ class ByteRun:
 
 
 def run_byte_benchmark(
-    models: "ByteModels",
-    alone: dict[int, "Ensemble"],
+    models: ByteModels,
+    alone: dict[int, Ensemble],
     prompts: Sequence[tuple[str, str]],
     configs: Sequence[ByteConfig],
     temperatures: Sequence[float],

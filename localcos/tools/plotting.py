@@ -3,7 +3,8 @@ asked for a plot checks for it before any model loads)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
 from ..errors import ConfigError
 from ..files import atomic_path

@@ -19,28 +19,42 @@ BUILTIN_PROMPTS: dict[str, list[str]] = {
         'def flatten(nested: list) -> list:\n    """Flatten a list of lists of any depth into a single list."""\n',
     ],
     "math": [
-        "Question: A baker makes 24 loaves of bread every morning and sells three quarters of them by noon. How many loaves are left at noon?\nAnswer: Let's think step by step.",
-        "Question: Tom has 5 boxes with 12 pencils in each box. He gives 17 pencils to his friends. How many pencils does he have now?\nAnswer: Let's think step by step.",
-        "Question: A train travels 60 kilometres per hour for 2.5 hours and then 80 kilometres per hour for 1 hour. How far does it travel in total?\nAnswer: Let's think step by step.",
-        "Question: Sara reads 15 pages of her book every day. The book has 240 pages. After how many days will she finish it?\nAnswer: Let's think step by step.",
+        "Question: A baker makes 24 loaves of bread every morning and sells three quarters of them by noon. How many "
+        "loaves are left at noon?\nAnswer: Let's think step by step.",
+        "Question: Tom has 5 boxes with 12 pencils in each box. He gives 17 pencils to his friends. How many pencils "
+        "does he have now?\nAnswer: Let's think step by step.",
+        "Question: A train travels 60 kilometres per hour for 2.5 hours and then 80 kilometres per hour for 1 hour. "
+        "How far does it travel in total?\nAnswer: Let's think step by step.",
+        "Question: Sara reads 15 pages of her book every day. The book has 240 pages. After how many days will she "
+        "finish it?\nAnswer: Let's think step by step.",
         "Question: A shirt costs 40 dollars and is on sale for 25 percent off. What is the sale price?\nAnswer: Let's think step by step.",
         "Question: There are 3 times as many cats as dogs in a shelter, and 48 animals in all. How many dogs are there?\nAnswer: Let's think step by step.",
     ],
     "knowledge": [
         "Which gas makes up most of the Earth's atmosphere?\nA. Oxygen\nB. Nitrogen\nC. Carbon dioxide\nD. Argon\nAnswer:",
         "Which organ pumps blood through the human body?\nA. The liver\nB. The lungs\nC. The heart\nD. The kidneys\nAnswer:",
-        "What is the boiling point of water at sea level?\nA. 90 degrees Celsius\nB. 100 degrees Celsius\nC. 110 degrees Celsius\nD. 120 degrees Celsius\nAnswer:",
+        "What is the boiling point of water at sea level?\nA. 90 degrees Celsius\nB. 100 degrees Celsius\nC. 110 "
+        "degrees Celsius\nD. 120 degrees Celsius\nAnswer:",
         "Who wrote the play Romeo and Juliet?\nA. Charles Dickens\nB. Jane Austen\nC. William Shakespeare\nD. Mark Twain\nAnswer:",
         "Which planet is closest to the Sun?\nA. Venus\nB. Mercury\nC. Mars\nD. Earth\nAnswer:",
         "What is the largest ocean on Earth?\nA. The Atlantic Ocean\nB. The Indian Ocean\nC. The Arctic Ocean\nD. The Pacific Ocean\nAnswer:",
     ],
     "summary": [
-        "Article: The city council voted on Tuesday to extend the opening hours of the central library. From next month the library will stay open until nine in the evening on weekdays, and it will open on Sunday afternoons for the first time. Council members said the change followed a survey in which most residents asked for later hours.\nSummary:",
-        "Article: A small team of volunteers has restored the old railway bridge over the river. The work took two years and was paid for by local donations. The bridge, which was closed in 1998, will now carry walkers and cyclists between the two villages.\nSummary:",
-        "Article: Scientists studying a lake in the mountains found that its water has warmed by almost two degrees over thirty years. They say the change affects the fish that live there and the plants along its shores, and they plan to measure the lake every month from now on.\nSummary:",
-        "Article: The football club announced that its new stadium will be ready for the start of next season. The stadium has room for twenty thousand fans, solar panels on its roof and a new tram stop at its entrance. Tickets go on sale in June.\nSummary:",
-        "Article: A school in the north of the country has started teaching its pupils to grow vegetables. Each class looks after a garden bed, and the harvest is cooked in the school kitchen. Teachers say the pupils now eat more vegetables at lunch.\nSummary:",
-        "Article: After a week of heavy rain the river rose above its banks and flooded several streets near the harbour. No one was hurt, but shops had to close for two days. The town is now discussing a new wall along the river.\nSummary:",
+        "Article: The city council voted on Tuesday to extend the opening hours of the central library. From next "
+        "month the library will stay open until nine in the evening on weekdays, and it will open on Sunday afternoons "
+        "for the first time. Council members said the change followed a survey in which most residents asked for later hours.\nSummary:",
+        "Article: A small team of volunteers has restored the old railway bridge over the river. The work took two "
+        "years and was paid for by local donations. The bridge, which was closed in 1998, will now carry walkers and "
+        "cyclists between the two villages.\nSummary:",
+        "Article: Scientists studying a lake in the mountains found that its water has warmed by almost two degrees "
+        "over thirty years. They say the change affects the fish that live there and the plants along its shores, and "
+        "they plan to measure the lake every month from now on.\nSummary:",
+        "Article: The football club announced that its new stadium will be ready for the start of next season. The "
+        "stadium has room for twenty thousand fans, solar panels on its roof and a new tram stop at its entrance. Tickets go on sale in June.\nSummary:",
+        "Article: A school in the north of the country has started teaching its pupils to grow vegetables. Each class "
+        "looks after a garden bed, and the harvest is cooked in the school kitchen. Teachers say the pupils now eat more vegetables at lunch.\nSummary:",
+        "Article: After a week of heavy rain the river rose above its banks and flooded several streets near the "
+        "harbour. No one was hurt, but shops had to close for two days. The town is now discussing a new wall along the river.\nSummary:",
     ],
 }
 
@@ -49,12 +63,7 @@ def builtin_prompts() -> list[tuple[str, str]]:
     """All built-in prompts as (task, prompt) pairs, interleaving the four tasks."""
     tasks = list(BUILTIN_PROMPTS)
     rows = max(len(v) for v in BUILTIN_PROMPTS.values())
-    return [
-        (task, BUILTIN_PROMPTS[task][i])
-        for i in range(rows)
-        for task in tasks
-        if i < len(BUILTIN_PROMPTS[task])
-    ]
+    return [(task, BUILTIN_PROMPTS[task][i]) for i in range(rows) for task in tasks if i < len(BUILTIN_PROMPTS[task])]
 
 
 def load_prompts(spec: str) -> list[tuple[str, str]]:

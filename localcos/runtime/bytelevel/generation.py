@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Protocol
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -45,7 +46,7 @@ class Member(Protocol):
     def rollback(self, state: ViewState) -> None: ...
     def score(self, draft: bytes, extend: int | None = None, distributions: bool = True) -> tuple[list[np.ndarray], list[ViewState]]: ...
     @staticmethod
-    def advance_together(members: Sequence["Member"], data: Sequence[int]) -> None: ...  # members of one model, rows in shared calls
+    def advance_together(members: Sequence[Member], data: Sequence[int]) -> None: ...  # members of one model, rows in shared calls
 
 
 @dataclass

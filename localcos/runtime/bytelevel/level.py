@@ -3,7 +3,8 @@ otherwise (or when asked); the options only one level reads, refused at the othe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
 
 from ...backend import Model, shared_vocab_size
 from ...core.bytelevel import ByteVocab
@@ -35,7 +36,7 @@ def shares_tokenizer(models: Sequence[Model]) -> bool:
     return True
 
 
-def level_of(spec: "LoadSpec") -> Level:
+def level_of(spec: LoadSpec) -> Level:
     """The level the models of `spec` decode at: the one asked for, or (auto) the token level for
     models that share a tokenizer and the byte level otherwise (read from their vocabularies
     only, before anything loads)."""
@@ -52,7 +53,7 @@ def level_of(spec: "LoadSpec") -> Level:
 BYTE_OPTIONS = ("byte_paths", "byte_prune", "byte_gamma")  # read by the byte level only
 
 
-def decoding_level(settings: "Settings", also_given: Sequence[str] = ()) -> Level:
+def decoding_level(settings: Settings, also_given: Sequence[str] = ()) -> Level:
     """The level the models of `settings` decode at (`level_of`), the one place a front end
     asks. An option given (in `settings`, or `also_given`: options a front end took itself) that
     the level chosen would not read is refused in one line: the byte level's own for models that

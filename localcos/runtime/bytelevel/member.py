@@ -3,7 +3,7 @@ that hold them (`ByteMember`)."""
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -48,7 +48,7 @@ class ByteMember:
         there."""
         self._begin(prompt, self.slots[0].start_prompt(list(prompt)))
 
-    def start_beside(self, other: "ByteMember") -> None:
+    def start_beside(self, other: ByteMember) -> None:
         """Begin where `other`, a member of the same model on other slots, has just started: its
         prompt's cells shared and its row after the prompt (one prompt, evaluated once)."""
         home = self.slots[0]
@@ -74,7 +74,7 @@ class ByteMember:
         self.advance_together([self], [byte])
 
     @staticmethod
-    def advance_together(members: Sequence["ByteMember"], data: Sequence[int]) -> None:
+    def advance_together(members: Sequence[ByteMember], data: Sequence[int]) -> None:
         """`advance` of members of one model, each on its own slots and text, by a byte each
         (`data[i]` for members[i]): their new paths' rows in shared calls."""
         requests = [(m, m._begin_advance(b)) for m, b in zip(members, data)]

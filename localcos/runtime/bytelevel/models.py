@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -45,7 +46,7 @@ class ByteModels:
     second prompt, as `LoadedModels`'s; `models` is per member, `loaded` once each."""
 
     def __init__(
-        self, models: Sequence[Model], combiner: "BoundCombiner | Combiner", *, max_paths: int, prune: float,
+        self, models: Sequence[Model], combiner: BoundCombiner | Combiner, *, max_paths: int, prune: float,
         profiles: Sequence[CallProfile] | None = None, level: Level = Level.BYTE, second_prompt: bool = False,
     ) -> None:  # fmt: skip
         from ...core.sizes import largest
@@ -78,12 +79,12 @@ class ByteModels:
     @classmethod
     def load(
         cls,
-        spec: "LoadSpec",
+        spec: LoadSpec,
         combiner,
         *,
         progress: Callable[[int, int, str], None] | None = None,
         lanes: int = 1,
-    ) -> "ByteModels":
+    ) -> ByteModels:
         """Load every model of `spec` with `spec.byte_paths` sequences; paths pruned at
         `spec.byte_prune`. `lanes`: texts scored at once (`lanes`), each with sequences of its
         own, `LANE_CELLS` contexts of cells each (fewer where llama.cpp's sequences run out)."""
@@ -102,7 +103,7 @@ class ByteModels:
 
             lead = largest([read_info(p, tokens=False).n_params for p in spec.paths])
 
-        def build(models: list[Model]) -> "ByteModels":
+        def build(models: list[Model]) -> ByteModels:
             for m in models:
                 byte_vocab(m)
             own = {id(m): call_profile(m, spec.calibrate) for m in models}
@@ -157,12 +158,12 @@ class ByteModels:
         return self._combiner
 
     @combiner.setter
-    def combiner(self, combiner: "BoundCombiner | Combiner") -> None:
+    def combiner(self, combiner: BoundCombiner | Combiner) -> None:
         if not isinstance(combiner, BoundCombiner):
             combiner = combiner.bind(len(self.models), self.n_params)
         self._combiner = combiner
 
-    def stream(self, prompts: Sequence[Sequence[int]], *, config: GenerationConfig) -> "ByteStream":
+    def stream(self, prompts: Sequence[Sequence[int]], *, config: GenerationConfig) -> ByteStream:
         """A completion of `prompts` (each model's own tokens) as a stream of text pieces, drawing
         from random stream 0 of `config.seed` (as `generate` does)."""
         return ByteStream(self, self.plan(prompts, config), completion_rng(config.seed, 0))
@@ -177,7 +178,7 @@ class ByteModels:
         prompts: Sequence[Sequence[int]],
         config: GenerationConfig,
         *,
-        combiner: "Combiner | None" = None,
+        combiner: Combiner | None = None,
         param: str = "prompt",
         level: Level | None = None,
     ) -> BytePlan:
@@ -216,7 +217,8 @@ class ByteModels:
     def cancelled_completion(self, plan: BytePlan) -> ByteCompletion:
         """The completion of a generation cancelled before it started."""
         n = len(self.models)
-        stats = ByteStats(level=plan.level, calls=[0] * n, rows=[0] * n, most_paths=[0] * n, restarts=[0] * n, dropped=[0.0] * n, folded=[0] * n, missed=[0] * n,
+        stats = ByteStats(level=plan.level, calls=[0] * n, rows=[0] * n, most_paths=[0] * n, restarts=[0] * n, dropped=[0.0] * n, folded=[0] * n,
+                          missed=[0] * n,
                           finish_reason="cancelled", method=plan.method, combiner=plan.combiner.description, names=self.names)  # fmt: skip
         return ByteCompletion("", b"", "cancelled", stats)
 
@@ -249,7 +251,7 @@ class ByteModels:
         for m in self.loaded:
             m.close()
 
-    def __enter__(self) -> "ByteModels":
+    def __enter__(self) -> ByteModels:
         return self
 
     def __exit__(self, *exc: object) -> None:

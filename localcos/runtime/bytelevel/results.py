@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 from ...config.specs import GenerationConfig
 from ...core.combiners import BoundCombiner
@@ -43,7 +43,7 @@ class ByteStats:
     finish_reasons: dict[str, int] = field(default_factory=dict)  # of several completions (`aggregate`)
 
     @classmethod
-    def aggregate(cls, stats: Sequence["ByteStats"]) -> "ByteStats":
+    def aggregate(cls, stats: Sequence[ByteStats]) -> ByteStats:
         """Totals over completions of one request (the most paths held: the largest)."""
         if not stats:
             raise ValueError("no stats")
@@ -56,11 +56,13 @@ class ByteStats:
             for reason, count in (s.finish_reasons or {s.finish_reason: 1}).items():
                 reasons[reason] = reasons.get(reason, 0) + count
         return cls(
-            level=stats[0].level, bytes=sum(s.bytes for s in stats), chars=sum(s.chars for s in stats), tokens=sum(s.tokens for s in stats), seconds=sum(s.seconds for s in stats),
+            level=stats[0].level, bytes=sum(s.bytes for s in stats), chars=sum(s.chars for s in stats), tokens=sum(s.tokens for s in stats),
+            seconds=sum(s.seconds for s in stats),
             prompt_seconds=sum(s.prompt_seconds for s in stats), llama_seconds=sum(s.llama_seconds for s in stats), calls=total("calls"),
             rows=total("rows"),
             most_paths=[max(values) for values in zip(*(s.most_paths for s in stats))], restarts=total("restarts"),
-            dropped=total("dropped"), folded=total("folded"), finish_reason=stats[0].finish_reason if len(reasons) == 1 else "", method=stats[0].method, combiner=stats[0].combiner, names=stats[0].names,
+            dropped=total("dropped"), folded=total("folded"), finish_reason=stats[0].finish_reason if len(reasons) == 1 else "", method=stats[0].method,
+            combiner=stats[0].combiner, names=stats[0].names,
             drafted=sum(s.drafted for s in stats), accepted=sum(s.accepted for s in stats), missed=total("missed"),
             ensemble_steps=sum(s.ensemble_steps for s in stats), gate_decided=sum(s.gate_decided for s in stats),
             gate_opened=sum(s.gate_opened for s in stats),
@@ -98,8 +100,11 @@ class ByteStats:
             **({"completions": self.completions, "finish_reasons": self.finish_reasons} if self.completions > 1 else {}),
             "method": self.method,
             "combiner": self.combiner,
-            **({"drafted": self.drafted, "accepted": self.accepted, "missed_rows": self.missed, "ensemble_steps": self.ensemble_steps}
-               if self.method == "cos" else {}),
+            **(
+                {"drafted": self.drafted, "accepted": self.accepted, "missed_rows": self.missed, "ensemble_steps": self.ensemble_steps}
+                if self.method == "cos"
+                else {}
+            ),
             **({"gate_decided": self.gate_decided, "gate_opened": self.gate_opened} if self.gate_decided else {}),
             **({"token_bytes": self.token_bytes} if self.level is Level.MIXED else {}),
         }
@@ -109,7 +114,9 @@ class ByteStats:
             f"{n}: {c / max(self.chars, 1):.2f} calls/char, {p} paths at most, {d:.2g} mass dropped, {f} folded, {r} restarts"
             for n, c, p, d, f, r in zip(names, self.calls, self.most_paths, self.dropped, self.folded, self.restarts)
         )
-        drafts = f"; {self.accepted}/{self.drafted} draft symbols accepted, {self.ensemble_steps} ensemble steps" if self.method == "cos" else ""
+        drafts = (
+            f"; {self.accepted}/{self.drafted} draft symbols accepted, {self.ensemble_steps} ensemble steps" if self.method == "cos" else ""
+        )
         gate = f"; gate open {self.gate_opened}/{self.gate_decided}" if self.gate_decided else ""
         level = "byte level"
         if self.level is Level.MIXED:
