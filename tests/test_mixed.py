@@ -354,8 +354,8 @@ def test_one_model_greedy_decodes_at_the_mixed_level_by_default_and_level_token_
     mixed, _ = _generate([qwen], "--level", "mixed")
     assert default == mixed
     token, token_stats = _generate([qwen], "--level", "token")
-    assert "level" not in token_stats and token_stats["tokens"] == 20
+    assert token_stats["level"] == "token" and token_stats["tokens"] == 20
     with Ensemble.load([qwen], n_ctx=256) as ens:
         assert token == ens.generate("The river runs", temperature=0, max_tokens=20, ignore_eos=True).text
     _, sampled = _generate([qwen], "--temperature", "1", "--seed", "3")
-    assert "level" not in sampled  # its own law: its own tokens
+    assert sampled["level"] == "token"  # its own law: its own tokens
