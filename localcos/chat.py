@@ -11,7 +11,7 @@ Models of one ensemble may carry different templates; one designated model's tem
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from collections.abc import Sequence
 
 from .backend import tokenize_alike
@@ -55,7 +55,8 @@ def render(
     whose = f"{owner}'s chat template" if owner else "the chat template"
     try:
         formatter = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=add_generation_prompt)
-        return formatter(messages=[m.as_template_input() for m in messages], tools=list(tools) if tools else None).prompt
+        # llama-cpp-python's formatter types its messages as OpenAI's TypedDicts; these are their dicts
+        return formatter(messages=[m.as_template_input() for m in messages], tools=list(tools) if tools else None).prompt  # type: ignore[misc, arg-type]
     except jinja2.TemplateError as e:
         raise ConfigError(f"cannot render {whose}: {e}", param="messages") from None
     except ValueError as e:  # the template's raise_exception(...)
@@ -169,6 +170,14 @@ def second_conversation(messages: Sequence[Message], negative: str | None, guide
     return [*messages[:last], Message("user", negative), *messages[last + 1 :]]
 
 
+class Templates(Protocol):
+    """What renders a conversation: one chat template for all models (`ChatFormatter`, token
+    ids), or each model its own (`OwnTemplates`, one list of ids per model)."""
+
+    def tokens(self, messages: Sequence[Message]) -> Any: ...
+    def size(self, prompt: Any) -> int: ...
+
+
 class Conversation:
     """A multi-turn conversation that always fits the context.
 
@@ -176,7 +185,7 @@ class Conversation:
     dropping the oldest turns (never the system message) when prompt plus reply would not fit.
     """
 
-    def __init__(self, formatter: ChatFormatter | OwnTemplates, n_ctx: int, system: str | None = None) -> None:
+    def __init__(self, formatter: Templates, n_ctx: int, system: str | None = None) -> None:
         self.formatter = formatter
         self.n_ctx = n_ctx
         self.system = system
@@ -185,7 +194,7 @@ class Conversation:
     def _all(self) -> list[Message]:
         return ([Message("system", self.system)] if self.system else []) + self.messages
 
-    def prompt(self, user_text: str, reply_tokens: int) -> tuple[list[int], int]:
+    def prompt(self, user_text: str, reply_tokens: int) -> tuple[Any, int]:
         """Add the user's message; return (prompt tokens, number of messages dropped to fit).
 
         Raises `PromptTooLongError` if even the newest message alone does not fit.
@@ -209,7 +218,7 @@ class Conversation:
     def second_prompt(self, negative: str | None, guide_system: bool) -> list[int] | None:
         """The second prompt's tokens for the reply `prompt` prepared (`second_conversation`)."""
         second = second_conversation(self._all(), negative, guide_system)
-        return None if second is None else self.formatter.tokens(second)  # type: ignore[return-value]
+        return None if second is None else self.formatter.tokens(second)
 
     def reply(self, text: str) -> None:
         """Record the assistant's reply (also a partial one)."""

@@ -184,6 +184,7 @@ class Matcher:
     def __init__(self, vocabulary: Vocabulary, constraint: Constraint) -> None:
         llguidance = _llguidance()
         self.vocabulary = vocabulary
+        self.kind = constraint.kind  # the option it came from, which errors name
         self._matcher = llguidance.LLMatcher(vocabulary.tokenizer, constraint.grammar, log_level=0)
         if self._matcher.is_error():
             raise ConfigError(f"the {constraint.describe()} does not fit this vocabulary: {self._matcher.get_error()}", param=constraint.kind)

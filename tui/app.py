@@ -128,7 +128,10 @@ class ChatApp(App):
     # --- loading ----------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def load_models(self) -> tuple[Ensemble | ByteModels, ChatFormatter | OwnTemplates]:
-        return self.loader(lambda i, n, name: self.post_message(ModelLoading(i, n, name)))
+        def loading(i: int, n: int, name: str) -> None:
+            self.post_message(ModelLoading(i, n, name))
+
+        return self.loader(loading)
 
     def on_model_loading(self, event: ModelLoading) -> None:
         self.query_one("#loading", ProgressBar).update(total=event.n, progress=event.i)
@@ -158,6 +161,7 @@ class ChatApp(App):
         worker = event.worker
         if event.state == WorkerState.SUCCESS:
             if worker.group == "load":
+                assert worker.result is not None
                 self._loaded(*worker.result)
             elif worker.group == "generate":
                 self._reply_done(worker.result)
@@ -193,7 +197,8 @@ class ChatApp(App):
             second = self.conversation.second_prompt(config.negative_prompt, self.settings.guide_system)
             if second is None:
                 stream = self.ensemble.stream(tokens, config=config)
-            else:  # a member of the lead model reads the second prompt (guidance, contrast)
+            else:  # a member of the lead model reads the second prompt (guidance, contrast): the token level
+                assert isinstance(self.ensemble, Ensemble), "the byte level reads no second prompt in the chat"
                 stream = self.ensemble.stream(tokens, config=config, second_prompt=second)
         except LocalcosError as e:
             self.notify(str(e), title="Cannot send", severity="error")
@@ -207,7 +212,7 @@ class ChatApp(App):
         self._add_message("user", text)
         self.reply_view = self._add_message("assistant")
         self.stream, self.prompt_tokens = stream, self.conversation.formatter.size(tokens)
-        self.query_one(StatsPanel).live = LiveReply(config.method, 0, 0.0, self._unit)
+        self.query_one(StatsPanel).live = LiveReply(config.method or "ensemble", 0, 0.0, self._unit)
         self.refresh_bindings()  # show Stop in the footer
         self.generate(stream)
 
@@ -239,7 +244,7 @@ class ChatApp(App):
         self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
         panel = self.query_one(StatsPanel)
         generated = len(view.tokens.plain) if self._unit == "chars" else view.n_tokens
-        panel.live = LiveReply(self.settings.generation.method, generated, event.seconds, self._unit, self._level)
+        panel.live = LiveReply(self.settings.generation.method or "ensemble", generated, event.seconds, self._unit, self._level)
         panel.context = self._context_used(None if self._unit == "chars" else view.n_tokens)
 
     @property

@@ -127,7 +127,7 @@ class Model:
         self.flash_attn = flash_attn
         self._model = None
         self._ctx = None
-        self._batch = None
+        self._batch: llama_cpp.llama_batch | None = None
 
         self._load(n_gpu_layers, main_gpu, split_mode, extra_buffers, vocab_only, devices, load_progress)
         self._read_facts()
@@ -236,12 +236,13 @@ class Model:
         self._batch_seq_ptrs = (seq_ptr * n)(
             *[ctypes.cast(self._batch_seq.ctypes.data + 4 * i, seq_ptr) for i in range(n)]
         )
-        self._batch = llama_cpp.llama_batch()
-        self._batch.token = self._batch_token.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
-        self._batch.pos = self._batch_pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
-        self._batch.n_seq_id = self._batch_n_seq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        self._batch.seq_id = self._batch_seq_ptrs
-        self._batch.logits = self._batch_logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        batch = self._batch = llama_cpp.llama_batch()
+        # llama-cpp-python declares these fields as arrays; the C struct holds pointers, which these are
+        batch.token = self._batch_token.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))  # type: ignore[assignment]
+        batch.pos = self._batch_pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))  # type: ignore[assignment]
+        batch.n_seq_id = self._batch_n_seq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))  # type: ignore[assignment]
+        batch.seq_id = self._batch_seq_ptrs  # type: ignore[assignment]
+        batch.logits = self._batch_logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))  # type: ignore[assignment]
 
     # --- metadata -------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -464,6 +465,7 @@ class Model:
             flags[:] = 0
             flags[out_from:out_to] = 1
             row += k
+        assert self._batch is not None, "a model loaded with vocab_only decodes nothing"
         self._batch.n_tokens = row
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
         if rc != 0:

@@ -25,7 +25,7 @@ import tempfile
 import threading
 from multiprocessing.connection import Connection
 from typing import IO, Any
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -358,7 +358,7 @@ def _serve(conn: Connection) -> None:
         rows.pop(key, None)
         models.pop(key).close()
 
-    handlers = {
+    handlers: dict[str, Callable[..., Any]] = {
         "load": load,
         "map": map_rows,
         "decode": decode,

@@ -258,7 +258,7 @@ def _bench_bytes(args: argparse.Namespace, settings, level: Level) -> int:
     with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress) as models:
         n_models = len(models.models)
         members = _members(args.alone, n_models)
-        alone_ids = [largest([m.n_params for m in models.models])] if members == "largest" else list(members)
+        alone_ids = [largest([m.n_params for m in models.models])] if isinstance(members, str) else list(members)
         alone = {i: Ensemble.beside(models, i) for i in alone_ids}
         configs = bytebench.byte_configurations(methods, gammas, alone_ids)
         runs = bytebench.run_byte_benchmark(models, alone, prompts, configs, temperatures, max_tokens=max_tokens, seed=seed)

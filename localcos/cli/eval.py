@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         with EvalModels(
             settings, run_level, progress=loading_progress, second_prompt=any(c.contrast for c in configs), lookahead=most
         ) as models:
-            models.load_alone(sorted({c.member for c in configs if c.own_tokens}), say=say)  # type: ignore[type-var]
+            models.load_alone(sorted({c.member for c in configs if c.own_tokens and c.member is not None}), say=say)
             run_eval(tasks, configs, models.generate, results, limits, args.sandbox, report=say, scripts=models.writes_script)
     baseline, summaries = summarize(results, tasks, configs, args.baseline)
     unit = "chars" if run_level.in_bytes else "tokens"

@@ -98,12 +98,14 @@ def _list_found() -> int:
     `--models` takes, read from their manifests and GGUF headers; each broken thing one line on
     stderr (exit 2)."""
     from ..backend import read_info
+    from ..backend.gguf_file import GGUFInfo
     from ..errors import LocalcosError
     from ..backend.tokenizers import tokenizer_groups
     from ..models.stores import discover, unusable
 
     found, problems = discover()
-    listed, infos = [], {}
+    listed: list = []
+    infos: dict[Path, GGUFInfo | LocalcosError] = {}
     for f in found:
         key = f.path.resolve()
         if key not in infos:

@@ -6,6 +6,7 @@ import argparse
 import csv
 import json
 import time
+from types import TracebackType
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -91,9 +92,10 @@ def run(args: argparse.Namespace) -> int:
         llama0 = sum(m.stats.seconds for m in ens.loaded)
         t0 = time.perf_counter()
         with _Progress("windows" if args.file else "items") as bar, RssSampler() as rss:
-            if args.file:
+            if text is not None:
                 result = perplexity_task.perplexity(ens, text, combiners, progress=bar.update, second_prompt=settings.generation.negative_prompt)
             else:
+                assert items is not None, "--file or --choices, one of them"
                 choices = choice_task.score_choices(ens, items, combiners, progress=bar.update, second_prompt=settings.generation.negative_prompt)
         seconds = time.perf_counter() - t0
         llama = sum(m.stats.seconds for m in ens.loaded) - llama0
@@ -113,9 +115,10 @@ def run(args: argparse.Namespace) -> int:
         "llama_seconds": llama,
         "peak_memory_mib": rss.peak - rss_loaded,
     }
-    if args.file:
+    if text is not None:
         report.update(tokens=result.tokens, windows=result.windows, n_ctx=result.n_ctx)
     else:
+        assert items is not None
         report.update(
             items=len(items),
             loglikelihoods={"combined": choices.combined, "members": choices.members, "tokens": choices.tokens},
@@ -183,7 +186,8 @@ def _score_bytes(args: argparse.Namespace, settings, text: str | None, items: li
     if text is not None:
         texts = len(windows_of(text.encode("utf-8"), window))
     else:
-        texts = max(len(item.choices) for item in items)  # type: ignore[union-attr]
+        assert items is not None, "--file or --choices, one of them"
+        texts = max(len(item.choices) for item in items)
     lanes = max(1, min(texts, MAX_LANES))
     with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress, lanes=lanes) as models:
         t0 = time.perf_counter()
@@ -192,6 +196,7 @@ def _score_bytes(args: argparse.Namespace, settings, text: str | None, items: li
             if text is not None:
                 result = bits_per_byte(models, text, combiners, window=window, progress=bar.update)
             else:
+                assert items is not None
                 choices = byte_choices(models, items, combiners, progress=bar.update)
         seconds = time.perf_counter() - t0
         names = models.names
@@ -269,5 +274,5 @@ class _Progress:
         self._bar.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._bar.__exit__(*exc)
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        self._bar.__exit__(kind, error, trace)

@@ -256,7 +256,7 @@ class GenerationConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown generation setting: {unknown[0]}", param=unknown[0])
-        changes = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        changes: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         if isinstance(changes.get("stop"), str):
             changes["stop"] = (changes["stop"],)
         return replace(self, **changes)

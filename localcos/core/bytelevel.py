@@ -527,11 +527,11 @@ class ByteView:
             else:
                 gone.append(path)
         self.text.append(byte)
-        kept = survivors + [(c, c.log_mass) for c in new]
-        if not kept:
+        weighed = survivors + [(c, c.log_mass) for c in new]
+        if not weighed:
             del self.text[-1]
             raise Unreachable(f"byte {byte} has probability 0 under this model's paths")
-        kept, dropped = self._prune(kept)
+        kept, dropped = self._prune(weighed)
         gone += [p for p in dropped if p.row is not None]  # a dropped new path was never evaluated
         kept_ids = {id(p) for p in kept}
         new = [c for c in new if id(c) in kept_ids]

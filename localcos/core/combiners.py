@@ -394,7 +394,7 @@ class CustomCombiner(Combiner):
             raise ConfigError("a custom combiner must be callable", param="combine")
         self.fn = fn
         self.level = level
-        self.name = name or getattr(fn, "__name__", "custom")
+        self.name = name or str(getattr(fn, "__name__", "custom"))
 
     def combine(self, logits: Sequence[np.ndarray], temperature: float) -> np.ndarray:
         if self.level == "logits":
@@ -466,7 +466,7 @@ class Gated(Combiner):
         z = np.asarray(lead_logits, dtype=np.float32)
         top = z.max(axis=-1, keepdims=True)
         mass = np.exp(z - top).sum(axis=-1, dtype=np.float64)  # 1 / (the top probability)
-        return ~self.shut(1.0 / mass)
+        return ~np.asarray(self.shut(1.0 / mass))
 
     def compose(self, lead: np.ndarray, opened: np.ndarray, inner: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """r from the gate's decisions, the one composition of every level: `lead` (the lead's own
@@ -484,7 +484,7 @@ class Gated(Combiner):
         assert self.lead is not None, "bind() the combiner first"
         lead = np.asarray(logits[self.lead], dtype=np.float32)
         return self.compose(softmax(lead, temperature), self.opens(lead) if opened is None else opened,
-                            lambda rows: self.inner.combine([None if z is None else np.asarray(z)[rows] for z in logits], temperature))  # fmt: skip
+                            lambda rows: self.inner.combine(_rows_of(logits, rows), temperature))
 
     def uses(self, n_models: int) -> tuple[bool, ...]:
         return tuple(u or i == self.lead for i, u in enumerate(self.inner.uses(n_models)))
@@ -495,6 +495,12 @@ class Gated(Combiner):
 
     def describe(self) -> str:
         return f"{self.inner.describe()}+gate({self.threshold:g},lead={self.lead})"
+
+
+def _rows_of(logits: Sequence[np.ndarray | None], rows: np.ndarray) -> list[np.ndarray]:
+    """Those rows of each member's logits; a member r does not use stays None (what `combine`
+    takes in its place, as the decoder passes it)."""
+    return [None if z is None else np.asarray(z)[rows] for z in logits]  # type: ignore[misc]
 
 
 def load_function(spec: str) -> Callable[[list[np.ndarray]], np.ndarray]:

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Generator, Sequence
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 
@@ -94,6 +95,12 @@ class Together:
 Step = Generator["Evaluate | Together", "np.ndarray | list[np.ndarray]", None]  # a round of decoding: its requests, their logits
 
 
+def one_answer(answer: np.ndarray | list[np.ndarray]) -> np.ndarray:
+    """The logits a driver answers one `Evaluate` with (a `Together` gets a list)."""
+    assert isinstance(answer, np.ndarray), "one request, one array of rows"
+    return answer
+
+
 @dataclass(frozen=True)
 class Origin:
     """Where a committed token came from.
@@ -147,7 +154,7 @@ class Decoder:
         prompt: Sequence[int],
         prompt_rows: Sequence[np.ndarray],
         max_length: int,
-        end_tokens: set[int],
+        end_tokens: AbstractSet[int],
         text: TextAssembler,
         on_commit: Callable[[int, Origin], None] | None = None,
         observer: AutoGamma | None = None,
@@ -243,7 +250,7 @@ class Decoder:
         (by default all of them, except a final end token: nothing follows it), for `phase`."""
         request = self._request(i, upto, phase)
         if request is not None:
-            self._take_rows(request, (yield request))
+            self._take_rows(request, one_answer((yield request)))
 
     def _request(self, i: int, upto: int | None, phase: Phase) -> Evaluate | None:
         """What model i must evaluate to catch up to `upto` (see `catch_up`), or None."""
@@ -283,6 +290,7 @@ class Decoder:
         gate = self.combiner.gate
         if gate is None:
             return
+        assert gate.lead is not None, "a bound gate names its lead"
         last = len(self.slots[gate.lead].tokens) if upto is None else upto
         opened = [p for p in range(len(self.committed), last + 1) if self.gate_opens(p)]
         if opened:
@@ -300,7 +308,7 @@ class Decoder:
             return
         requests = [r for r in (self._request(i, upto, phase) for i in members) if r is not None]
         if len(requests) == 1:
-            self._take_rows(requests[0], (yield requests[0]))
+            self._take_rows(requests[0], one_answer((yield requests[0])))
         elif requests:
             for request, logits in zip(requests, (yield Together(tuple(requests)))):
                 self._take_rows(request, logits)
@@ -637,6 +645,7 @@ class Decoder:
             self.pending.clear()
             self.rollback(n)
         # rows before the first uncommitted position are no longer needed
-        for cache in (*self.rows, *self.probs, self.masks, self.gates):
+        caches: list[dict[int, Any]] = [*self.rows, *self.probs, self.masks, self.gates]
+        for cache in caches:
             for p in [p for p in cache if p < n]:
                 del cache[p]

@@ -94,8 +94,9 @@ def score_rows(
         used = combiner.used
         single = combiner.single
         if single is not None:  # r is that model's p: its log space score, as llama-perplexity's
-            r = probs[single]
-            combined.append(logprobs[single])
+            r, own = probs[single], logprobs[single]
+            assert r is not None and own is not None, "r's own model is scored"
+            combined.append(own)
         else:
             if combiner.mixes_probs:
                 r = combiner.mix([p if u else None for p, u in zip(probs, used)])

@@ -115,12 +115,13 @@ def _parse(text: str, where: str) -> list[CodeTask]:
         bad = [k for k, v in fields.items() if not isinstance(v, str) or not v]
         if bad:
             raise ConfigError(f"{at}: {', '.join(bad)} must be non-empty strings", param="task")
-        if not fields["entry_point"].isidentifier():  # type: ignore[union-attr]
-            raise ConfigError(f"{at}: entry_point must be a Python name, got {fields['entry_point']!r}", param="task")
-        if fields["task_id"] in seen:
-            raise ConfigError(f"{at}: task_id {fields['task_id']!r} appears twice", param="task")
-        seen.add(fields["task_id"])  # type: ignore[arg-type]
-        tasks.append(CodeTask(**fields))  # type: ignore[arg-type]
+        task = CodeTask(**{k: str(v) for k, v in fields.items()})
+        if not task.entry_point.isidentifier():
+            raise ConfigError(f"{at}: entry_point must be a Python name, got {task.entry_point!r}", param="task")
+        if task.task_id in seen:
+            raise ConfigError(f"{at}: task_id {task.task_id!r} appears twice", param="task")
+        seen.add(task.task_id)
+        tasks.append(task)
     if not tasks:
         raise ConfigError(f"{where} holds no tasks", param="task")
     return tasks

@@ -52,12 +52,9 @@ class EvalModels:
                 self.plain = ByteModels(m.loaded, settings.combiner(), max_paths=load.byte_paths, prune=load.byte_prune,
                                         profiles=m.costs.profiles[: len(m.loaded)], level=m.level)  # fmt: skip
         else:
-            self.models = Ensemble.from_spec(load, WeightedEnsemble() if second_prompt else settings.combiner(), progress=progress)
-            self.plain = (
-                self.models
-                if not second_prompt
-                else Ensemble(self.models.loaded, settings.combiner(), profiles=self.models.profiles[: len(self.models.loaded)])
-            )
+            ensemble = Ensemble.from_spec(load, WeightedEnsemble() if second_prompt else settings.combiner(), progress=progress)
+            self.models = ensemble
+            self.plain = ensemble if not second_prompt else Ensemble(ensemble.loaded, settings.combiner(), profiles=ensemble.profiles[: len(ensemble.loaded)])
 
     @property
     def names(self) -> list[str]:

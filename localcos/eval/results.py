@@ -113,7 +113,7 @@ class ResultsFile:
             raise storage_error(self.path, e) from None
 
 
-_RECORD_FIELDS = {"config": str, "task_id": str, "passed": bool, "settings": dict, "length": int, "seconds": (int, float),
+_RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {"config": str, "task_id": str, "passed": bool, "settings": dict, "length": int, "seconds": (int, float),
                   "llama_seconds": (int, float)}  # fmt: skip
 
 

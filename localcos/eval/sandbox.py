@@ -320,7 +320,7 @@ def _run(folder: str, new_root: str, limits: Limits, sandbox: str, root: bool, g
     if group is not None and group.out_of_memory():
         return Outcome(False, f"out of memory (its processes held more than {limits.memory_mb} MiB in all)", seconds)
     if heard.status is None:  # the launcher ended without a word: its own exit status is all there is
-        return Outcome(False, f"the sandbox's launcher ended with status {proc.returncode} before the program did", seconds)  # type: ignore[union-attr]
+        return Outcome(False, f"the sandbox's launcher ended with status {proc.returncode} before the program did", seconds)
     return Outcome(False, _why(heard.status, heard.cpu, heard.stderr.decode("utf-8", errors="replace"), limits), seconds)
 
 

@@ -46,7 +46,8 @@ BUILTIN = _builtin_models_toml()
 
 _MODEL_KEYS = {"repo", "file", "path", "packages", "member", "sha256", "description", "n_gpu_layers", "rpc"}
 # The generation settings a preset fills (each an option of the settings layer, by the same name).
-PRESET_SETTINGS = ("combine", "weights", "mu", "plausibility", "expert", "gate", "lead", "method", "gamma", "level", "phrasing")
+PRESET_SETTINGS = ("combine", "weights", "mu", "plausibility", "expert", "gate", "lead", "method", "gamma", "level", "phrasing", "temperature",
+                   "lookahead", "lookahead_threshold")  # fmt: skip
 _ENSEMBLE_KEYS = {"description", "models", "chat_template", *PRESET_SETTINGS}
 
 
@@ -89,7 +90,10 @@ class EnsembleEntry:
     method: str | None = None
     gamma: int | tuple[int, ...] | str | None = None
     level: str | None = None  # token, byte or mixed (default: auto)
-    phrasing: str | None = None  # how the members read a text prompt: raw or instruct (localcos.phrasing)
+    phrasing: str | None = None  # how the members read a text prompt: raw, instruct, evalplus or auto (localcos.phrasing)
+    temperature: float | None = None  # a preset that decodes greedily says so (0): lookahead does
+    lookahead: tuple[int, int] | None = None  # candidates, tokens each rolls out (greedy)
+    lookahead_threshold: float | None = None
     chat_template: str | None = None
     description: str = ""
     source: str = ""
@@ -386,9 +390,12 @@ class _Parser:
                 raise self.fail("ensembles", name, "weights", "must be a list of numbers")
             if len(weights) != len(models):
                 raise self.fail("ensembles", name, "weights", f"has {len(weights)} values for {len(models)} models")
-        for key in ("mu", "plausibility", "gate"):
+        for key in ("mu", "plausibility", "gate", "temperature", "lookahead_threshold"):
             if key in body and not _is_number(body[key]):
                 raise self.fail("ensembles", name, key, "must be a number")
+        lookahead = body.get("lookahead")
+        if lookahead is not None and not (isinstance(lookahead, list) and len(lookahead) == 2 and all(_is_int(x) for x in lookahead)):
+            raise self.fail("ensembles", name, "lookahead", "must be [K, L]: candidates and tokens each rolls out")
         for key in ("combine", "method", "level", "phrasing", "chat_template", "description"):
             if key in body and not isinstance(body[key], str):
                 raise self.fail("ensembles", name, key, "must be a string")
@@ -418,6 +425,9 @@ class _Parser:
             gamma=gamma,
             level=body.get("level"),
             phrasing=body.get("phrasing"),
+            temperature=body.get("temperature"),
+            lookahead=None if lookahead is None else (lookahead[0], lookahead[1]),
+            lookahead_threshold=body.get("lookahead_threshold"),
             chat_template=body.get("chat_template"),
             description=body.get("description", ""),
             source=str(self.path),

@@ -251,7 +251,7 @@ def discover() -> tuple[list[Found], list[str]]:
     problems: list[str] = []
     seen: set[str] = set()
 
-    def gather(roots: list[Path], listing, make) -> None:  # type: ignore[no-untyped-def]
+    def gather(roots: list[Path], listing, make) -> None:
         for root in roots:
             try:
                 entries = list(listing(root))

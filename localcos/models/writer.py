@@ -483,7 +483,7 @@ def build_weights(spec: ModelSpec, vocab: Vocab) -> dict[str, np.ndarray]:
         for i in range(spec.n_layer + spec.extra_layers):
             for proj in ("q", "k", "v"):
                 rows = tensors[f"blk.{i}.attn_{proj}.weight"].shape[0]
-                tensors[f"blk.{i}.attn_{proj}.bias"] = (0.02 * bias_rng.standard_normal(rows)).astype(np.float32)
+                tensors[f"blk.{i}.attn_{proj}.bias"] = np.asarray(0.02 * bias_rng.standard_normal(rows), dtype=np.float32)
     return tensors
 
 

@@ -9,7 +9,7 @@ advances the running one until it has new text (or ends), then hands the text on
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -53,12 +53,13 @@ class ByteScheduler(Rounds):
         finished: list[Submission] = []
         while not self.live and self.queue:
             sequence = self.queue.popleft()
+            plan = cast(BytePlan, sequence.plan)  # what `submit` took
             if sequence.cancel_requested:  # cancelled before it started
-                self._finish(sequence, self.models.cancelled_completion(sequence.plan), finished)
+                self._finish(sequence, self.models.cancelled_completion(plan), finished)
                 continue
             sequence.slot = 0
             sequence.state = State.DECODING
-            generation = self.models.start(sequence.plan, sequence.rng, cancelled=lambda s=sequence: s.cancel_requested)
+            generation = self.models.start(plan, sequence.rng, cancelled=sequence.is_cancelled)
             sequence.work = _texts(generation)  # type: ignore[assignment]
             self.live.append(sequence)
         for sequence in list(self.live):

@@ -78,7 +78,7 @@ def completion_rng(seed: int | None, index: int = 0) -> np.random.Generator:
 
 def cancelled_completion(loaded: LoadedModels, plan: Plan, prompt_seconds: float = 0.0) -> Completion:
     """The completion of a generation cancelled before it decoded anything."""
-    stats = GenerationStats(plan.config.method, plan.combiner.description, [ModelRunStats(name) for name in loaded.run_names],
+    stats = GenerationStats(plan.strategy.method, plan.combiner.description, [ModelRunStats(name) for name in loaded.run_names],
                             prompt_tokens=len(plan.prompt), prompt_seconds=prompt_seconds, seed=plan.config.seed,
                             finish_reasons={"cancelled": 1})  # fmt: skip
     return Completion("", [], "cancelled", [], stats)
@@ -229,7 +229,7 @@ class Generation:
         loaded, plan, strategy = self.loaded, self.plan, self.plan.strategy
         spec = dec.speculation
         return GenerationStats(
-            method=plan.config.method,
+            method=plan.strategy.method,
             combiner=plan.combiner.description,
             models=[ModelRunStats(name, w.calls, w.tokens, w.seconds) for name, w in zip(loaded.run_names, work)],
             tokens=len(dec.generated),

@@ -132,8 +132,8 @@ class LoadedModels:
             self.member_slots[lead], second = self.member_slots[lead][:half], self.member_slots[lead][half:]
             self.models.append(self.loaded[lead])
             self.member_slots.append(second)
-            for own, partner in zip(second, self.member_slots[lead]):
-                own.partner = partner  # a call both members share counts once
+            for slot, partner in zip(second, self.member_slots[lead]):
+                slot.partner = partner  # a call both members share counts once
             self.second_member = len(self.models) - 1
         self.parallel = min(len(s) for s in self.member_slots)  # sequences decoded at once
         first = self.loaded[0]

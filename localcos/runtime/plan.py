@@ -110,6 +110,7 @@ def plan(
         raise ConfigError(f"lookahead of {config.lookahead[0]} candidates: these models were loaded for "
                           + (f"at most {loaded.branches}" if loaded.branches else "none")
                           + " (give --lookahead when they load: its sequences are made then)", param="lookahead")  # fmt: skip
+    assert config.method is not None, "for_models names the method"
     strategy = choose_strategy(config.method, config.gamma, config.proposer, n_params, config.lookahead, config.lookahead_threshold)
     lookup = None
     if config.lookup != "off" and strategy.lookup_in_cos:

@@ -25,11 +25,12 @@ def stats_json(stats: GenerationStats | ByteStats, level: Level) -> dict[str, An
     return {key: own.get(key) for key in KEYS}
 
 
-def aggregate(stats: Sequence[GenerationStats] | Sequence[ByteStats]) -> GenerationStats | ByteStats:
-    """The statistics of several completions of one request, at whichever level."""
-    if isinstance(stats[0], ByteStats):
-        return ByteStats.aggregate(stats)  # type: ignore[arg-type]
-    return GenerationStats.aggregate(stats)  # type: ignore[arg-type]
+def aggregate(stats: Sequence[GenerationStats | ByteStats]) -> GenerationStats | ByteStats:
+    """The statistics of several completions of one request, at one level."""
+    byte = [s for s in stats if isinstance(s, ByteStats)]
+    if byte:
+        return ByteStats.aggregate(byte)
+    return GenerationStats.aggregate([s for s in stats if isinstance(s, GenerationStats)])
 
 
 def completion_json(completion: Completion | ByteCompletion) -> dict[str, Any]:

@@ -72,6 +72,9 @@ class Submission:
         """Stop at the next request or round; the completion's finish reason is "cancelled"."""
         self.cancel_requested = True
 
+    def is_cancelled(self) -> bool:
+        return self.cancel_requested
+
     @property
     def decoder(self) -> Decoder | None:
         """The generation's decoder, once decoding started."""
@@ -171,7 +174,7 @@ class Scheduler(Rounds):
                 continue
             sequence.slot = self.free.pop(0)
             sequence.generation = Generation(
-                self.loaded, sequence.plan, sequence.rng, sequence.slot, lambda s=sequence: s.cancel_requested, self._others,
+                self.loaded, sequence.plan, sequence.rng, sequence.slot, sequence.is_cancelled, self._others,
                 fresh=not self.live and not sequence.shares_cells,  # alone in the caches: it starts from an emptied one
             )
             sequence.work = sequence.generation.run()
@@ -239,8 +242,12 @@ class Scheduler(Rounds):
             for j, view in zip(group, model.decode([parts[j] for j in group])):
                 results[shared[j]] = np.array(view)
         for ks in branches.values():
-            calls = [(self.loaded.sequence(waiting[k][2].model, waiting[k][0].slot, waiting[k][2].branch), waiting[k][2].tokens, 0, 1) for k in ks]
-            for k, view in zip(ks, model.decode(calls)):  # type: ignore[arg-type]
+            calls = []
+            for k in ks:
+                sequence, _, request = waiting[k]
+                assert sequence.slot is not None
+                calls.append((self.loaded.sequence(request.model, sequence.slot, request.branch), request.tokens, 0, 1))
+            for k, view in zip(ks, model.decode(calls)):
                 results[k] = np.array(view)
         return results  # type: ignore[return-value]
 
@@ -263,10 +270,11 @@ def run_completions(
     """`n` completions of one plan, completion k drawing from `completion_rng(seed, k)`; up to
     `loaded.parallel` decode at once, and their prompt is evaluated once."""
     scheduler = Scheduler(loaded, observe=observe)
-    sequences = [
-        scheduler.submit(plan, completion_rng(plan.config.seed, k), on_chunk=None if on_chunk is None else (lambda c, k=k: on_chunk(k, c)), key=k)
-        for k in range(n)
-    ]
+
+    def chunks_of(k: int) -> Callable[[Chunk], None] | None:
+        return None if on_chunk is None else lambda chunk: on_chunk(k, chunk)
+
+    sequences = [scheduler.submit(plan, completion_rng(plan.config.seed, k), on_chunk=chunks_of(k), key=k) for k in range(n)]
     scheduler.run()
     return [s.completion for s in sequences]  # type: ignore[misc]
 

@@ -84,7 +84,7 @@ def score_choices(
         try:
             scored = continuation_scores(ens, item.context, item.choices, combiners, what="choice", second_prompt=second_prompt)
         except ConfigError as e:
-            raise ConfigError(f"item {number + 1}: {e}", param=e.param) from None
+            raise ConfigError(f"item {number + 1}: {e}", param=e.param or "choices") from None
         for s in scored:
             for k, logprobs in enumerate(s.combined):
                 sums_c[k].append(float(logprobs.sum()))

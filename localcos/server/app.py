@@ -22,7 +22,7 @@ import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..backend import Model, RemoteModel
+from ..chat import ChatFormatter
 from ..errors import LocalcosError
 from . import ollama, protocol
 from . import responses as out
@@ -119,15 +120,16 @@ def _one_tokenizer(served: ServedEnsemble) -> None:
 async def tokenizer_info(request: Request) -> dict:
     served = state(request).served
     _one_tokenizer(served)
-    first = served.ensemble.models[0]
+    models = served.token_models
+    first = models.models[0]
 
     def text(token: int) -> str | None:
         return first.token_text(token).decode("utf-8", errors="replace") if token >= 0 else None
 
     return out.TokenizerInfo(
         bos_token=text(first.bos), eos_token=text(first.eos), pad_token=text(first.eos), add_bos_token=first.add_bos,
-        chat_template=served.formatter.template if served.formatter else None, model_max_length=served.ensemble.n_ctx,
-        vocab_size=served.ensemble.n_vocab,
+        chat_template=served.formatter.template if isinstance(served.formatter, ChatFormatter) else None, model_max_length=models.n_ctx,
+        vocab_size=models.n_vocab,
     ).body()  # fmt: skip
 
 
@@ -139,9 +141,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     def tokens() -> list[int]:
         protocol.check_model(served, body.model)
         if body.messages is not None:
-            return protocol.render(served, body.messages)
+            return cast("list[int]", protocol.render(served, body.messages))  # one template's tokens: the token level
         try:  # special tokens in the text (<|im_end|>, </s>) are parsed, as vLLM does
-            return served.ensemble.tokenize(body.prompt or "", add_bos=None if body.add_special_tokens else False, special=True)
+            return served.token_models.tokenize(body.prompt or "", add_bos=None if body.add_special_tokens else False, special=True)
         except LocalcosError as e:
             raise protocol.from_localcos(e, "prompt") from None
 
@@ -401,7 +403,7 @@ async def _on_internal_error(request: Request, e: Exception) -> JSONResponse:
 
 def invalid_body(errors: Any) -> APIError:
     """The first of pydantic's validation errors as OpenAI's 400, naming the field (`param`)."""
-    error = list(errors)[0] if errors else {"type": "", "loc": (), "msg": "invalid request body"}
+    error: dict[str, Any] = list(errors)[0] if errors else {"type": "", "loc": (), "msg": "invalid request body"}
     kind, loc = error.get("type", ""), [str(part) for part in error.get("loc", ())]
     if loc and loc[0] == "body":
         loc = loc[1:]

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 from ..errors import Cancelled
-from ..runtime.bytelevel import ByteModels
+from ..runtime.bytelevel import ByteModels, BytePlan
 from ..runtime.bytescheduler import ByteScheduler
 from ..runtime.generation import Completion, completion_rng
 from ..runtime.scheduler import Scheduler, Submission, State
@@ -51,7 +51,7 @@ class Generation:
     random stream of the plan's seed it draws from (`completion_rng`)."""
 
     index: int
-    plan: Plan
+    plan: Plan | BytePlan  # the level the engine's scheduler decodes at
     stream: int = 0
 
 
@@ -226,7 +226,9 @@ class Engine:
 
                 rng = completion_rng(g.plan.config.seed, g.stream)
                 # an echo's generations share the cells its prompt was just scored in
-                sequence = self.scheduler.submit(g.plan, rng, on_chunk=on_chunk, key=(job, g.index), shares_cells=job.prepare is not None)
+                # the engine's one scheduler takes its level's plans (a byte-level server plans BytePlans)
+                sequence = self.scheduler.submit(g.plan, rng, on_chunk=on_chunk, key=(job, g.index),  # type: ignore[arg-type]
+                                                 shares_cells=job.prepare is not None)  # fmt: skip
                 job.sequences.append(sequence)
 
     def _activate(self, job: Job, state: JobState) -> None:

@@ -22,15 +22,9 @@ from __future__ import annotations
 import ipaddress
 import json
 from dataclasses import dataclass
-from typing import Any
-from collections.abc import Awaitable, Callable
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from urllib.parse import urlsplit
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARD_ADDRESSES = ("0.0.0.0", "::", "")
@@ -169,11 +163,11 @@ class Guard:
         body = bytearray()
         more = True
         while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
+            event = await receive()
+            if event["type"] == "http.disconnect":
                 return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
+            body += event.get("body", b"")
+            more = event.get("more_body", False)
             if len(body) > self.max_body_bytes:
                 await _respond(send, 413, self._too_large(), "request_too_large", scope.get("path", ""))
                 return

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pydantic import StrictBool, StrictStr, model_validator
 
 from ..backend.gguf_file import GGUFInfo, read_info
-from ..chat import Message
+from ..chat import ChatFormatter, Message
 from ..errors import ConfigError, param_of
 from ..grammar import Constraint, json_object, json_schema
 from . import protocol
@@ -236,7 +236,8 @@ class Described:
             for key, value in i.metadata.items():
                 if isinstance(value, (int, float, str, bool)) and not key.startswith("tokenizer.chat_template"):
                     info.setdefault(key, value)
-        template = self.served.formatter.template if self.served.formatter is not None else ""
+        formatter = self.served.formatter
+        template = formatter.template if isinstance(formatter, ChatFormatter) else ""
         return {"license": "", "modelfile": "", "parameters": "", "template": template or "", "details": self.details(), "model_info": info,
                 "modified_at": self.modified, "capabilities": ["completion"]}  # fmt: skip
 

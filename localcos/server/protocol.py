@@ -11,7 +11,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from collections.abc import Callable, Sequence
 
 from ..chat import ChatFormatter, Message, OwnTemplates, second_conversation
@@ -79,6 +79,13 @@ class ServedEnsemble:
         return isinstance(self.ensemble, ByteModels)
 
     @property
+    def token_models(self) -> LoadedModels:
+        """The models where they decode at the token level: what every path that needs one
+        vocabulary reads (the byte level refuses those requests before they get here)."""
+        assert isinstance(self.ensemble, LoadedModels), "refused at the byte level first"
+        return self.ensemble
+
+    @property
     def level(self) -> Level:
         """The level its requests decode at (one model served greedy: the mixed level)."""
         return self.ensemble.level if isinstance(self.ensemble, ByteModels) else Level.TOKEN
@@ -94,7 +101,7 @@ class ServedEnsemble:
 def check_tokens(served: ServedEnsemble, tokens: Sequence[int], param: str) -> None:
     """Token ids a client sent are ids of this vocabulary (400 naming `param` otherwise)."""
     try:
-        check_token_ids(served.ensemble, tokens, param)
+        check_token_ids(served.token_models, tokens, param)
     except LocalcosError as e:
         raise from_localcos(e) from None
 
@@ -160,7 +167,7 @@ def _plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[str | l
     misfit (weights for another number of models, cd over three, a prompt too long, a second
     prompt without its member) is this request's 400, not an error in the queue. `second`: what
     the second prompt's member reads, where it is not the request's negative_prompt (a chat's)."""
-    ens = served.ensemble
+    ens = served.token_models
     try:
         bound = ens.bind(settings.combiner())
         return [plan(ens, p if not isinstance(p, str) or not tokenize else ens.tokenize(p, **tokenize), settings.generation, bound, param=param,
@@ -183,7 +190,7 @@ def plan_completion(served: ServedEnsemble, request: CompletionRequest) -> Reque
     if request.echo and settings.generation.phrasing != "raw":
         raise APIError(400, "echo returns the prompt as sent: not with phrasing instruct (a request's, or serve --phrasing)", param="echo")
     plans = text_plans(served, settings, request.prompt, **({"add_bos": False} if request.echo else {}))
-    texts = [p if isinstance(p, str) else served.ensemble.detokenize(p) for p in request.prompt]
+    texts = [p if isinstance(p, str) else served.token_models.detokenize(p) for p in request.prompt]
     return Request(
         "completion", plans, texts, request.n, request.stream, max_tokens, request.echo, request.logprobs,
         include_usage=request.include_usage, return_token_ids=request.return_token_ids,
@@ -212,7 +219,8 @@ def chat_plans(served: ServedEnsemble, settings: Settings, conversation: list[Me
     if served.ensemble.second_member is not None:  # the conversation as the second prompt's member reads it
         other = second_conversation(conversation, settings.generation.negative_prompt, served.settings.guide_system)
         second = None if other is None else render_messages(served, other, definitions)
-    return _plans(served, settings, [render_messages(served, conversation, definitions)], "messages", second)  # type: ignore[arg-type]
+    return _plans(served, settings, [cast("list[int]", render_messages(served, conversation, definitions))], "messages",
+                  cast("list[int] | None", second))  # the token level: one template's tokens
 
 
 def messages(request_messages: Sequence[ChatMessage]) -> list[Message]:
@@ -234,7 +242,10 @@ def render_messages(served: ServedEnsemble, conversation: list[Message], tools: 
         conversation = [Message("system", served.settings.system), *conversation]
     try:
         # the byte level's requests carry no tools (`_byte_chat` refuses them)
-        return served.formatter.tokens(conversation, tools=tools) if tools else served.formatter.tokens(conversation)
+        if tools:
+            assert isinstance(served.formatter, ChatFormatter), "the byte level refuses tools first"
+            return served.formatter.tokens(conversation, tools=tools)
+        return served.formatter.tokens(conversation)
     except LocalcosError as e:
         raise from_localcos(e, "messages") from None
 
@@ -338,7 +349,8 @@ def generations(request: Request) -> list[Generation]:
     j of `Ensemble.generate_many` does."""
     if request.max_tokens == 0:
         return []
-    return [Generation(p * request.n + j, plan, j) for p, plan in enumerate(request.plans) for j in range(request.n)]
+    plans: list[Plan | BytePlan] = list(request.plans)
+    return [Generation(p * request.n + j, plan, j) for p, plan in enumerate(plans) for j in range(request.n)]
 
 
 def prepare(served: ServedEnsemble, request: Request, job: Job, slot: int) -> None:
@@ -348,14 +360,14 @@ def prepare(served: ServedEnsemble, request: Request, job: Job, slot: int) -> No
     context, another choice) costs only its new tokens."""
     for tokens in request.prompts:
         if len(tokens) > 1:
-            score_tokens(served.ensemble, tokens, 1, combiners=[request.combiner], members=False, top=max(request.logprobs or 0, 1),
+            score_tokens(served.token_models, tokens, 1, combiners=[request.combiner], members=False, top=max(request.logprobs or 0, 1),
                          cancelled=lambda: job.cancelled, slot=slot, reuse=served.scores)  # fmt: skip
 
 
 def collect_choices(served: ServedEnsemble, request: Request, job: Job, slot: int) -> list[Choice]:
     """The choices of a job whose generations are done (in the engine's thread): with echo or
     logprobs, scored under r in slot `slot`. A cancelled job's choices are whatever was done."""
-    choices = []
+    choices: list[Choice] = []
     for p, tokens in enumerate(request.prompts):
         for j in range(request.n):
             index = p * request.n + j
@@ -365,7 +377,9 @@ def collect_choices(served: ServedEnsemble, request: Request, job: Job, slot: in
             choice = Choice(index, p, completion, calls=tool_calls(served, request, completion))
             if (request.logprobs is not None or request.echo) and not job.cancelled:
                 try:
-                    choice.logprobs = _logprobs(served, request, tokens, completion, lambda: job.cancelled, slot, request.plans[p].second_prompt)
+                    plan = request.plans[p]
+                    assert isinstance(plan, Plan), "the byte level refuses logprobs and echo first"
+                    choice.logprobs = _logprobs(served, request, tokens, completion, lambda: job.cancelled, slot, plan.second_prompt)
                 except Cancelled:
                     return choices
             choices.append(choice)
@@ -389,7 +403,7 @@ def _logprobs(served: ServedEnsemble, request: Request, prompt: list[int], compl
     first one has none), and of the generated ones; `top` alternatives per position (a second
     prompt's member reading `second` in place of the prompt, as it did generating). Raises
     `Cancelled` when `cancelled()` turns true between two llama.cpp calls."""
-    ens = served.ensemble
+    ens = served.token_models
     generated = _generated(completion)
     tokens = prompt + generated
     start = 1 if request.echo else len(prompt)
@@ -449,7 +463,7 @@ def tool_calls(served: ServedEnsemble, request: Request, completion: Completion 
             if token == request.tools.open_id:
                 current = []
             elif token == request.tools.close_id and current is not None:
-                segments.append(served.ensemble.detokenize(current))
+                segments.append(served.token_models.detokenize(current))
                 current = None
             elif current is not None:
                 current.append(token)
@@ -511,7 +525,8 @@ def statistics(served: ServedEnsemble, choices: Sequence[Choice]) -> dict | None
 
 
 def _tool_calls(calls: list[dict], streamed: bool = False) -> list[out.ToolCall]:
-    return [out.ToolCall(**({"index": k} if streamed else {}), **call) for k, call in enumerate(calls)]
+    # index only where streamed (a field set is a field sent)
+    return [out.ToolCall(**({"index": k} if streamed else {}), **call) for k, call in enumerate(calls)]  # type: ignore[arg-type]
 
 
 def response(served: ServedEnsemble, request: Request, choices: Sequence[Choice]) -> dict:
@@ -553,7 +568,7 @@ def chunk(served: ServedEnsemble, request: Request, index: int, text: str | None
         if first:
             delta = out.Delta(role="assistant", content="")
         if text:
-            delta = out.Delta(**({"role": "assistant"} if first else {}), content=text)
+            delta = out.Delta(**({"role": "assistant"} if first else {}), content=text)  # type: ignore[arg-type]  # role only on the first
         if calls:
             delta = out.Delta(tool_calls=_tool_calls(calls, streamed=True))
         choice = out.ChatChunkChoice(index=index, delta=delta, logprobs=None, finish_reason=finish, **extras)

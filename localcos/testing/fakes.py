@@ -60,5 +60,5 @@ class OwnSlot:
         out = []
         for slot, tokens, out_from, out_to in parts:
             assert out_to == len(tokens), "a fake answers the rows of a suffix of the tokens"
-            out.append(slot.evaluate(tokens, out_to - out_from))  # type: ignore[attr-defined]
+            out.append(slot.evaluate(tokens, out_to - out_from))
         return out

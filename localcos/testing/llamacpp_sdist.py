@@ -54,8 +54,10 @@ def source_dir() -> Path:
             members = [m for m in tar.getmembers() if m.name.startswith(prefix) and (m.isfile() or m.isdir())]
             for m in members:
                 m.name = m.name[len(prefix):] or "."
-            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python >= 3.10.12
-            tar.extractall(tmp / "llama.cpp", members=members, **safe)
+            if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12
+                tar.extractall(tmp / "llama.cpp", members=members, filter="data")
+            else:
+                tar.extractall(tmp / "llama.cpp", members=members)
         if not (tmp / "llama.cpp" / "models").is_dir():
             raise SdistUnavailable(f"{archive} holds no vendor/llama.cpp/models: not a llama-cpp-python sdist")
         (tmp / ".complete").write_text(str(archive) + "\n")

@@ -33,7 +33,7 @@ class RpcServerProcess:
         deadline = time.monotonic() + start_timeout
         while probe(self.endpoint, timeout=2.0) is not None:  # bounded: the deadline or the process's exit
             if self.proc.poll() is not None:
-                raise RuntimeError(f"rpc-server exited: {self.proc.stderr.read()}")
+                raise RuntimeError(f"rpc-server exited: {self.proc.stderr.read() if self.proc.stderr else ''}")
             if time.monotonic() > deadline:
                 self.kill()
                 raise RuntimeError(f"rpc-server did not answer on {self.endpoint} within {start_timeout:g}s")
@@ -43,7 +43,8 @@ class RpcServerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=10)
-        self.proc.stderr.close()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
 
 class ServeProcess:

@@ -121,7 +121,7 @@ def chat_prompt(path: str, messages: list[dict[str, str]]) -> tuple[str, list[in
             eos_token=llm._model.token_get_text(llm.token_eos()),
             bos_token=llm._model.token_get_text(llm.token_bos()),
         )
-        text = handler(messages=messages).prompt
+        text = handler(messages=messages).prompt  # type: ignore[arg-type]  # OpenAI's TypedDicts: these are their dicts
         return text, llm.tokenize(text.encode(), add_bos=False, special=True)
     finally:
         llm.close()

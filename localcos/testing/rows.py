@@ -11,11 +11,12 @@ two runs' rows for the same model and tokens.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from ..backend.model import Model
+from ..backend.slot import Slot
 
 
 # How far llama.cpp's rows after the same tokens differ from one run to another on a CPU (batch
@@ -37,7 +38,7 @@ class RowLog:
         log = self.runs.setdefault(run, {})
         decode = Model.decode
 
-        def recorded(model: Model, parts):  # type: ignore[no-untyped-def]
+        def recorded(model: Model, parts: Sequence[tuple[Slot, Sequence[int], int, int]]) -> list[np.ndarray]:
             before = [list(slot.tokens) for slot, _, _, _ in parts]
             out = decode(model, parts)
             for prior, (_, tokens, out_from, out_to), rows in zip(before, parts, out):
@@ -45,7 +46,7 @@ class RowLog:
                     log[(str(model.path), tuple(prior) + tuple(int(t) for t in tokens[: i + 1]))] = np.array(rows[i - out_from])
             return out
 
-        Model.decode = recorded  # type: ignore[method-assign]
+        Model.decode = recorded  # type: ignore[method-assign, assignment]
         try:
             yield
         finally:

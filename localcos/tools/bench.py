@@ -352,7 +352,7 @@ def _f(x: float | None, fmt: str, none: str = "-") -> str:
 
 def format_table(rows: Sequence[Row], names: Sequence[str], title: str = "") -> str:
     """Plain-text tables, one per (task, temperature); a model alone is "alone-I" (model I)."""
-    lines = []
+    lines: list[str] = []
     header = (
         f"{'method':<11}{'gamma':>6}{'tok/s':>9}{'speedup':>9}{'worst':>7}{'/big':>7}{'accept':>8}{'acc/ver':>8}"
         f"{'calls/tok':>16}{'c':>7}{'b':>6}{'expect':>8}{'meas/exp':>9}{'exp(b)':>8}{'host':>7}"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
-from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+from collections.abc import Callable, Generator, Sequence
 
 import numpy as np
 
@@ -28,25 +28,29 @@ class Member(Protocol):
     sequences), or a test's NumPy stand-in."""
 
     view: ByteView
-    model: object  # the model it reads: members of one model share its calls
     calls: int  # llama.cpp calls made
     tree_rows: int  # rows evaluated ahead for drafts (`score`)
     missed: int  # rows a draft's replay asked for that were not evaluated ahead
     price: CallProfile | None  # its calls' cost by rows; None: its calls are not priced
     spent: float  # its calls priced at `price`
-    llama_seconds: float  # seconds in its model's llama.cpp calls so far
 
+    @property
+    def llama_seconds(self) -> float: ...  # seconds in its model's llama.cpp calls so far
+
+    @property
+    def model(self) -> object: ...  # the model it reads: members of one model share its calls
     @property
     def longest(self) -> int: ...
     @property
     def call_rows(self) -> int: ...  # the most rows one call returns
     def start(self, prompt: Sequence[int]) -> None: ...
     def advance(self, byte: int) -> None: ...
+    def take_token(self, k: int, log_p: float | None = None) -> None: ...
     def snapshot(self) -> ViewState: ...
     def rollback(self, state: ViewState) -> None: ...
     def score(self, draft: bytes, extend: int | None = None, distributions: bool = True) -> tuple[list[np.ndarray], list[ViewState]]: ...
     @staticmethod
-    def advance_together(members: Sequence[Member], data: Sequence[int]) -> None: ...  # members of one model, rows in shared calls
+    def advance_together(members: Sequence[Any], data: Sequence[int]) -> None: ...  # members of one model (its own kind), rows in shared calls
 
 
 @dataclass
@@ -280,6 +284,7 @@ class ByteGeneration:
         allowed = self._allowed(utf8)
         r = self._target(dists, opened, allowed)
         if observe:  # every model then advances at every byte
+            assert self.auto is not None
             for i, dist in enumerate(dists):
                 dist = self._caught_up(i) if dist is None else dist
                 accept = float(np.minimum(self._proposal(dist, allowed), r).sum())
@@ -566,7 +571,7 @@ class ByteGeneration:
             level=self.level,
         )
 
-    def run(self) -> Iterator[str]:
+    def run(self) -> Generator[str, None, ByteCompletion]:
         t_prompt = time.perf_counter()
         for member, prompt, behind in zip(self.members, self.prompts, self.behind):
             member.start(prompt)
@@ -599,7 +604,7 @@ class ByteGeneration:
                     gamma = int(self.gamma)
             step = self._step(utf8, proposer, gamma, cos)
             passed = step.next_proposer is not None
-            proposer = step.next_proposer if passed else 0
+            proposer = step.next_proposer if step.next_proposer is not None else 0
             finish = self._take(step, utf8, data, text)
             piece = "" if finish else text.take_final()  # the rest goes once the text is finished
             if piece:

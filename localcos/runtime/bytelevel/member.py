@@ -4,6 +4,7 @@ that hold them (`ByteMember`)."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -56,6 +57,7 @@ class ByteMember:
         home.share_prefix(other.prompt)
         if home.tokens != other.prompt:
             raise RuntimeError(f"{self.model.name}: the prompt to share is no longer in the cache")
+        assert other.prompt_row is not None, "a member begun has its row after the prompt"
         self._begin(other.prompt, other.prompt_row)
 
     def _begin(self, prompt: Sequence[int], row: np.ndarray | Row) -> None:
@@ -219,10 +221,10 @@ class ByteMember:
                 slot = max(spare, key=lambda s: (id(s) not in self._anchored, common_prefix(s.tokens, targets[i])))
                 chosen[i] = slot
                 taken.add(id(slot))
-        holders = {id(chosen[i]) for i in order if chosen[i].tokens[: len(targets[i])] == targets[i]}
+        holding = {id(chosen[i]) for i in order if chosen[i].tokens[: len(targets[i])] == targets[i]}
         missing = []
         # copies first: a holder cut down to its own target may hold what another one copies
-        for slot, t in sorted(zip(chosen, targets), key=lambda st: id(st[0]) in holders):
+        for slot, t in sorted(zip(chosen, targets), key=lambda st: id(st[0]) in holding):
             rest = self._seat(slot, t)
             if rest:
                 missing.append((slot, rest, 0, 0))
@@ -289,7 +291,7 @@ class ByteMember:
         still lacks before the path's own)."""
         evaluate_together([(self, parts)])
 
-    def _place(self, change: Advance) -> list[tuple[TokenPath, object, list[int]]]:
+    def _place(self, change: Advance) -> list[tuple[TokenPath, Slot, list[int]]]:
         """A sequence for each new path, holding its parent's tokens (the path's own token is
         evaluated there next): the parent's sequence when the parent is let go, else a free one
         sharing the parent's cells. Sequences of paths let go are freed. A parent a snapshot
@@ -324,7 +326,7 @@ class ByteMember:
         for path in change.new:
             parent = path.parent
             assert parent is not None and parent.handle is not None
-            slot = parent.handle if heirs.get(id(parent.handle)) is path else self._free_slot()
+            slot = cast(Slot, parent.handle) if heirs.get(id(parent.handle)) is path else self._free_slot()
             out.append((path, slot, self._seat(slot, self.prompt + list(parent.tokens))))
         for path, slot, _ in out:
             path.handle = slot
@@ -350,7 +352,7 @@ class ByteMember:
     @property
     def longest(self) -> int:
         """The most tokens one of its sequences holds."""
-        return max(len(p.handle.tokens) for p in self.view.paths if p.handle is not None)
+        return max(len(cast(Slot, p.handle).tokens) for p in self.view.paths if p.handle is not None)
 
 
 def evaluate_together(requests: Sequence[tuple[ByteMember, list]]) -> None:
@@ -369,12 +371,12 @@ def evaluate_together(requests: Sequence[tuple[ByteMember, list]]) -> None:
             owners.append((member, path))
     for group in call_groups(first.model, first.price, calls):
         rows = first.model.decode([calls[i] for i in group])
-        tokens: dict[int, int] = {}
+        evaluated: dict[int, int] = {}
         for i, row in zip(group, rows):
             member, path = owners[i]
             member.view.set_row(path, row[0])
-            tokens[id(member)] = tokens.get(id(member), 0) + len(calls[i][1])
+            evaluated[id(member)] = evaluated.get(id(member), 0) + len(calls[i][1])
         for member, _ in requests:
-            if id(member) in tokens:
-                member._count(tokens.pop(id(member)))
+            if id(member) in evaluated:
+                member._count(evaluated.pop(id(member)))
 

@@ -194,7 +194,8 @@ class ByteModels:
         check_second_member(config, self.second_member is not None, json=True)
         prompts = list(prompts)
         if self.second_member is not None and len(prompts) == len(self.loaded):
-            prompts.append(self.models[self.second_member].tokenize(required_second_prompt(config.negative_prompt)))
+            second = required_second_prompt(config.negative_prompt)
+            prompts.append(self.models[self.second_member].tokenize(second) if isinstance(second, str) else list(second))
         if self.second_member is not None:
             check_second_prompt(prompts[0], prompts[-1], json=True)
         method = config.method
