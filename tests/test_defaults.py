@@ -91,13 +91,29 @@ def test_one_models_greedy_or_truncated_decoding_defaults_to_the_mixed_level(mod
 
 def test_one_model_served_greedy_decodes_at_the_mixed_level_and_says_so(real_models):
     """`localcos serve` of one model with --temperature 0: the mixed level (gate 0.5), named by
-    /v1/models and by each answer's statistics; --level token serves its own tokens."""
+    /v1/models and by each answer's statistics; a request the mixed level does not serve (one
+    that samples, or asks for log-probabilities) decodes at the token level on the same loaded
+    model, the text `Ensemble` writes with the same seed, and says so; --level token serves its
+    own tokens."""
     qwen = str(real_models["qwen2"])
+    with Ensemble.load([qwen], n_ctx=256) as ens:
+        sampled_here = ens.generate("The river", temperature=0.8, max_tokens=8, seed=5, ignore_eos=True).text
+        greedy_here = ens.generate("The river", temperature=0, max_tokens=8, ignore_eos=True).text
     with serving(["--models", qwen, "--ctx", "256", "--alias", "m", "--temperature", "0"]) as s:
         client = s.client()
         assert client.models.list().data[0].model_extra["localcos"]["level"] == "mixed"
-        stats = client.completions.create(model="m", prompt="The river", max_tokens=8).model_extra["localcos"]
+        first = client.completions.create(model="m", prompt="The river", max_tokens=8)
+        stats = first.model_extra["localcos"]
         assert stats["level"] == "mixed" and "gate(0.5" in stats["combiner"]
+        sampled = client.completions.create(model="m", prompt="The river", max_tokens=8, temperature=0.8, seed=5, extra_body={"ignore_eos": True})
+        assert sampled.model_extra["localcos"]["level"] == "token" and sampled.choices[0].text == sampled_here
+        scored = client.completions.create(model="m", prompt="The river", max_tokens=8, logprobs=2, extra_body={"ignore_eos": True})
+        assert scored.model_extra["localcos"]["level"] == "token" and scored.choices[0].text == greedy_here
+        assert len(scored.choices[0].logprobs.tokens) == 8  # its own tokens, each with its log-probability
+        chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, logprobs=True)
+        assert chat.model_extra["localcos"]["level"] == "token" and len(chat.choices[0].logprobs.content) >= 1
+        again = client.completions.create(model="m", prompt="The river", max_tokens=8)
+        assert again.choices[0].text == first.choices[0].text and again.model_extra["localcos"]["level"] == "mixed"
     with serving(["--models", qwen, "--ctx", "256", "--alias", "m", "--temperature", "0", "--level", "token"]) as s:
         client = s.client()
         assert client.models.list().data[0].model_extra["localcos"]["level"] == "token"

@@ -42,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..chat import ChatFormatter, OwnTemplates
     from ..config import resolve_server
+    from ..core.level import Level
+    from ..ensemble import Ensemble
     from ..runtime.bytelevel import decoding_level
 
     try:
@@ -76,17 +78,22 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         listener.close()
         raise
-    engine = Engine(ens, max_queue=server.max_queue)
+    # one model loaded for the mixed level also serves its own tokens, on the same loaded model:
+    # the requests the mixed level does not serve (sampling, logprobs, tools...) decode there
+    token = Ensemble.beside(ens, 0) if level is Level.MIXED and len(ens.loaded) == 1 else None
+    engine = Engine(ens, max_queue=server.max_queue, token=token)
     try:
         formatter: ChatFormatter | OwnTemplates | None = None
+        token_formatter: ChatFormatter | None = None
         try:  # at the byte level every model renders a conversation in its own template
             formatter = OwnTemplates(ens) if byte_level else ChatFormatter(ens, settings.chat_template_model)
             if formatter.note:
                 note(formatter.note)
+            token_formatter = ChatFormatter(token, 0) if token is not None else None
         except ConfigError:
             pass
         alias = server.alias or settings.name.replace(" + ", "+")  # the preset, the demo set, or the files
-        served = ServedEnsemble(ens, settings, alias, formatter)
+        served = ServedEnsemble(ens, settings, alias, formatter, token=token, token_formatter=token_formatter)
         policy = GuardPolicy(server.host, port, allowed_hosts=server.allowed_hosts, cors=server.cors)
         app = create_app(served, engine, api_key=api_key, policy=policy)
         shown = f"[{server.host}]" if ":" in server.host else server.host

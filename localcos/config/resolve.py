@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterable, Mapping
 
+from ..core.level import Level
 from ..errors import ConfigError
 from .options import OPTIONS
 from .parse import parse_rpc
@@ -135,6 +136,32 @@ class _Sources:
         return cls(paths, labels, layers, rpc, title, chat_model)
 
 
+def mixed_decodes(generation: GenerationConfig) -> bool:
+    """Whether the mixed level serves these generation settings (written once: the level's limits):
+    greedy decoding with the ensemble's step, no constraint, no drafts of the token level (a fixed
+    gamma, a proposer, lookup on), no lookahead."""
+    return (
+        generation.sampler().greedy
+        and generation.constraint is None
+        and generation.method in (None, "ensemble")
+        and generation.gamma == "auto"
+        and generation.proposer is None
+        and generation.lookup != "on"
+        and generation.lookahead is None
+    )
+
+
+def request_level(level: Level, generation: GenerationConfig, *, needs_tokens: bool, token_view: bool) -> Level:
+    """The level one request decodes at, decided once: the level the models decode at (`level`),
+    except that a request the mixed level does not serve (settings `mixed_decodes` refuses, or
+    what needs one vocabulary's tokens: log-probabilities, echo, tools, token-id prompts, token
+    ids back) decodes at the token level where one model's own tokens are at hand (`token_view`:
+    one model, loaded for the mixed level). Never "auto"."""
+    if level is Level.MIXED and token_view and (needs_tokens or not mixed_decodes(generation)):
+        return Level.TOKEN
+    return level
+
+
 def one_model_decodes_mixed(n: int, generation: GenerationConfig, parallel: int | None, rpc: tuple, given: Iterable[str]) -> bool:
     """The one rule of one model's default level (`--level auto`): its greedy decoding at the
     mixed level, which decodes its own whole tokens where it is sure and its bytes where it is
@@ -146,13 +173,7 @@ def one_model_decodes_mixed(n: int, generation: GenerationConfig, parallel: int 
     chat template chosen by index."""
     return (
         n == 1
-        and generation.sampler().greedy
-        and generation.constraint is None
-        and generation.method in (None, "ensemble")
-        and generation.gamma == "auto"
-        and generation.proposer is None
-        and generation.lookup != "on"
-        and generation.lookahead is None
+        and mixed_decodes(generation)
         and (parallel or 1) == 1
         and not any(rpc)
         and "chat_template_model" not in given

@@ -88,3 +88,37 @@ def _texts(generation: Any) -> Iterator[str | ByteCompletion]:
     """A generation's text pieces, then its completion."""
     yield from generation.run()
     yield generation.completion
+
+
+class BothLevels(Rounds):
+    """One model served at two levels (a server loaded for the mixed level, whose requests that
+    level does not serve decode at the token level: `config.resolve.request_level`): the mixed
+    level's generations (`ByteScheduler`) and the token level's (`Scheduler` over the same loaded
+    model's sequences), one level at a time. A level runs until it is idle; then the other, if it
+    has work, takes the model's sequences. A submission goes to its plan's level."""
+
+    def __init__(self, byte: ByteScheduler, token: Any) -> None:
+        self.byte = byte
+        self.token = token  # a `Scheduler` (runtime.scheduler) over `Ensemble.beside` the byte level's models
+        self._running: Rounds = byte
+
+    @property
+    def live(self) -> list[Submission]:  # type: ignore[override]
+        return self.byte.live + self.token.live
+
+    @property
+    def queue(self) -> deque[Submission]:  # type: ignore[override]
+        return deque([*self.byte.queue, *self.token.queue])
+
+    def submit(self, plan: Any, rng: np.random.Generator, **kw: Any) -> Submission:
+        return (self.byte if isinstance(plan, BytePlan) else self.token).submit(plan, rng, **kw)
+
+    def step(self) -> list[Submission]:
+        if self._running.idle:
+            other = self.token if self._running is self.byte else self.byte
+            if not other.idle:
+                self._running = other
+        return self._running.step()
+
+    def drop(self, sequence: Submission) -> None:
+        (self.byte if sequence in self.byte.live else self.token).drop(sequence)

@@ -110,8 +110,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
 
 
 def _one_tokenizer(served: ServedEnsemble) -> None:
-    """The tokenizer routes need the models' one vocabulary (400 at the byte level)."""
-    if served.byte_level:
+    """The tokenizer routes need the models' one vocabulary (400 at the byte level; one model
+    loaded for the mixed level has its own)."""
+    if served.byte_level and served.token is None:
         raise APIError(400, "the models have different tokenizers (this server combines them at the byte level): "
                             "there is no one vocabulary to tokenize with", code="unsupported_at_byte_level")  # fmt: skip
 
@@ -148,7 +149,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
             raise protocol.from_localcos(e, "prompt") from None
 
     ids = await run_in_threadpool(tokens)
-    return out.Tokenized(count=len(ids), max_model_len=served.ensemble.n_ctx, tokens=ids).body()
+    return out.Tokenized(count=len(ids), max_model_len=served.token_models.n_ctx, tokens=ids).body()
 
 
 @routes.post("/detokenize")
@@ -157,7 +158,7 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
     _one_tokenizer(served)
     protocol.check_model(served, body.model)
     protocol.check_tokens(served, body.tokens, "tokens")
-    first = served.ensemble.models[0]
+    first = served.token_models.models[0]
     text = await run_in_threadpool(lambda: b"".join(first.piece(t) for t in body.tokens).decode("utf-8", errors="replace"))
     return out.Detokenized(prompt=text).body()
 

@@ -32,12 +32,12 @@ from collections.abc import Callable
 
 from ..errors import Cancelled
 from ..runtime.bytelevel import ByteModels, BytePlan
-from ..runtime.bytescheduler import ByteScheduler
+from ..runtime.bytescheduler import BothLevels, ByteScheduler
 from ..runtime.generation import Completion, completion_rng
+from ..runtime.loaded import LoadedModels
 from ..runtime.scheduler import Scheduler, Submission, State
 
 if TYPE_CHECKING:
-    from ..runtime.loaded import LoadedModels
     from ..runtime.plan import Plan
 
 
@@ -102,15 +102,24 @@ class Job:
 class Engine:
     """Runs jobs on one ensemble: their generations decoded together, first come first served."""
 
-    def __init__(self, loaded: LoadedModels | ByteModels, max_queue: int = 64) -> None:
+    def __init__(self, loaded: LoadedModels | ByteModels, max_queue: int = 64, token: LoadedModels | None = None) -> None:
         self.loaded = loaded
         self.max_queue = max_queue
-        parallel = loaded.parallel
+        # the token level's sequences: the models', or where one model is loaded for the mixed
+        # level, its own tokens beside it (`token`: its requests the mixed level does not serve)
+        tokens = loaded if isinstance(loaded, LoadedModels) else token
+        parallel = tokens.parallel if tokens is not None else loaded.parallel
         generation_slots = list(range(max(1, parallel - 1)))
         self.scoring_slot = parallel - 1
         self._scoring_shared = self.scoring_slot in generation_slots  # one slot: scoring waits for it
         # the byte level (models of different tokenizers) runs one generation at a time, its own way
-        self.scheduler = ByteScheduler(loaded) if isinstance(loaded, ByteModels) else Scheduler(loaded, slots=generation_slots)
+        self.scheduler: Scheduler | ByteScheduler | BothLevels
+        if isinstance(loaded, LoadedModels):
+            self.scheduler = Scheduler(loaded, slots=generation_slots)
+        elif token is None:
+            self.scheduler = ByteScheduler(loaded)
+        else:
+            self.scheduler = BothLevels(ByteScheduler(loaded), Scheduler(token, slots=generation_slots))
         self.parallel = len(generation_slots)  # generations decoded at once, at most
         self._arrivals: queue.Queue[Job | None] = queue.Queue()
         self._unstarted: set[Job] = set()  # submitted, not started: what max_queue counts

@@ -267,9 +267,10 @@ def plan_chat(served: ServedEnsemble, body: ChatRequest) -> protocol.Request:
     body.check_context(served)
     max_tokens = body.max_tokens(served)
     settings = protocol.settings_for(served, body, max(max_tokens, 1))
+    level = served.decide(settings.generation, needs_tokens=False)
     conversation = [Message(m.role, m.content) for m in body.messages]
-    plans = protocol.chat_plans(served, settings, conversation)
-    return protocol.Request("chat", plans, [""], 1, body.stream, max_tokens)
+    plans = protocol.chat_plans(served, settings, conversation, level)
+    return protocol.Request("chat", plans, [""], 1, body.stream, max_tokens, level=level)
 
 
 def plan_generate(served: ServedEnsemble, body: GenerateRequest) -> protocol.Request:
@@ -279,14 +280,15 @@ def plan_generate(served: ServedEnsemble, body: GenerateRequest) -> protocol.Req
     body.check_context(served)
     max_tokens = body.max_tokens(served)
     settings = protocol.settings_for(served, body, max(max_tokens, 1))
-    if body.raw or served.formatter is None:
+    level = served.decide(settings.generation, needs_tokens=False)
+    if body.raw or served.templates(level) is None:
         if body.system is not None:
             raise APIError(400, "system: a raw prompt is read as it is (leave system out, or raw)", param="system")
-        plans = protocol.text_plans(served, settings, [body.prompt])
+        plans = protocol.text_plans(served, settings, [body.prompt], level)
     else:
         conversation = ([Message("system", body.system)] if body.system is not None else []) + [Message("user", body.prompt)]
-        plans = protocol.chat_plans(served, settings, conversation)
-    return protocol.Request("completion", plans, [body.prompt], 1, body.stream, max_tokens)
+        plans = protocol.chat_plans(served, settings, conversation, level)
+    return protocol.Request("completion", plans, [body.prompt], 1, body.stream, max_tokens, level=level)
 
 
 # --- answering -----------------------------------------------------------------------------------------
@@ -319,7 +321,7 @@ def final(served: ServedEnsemble, request: protocol.Request, choices: Sequence[p
         prompt_eval_duration=int((getattr(stats, "prompt_seconds", 0.0) or 0.0) * 1e9),
         eval_count=usage.completion_tokens,
         eval_duration=int((getattr(stats, "seconds", 0.0) or 0.0) * 1e9),
-        localcos=protocol.statistics(served, choices),
+        localcos=protocol.statistics(request, choices),
     )
     return line
 

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 
 from ..chat import ChatFormatter, Message, OwnTemplates, second_conversation
 from ..config import Settings
+from ..config.resolve import request_level
+from ..config.specs import GenerationConfig
 from ..core.combiners import BoundCombiner
 from ..core.level import Level
 from ..errors import Cancelled, LocalcosError, RemoteError
@@ -73,6 +75,10 @@ class ServedEnsemble:
     formatter: ChatFormatter | OwnTemplates | None  # None: the models carry no chat template
     created: int = field(default_factory=lambda: int(time.time()))
     scores: ScoreCache = field(default_factory=ScoreCache)  # echo scoring's shared prefixes
+    # one model loaded for the mixed level: its own tokens beside it (`Ensemble.beside`) and its
+    # template over them, for the requests the mixed level does not serve (`decide`)
+    token: LoadedModels | None = None
+    token_formatter: ChatFormatter | None = None
 
     @property
     def byte_level(self) -> bool:
@@ -82,8 +88,18 @@ class ServedEnsemble:
     def token_models(self) -> LoadedModels:
         """The models where they decode at the token level: what every path that needs one
         vocabulary reads (the byte level refuses those requests before they get here)."""
+        if self.token is not None:
+            return self.token
         assert isinstance(self.ensemble, LoadedModels), "refused at the byte level first"
         return self.ensemble
+
+    def decide(self, generation: GenerationConfig, needs_tokens: bool) -> Level:
+        """The level a request with these settings decodes at (`config.resolve.request_level`)."""
+        return request_level(self.level, generation, needs_tokens=needs_tokens, token_view=self.token is not None)
+
+    def templates(self, level: Level) -> ChatFormatter | OwnTemplates | None:
+        """What renders a conversation at `level`: each model's own template at the byte levels."""
+        return self.token_formatter if level is Level.TOKEN and self.token_formatter is not None else self.formatter
 
     @property
     def level(self) -> Level:
@@ -127,6 +143,7 @@ class Request:
     include_usage: bool = False
     return_token_ids: bool = False  # vLLM's extra: prompt_token_ids and token_ids on each choice
     tools: ToolCalls | None = None  # the reply may be tool calls, written in this format
+    level: Level = Level.TOKEN  # the level it decodes at (`ServedEnsemble.decide`)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -181,45 +198,49 @@ def plan_completion(served: ServedEnsemble, request: CompletionRequest) -> Reque
     check_model(served, request.model)
     max_tokens = served.settings.generation.max_tokens if request.max_tokens is None else request.max_tokens
     settings = settings_for(served, request, max_tokens)
-    if served.byte_level:
-        return _byte_completion(served, request, settings, max_tokens)
+    needs_tokens = request.echo or request.logprobs is not None or request.return_token_ids or any(not isinstance(p, str) for p in request.prompt)
+    level = served.decide(settings.generation, needs_tokens)
+    if level.in_bytes:
+        return _byte_completion(served, request, settings, max_tokens, level)
     # with echo, nothing is added to what was sent: its tokens are the ones scored
-    if request.echo and served.ensemble.second_member is not None:
+    if request.echo and served.token_models.second_member is not None:
         raise APIError(400, "echo scores the prompt as one text: not on a server whose model also reads a second prompt (serve --negative-prompt)",
                        param="echo")  # fmt: skip
     if request.echo and settings.generation.phrasing != "raw":
         raise APIError(400, "echo returns the prompt as sent: not with phrasing instruct (a request's, or serve --phrasing)", param="echo")
-    plans = text_plans(served, settings, request.prompt, **({"add_bos": False} if request.echo else {}))
+    plans = text_plans(served, settings, request.prompt, level, **({"add_bos": False} if request.echo else {}))
     texts = [p if isinstance(p, str) else served.token_models.detokenize(p) for p in request.prompt]
     return Request(
         "completion", plans, texts, request.n, request.stream, max_tokens, request.echo, request.logprobs,
-        include_usage=request.include_usage, return_token_ids=request.return_token_ids,
+        include_usage=request.include_usage, return_token_ids=request.return_token_ids, level=level,
     )  # fmt: skip
 
 
-def text_plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[str | list[int]], **tokenize: Any) -> list[Plan] | list[BytePlan]:
-    """The plans of text (or token id) prompts read as `settings.generation.phrasing` says: at
-    the byte level each model's own tokens of the text."""
-    if not served.byte_level:
+def text_plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[str | list[int]], level: Level,
+               **tokenize: Any) -> list[Plan] | list[BytePlan]:  # fmt: skip
+    """The plans of text (or token id) prompts read as `settings.generation.phrasing` says, at
+    `level`: at the byte levels each model's own tokens of the text."""
+    if not level.in_bytes:
         return _plans(served, settings, prompts, "prompt", **tokenize)
     try:
         tokens = [served.ensemble.prompts(t, phrasing=settings.generation.phrasing) for t in prompts if isinstance(t, str)]  # type: ignore[union-attr]
     except LocalcosError as e:
         raise from_localcos(e, "prompt") from None
-    return _byte_plans(served, settings, tokens, "prompt")
+    return _byte_plans(served, settings, tokens, "prompt", level)
 
 
-def chat_plans(served: ServedEnsemble, settings: Settings, conversation: list[Message], definitions: list[dict] | None = None) -> list[Plan] | list[BytePlan]:
-    """The plan of a conversation through the models' chat template (at the byte level each
-    model's own), which describes the `definitions` of tools; where a member reads a second
-    prompt, the conversation as it reads it. The one way every chat route renders a chat."""
-    if served.byte_level:
-        return _byte_plans(served, settings, [render_messages(served, conversation)], "messages")  # type: ignore[list-item]
+def chat_plans(served: ServedEnsemble, settings: Settings, conversation: list[Message], level: Level,
+               definitions: list[dict] | None = None) -> list[Plan] | list[BytePlan]:  # fmt: skip
+    """The plan of a conversation through the models' chat template at `level` (at the byte
+    levels each model's own), which describes the `definitions` of tools; where a member reads a
+    second prompt, the conversation as it reads it. The one way every chat route renders a chat."""
+    if level.in_bytes:
+        return _byte_plans(served, settings, [render_messages(served, conversation, level=level)], "messages", level)  # type: ignore[list-item]
     second = None
-    if served.ensemble.second_member is not None:  # the conversation as the second prompt's member reads it
+    if served.token_models.second_member is not None:  # the conversation as the second prompt's member reads it
         other = second_conversation(conversation, settings.generation.negative_prompt, served.settings.guide_system)
-        second = None if other is None else render_messages(served, other, definitions)
-    return _plans(served, settings, [cast("list[int]", render_messages(served, conversation, definitions))], "messages",
+        second = None if other is None else render_messages(served, other, definitions, level)
+    return _plans(served, settings, [cast("list[int]", render_messages(served, conversation, definitions, level))], "messages",
                   cast("list[int] | None", second))  # the token level: one template's tokens
 
 
@@ -227,25 +248,28 @@ def messages(request_messages: Sequence[ChatMessage]) -> list[Message]:
     return [Message(m.role, m.text, tool_calls=m.calls(), tool_call_id=m.tool_call_id) for m in request_messages]
 
 
-def render(served: ServedEnsemble, request_messages: Sequence[ChatMessage], tools: Sequence[dict] | None = None) -> list[int] | list[list[int]]:
+def render(served: ServedEnsemble, request_messages: Sequence[ChatMessage], tools: Sequence[dict] | None = None,
+           level: Level = Level.TOKEN) -> list[int] | list[list[int]]:  # fmt: skip
     """The conversation's prompt tokens, through the models' chat template (400 without one),
     which also describes `tools` (OpenAI's function definitions) to the models; at the byte
-    level each model's own."""
-    return render_messages(served, messages(request_messages), tools)
+    levels each model's own."""
+    return render_messages(served, messages(request_messages), tools, level)
 
 
-def render_messages(served: ServedEnsemble, conversation: list[Message], tools: Sequence[dict] | None = None) -> list[int] | list[list[int]]:
+def render_messages(served: ServedEnsemble, conversation: list[Message], tools: Sequence[dict] | None = None,
+                    level: Level = Level.TOKEN) -> list[int] | list[list[int]]:  # fmt: skip
     """`render` of a conversation already read (a second prompt's is made from the request's)."""
-    if served.formatter is None:
+    formatter = served.templates(level)
+    if formatter is None:
         raise APIError(400, "these models carry no chat template; use /v1/completions", param="messages")
     if served.settings.system and conversation[0].role != "system":
         conversation = [Message("system", served.settings.system), *conversation]
     try:
         # the byte level's requests carry no tools (`_byte_chat` refuses them)
         if tools:
-            assert isinstance(served.formatter, ChatFormatter), "the byte level refuses tools first"
-            return served.formatter.tokens(conversation, tools=tools)
-        return served.formatter.tokens(conversation)
+            assert isinstance(formatter, ChatFormatter), "the byte level refuses tools first"
+            return formatter.tokens(conversation, tools=tools)
+        return formatter.tokens(conversation)
     except LocalcosError as e:
         raise from_localcos(e, "messages") from None
 
@@ -262,7 +286,7 @@ class ToolCalls:
 def _tools(served: ServedEnsemble, request: ChatCompletionRequest) -> tuple[ToolCalls, Constraint, list[dict]]:
     """The tools of a request: the format the models write calls in, the grammar the reply must
     follow (text and/or calls, as tool_choice says), and the definitions for the template."""
-    model = served.ensemble.models[served.settings.chat_template_model]
+    model = served.token_models.models[served.settings.chat_template_model]
     fmt = tool_call_format(model)
     if fmt is None:
         raise APIError(400, "these models' chat template does not describe tool calls (localcos knows <tool_call> ones, as Qwen2.5's)", param="tools")
@@ -280,15 +304,18 @@ def plan_chat(served: ServedEnsemble, request: ChatCompletionRequest) -> Request
     check_model(served, request.model)
     limit = request.token_limit
     max_tokens = served.settings.generation.max_tokens if limit is None else limit
-    if served.byte_level:
-        return _byte_chat(served, request, settings_for(served, request, max_tokens), max_tokens)
+    settings = settings_for(served, request, max_tokens)
+    level = served.decide(settings.generation, needs_tokens=request.logprobs or bool(request.tools) or request.return_token_ids)
+    if level.in_bytes:
+        return _byte_chat(served, request, settings, max_tokens, level)
     tools, constraint, definitions = _tools(served, request) if request.tools else (None, None, None)
-    settings = settings_for(served, request, max_tokens, constraint)
-    plans = chat_plans(served, settings, messages(request.messages), definitions)
+    if constraint is not None:
+        settings = settings_for(served, request, max_tokens, constraint)
+    plans = chat_plans(served, settings, messages(request.messages), level, definitions)
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     return Request(
         "chat", plans, [""], request.n, request.stream, max_tokens, False, logprobs,
-        include_usage=request.include_usage, return_token_ids=request.return_token_ids, tools=tools,
+        include_usage=request.include_usage, return_token_ids=request.return_token_ids, tools=tools, level=level,
     )  # fmt: skip
 
 
@@ -307,28 +334,28 @@ def _refuse_at_byte_level(given: Sequence[tuple[bool, str]]) -> None:
                            param=what.split(":")[0], code="unsupported_parameter")  # fmt: skip
 
 
-def _byte_plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[list[list[int]]], param: str) -> list[BytePlan]:
+def _byte_plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[list[list[int]]], param: str, level: Level) -> list[BytePlan]:
     models = served.ensemble
     assert isinstance(models, ByteModels)
     try:
         combiner = settings.combiner()
-        return [models.plan(p, settings.generation, combiner=combiner, param=param) for p in prompts]
+        return [models.plan(p, settings.generation, combiner=combiner, param=param, level=level) for p in prompts]
     except LocalcosError as e:
         raise from_localcos(e, param) from None
 
 
-def _byte_completion(served: ServedEnsemble, request: CompletionRequest, settings: Settings, max_tokens: int) -> Request:
+def _byte_completion(served: ServedEnsemble, request: CompletionRequest, settings: Settings, max_tokens: int, level: Level) -> Request:
     _refuse_at_byte_level([(any(not isinstance(p, str) for p in request.prompt), "prompt: token ids (send text)"), (request.echo, "echo"),
                            (request.logprobs is not None, "logprobs"), (request.return_token_ids, "return_token_ids")])  # fmt: skip
     texts = [p for p in request.prompt if isinstance(p, str)]
-    plans = text_plans(served, settings, texts)
-    return Request("completion", plans, texts, request.n, request.stream, max_tokens, include_usage=request.include_usage)
+    plans = text_plans(served, settings, texts, level)
+    return Request("completion", plans, texts, request.n, request.stream, max_tokens, include_usage=request.include_usage, level=level)
 
 
-def _byte_chat(served: ServedEnsemble, request: ChatCompletionRequest, settings: Settings, max_tokens: int) -> Request:
+def _byte_chat(served: ServedEnsemble, request: ChatCompletionRequest, settings: Settings, max_tokens: int, level: Level) -> Request:
     _refuse_at_byte_level([(bool(request.logprobs), "logprobs"), (bool(request.tools), "tools"), (request.return_token_ids, "return_token_ids")])
-    plans = chat_plans(served, settings, messages(request.messages))
-    return Request("chat", plans, [""], request.n, request.stream, max_tokens, include_usage=request.include_usage)
+    plans = chat_plans(served, settings, messages(request.messages), level)
+    return Request("chat", plans, [""], request.n, request.stream, max_tokens, include_usage=request.include_usage, level=level)
 
 
 # --- running -----------------------------------------------------------------------------------
@@ -516,12 +543,12 @@ def usage(request: Request, choices: Sequence[Choice]) -> out.Usage:
     return out.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens)
 
 
-def statistics(served: ServedEnsemble, choices: Sequence[Choice]) -> dict | None:
+def statistics(request: Request, choices: Sequence[Choice]) -> dict | None:
     """The `localcos` object of an answer: its choices' statistics, one shape at every level."""
     stats = [c.completion.stats for c in choices if c.completion is not None]
     if not stats:
         return None
-    return stats_json(aggregate(stats), served.level)
+    return stats_json(aggregate(stats), request.level)
 
 
 def _tool_calls(calls: list[dict], streamed: bool = False) -> list[out.ToolCall]:
@@ -538,7 +565,7 @@ def response(served: ServedEnsemble, request: Request, choices: Sequence[Choice]
                 out.ChatChoice(index=c.index, message=_message(c), logprobs=c.logprobs, finish_reason=_finish(c), **_extras(request, c))
                 for c in choices
             ],
-            usage=usage(request, choices), localcos=statistics(served, choices),
+            usage=usage(request, choices), localcos=statistics(request, choices),
         ).body()  # fmt: skip
     return out.TextCompletion(
         id="cmpl-" + request.id, created=request.created, model=served.alias,
@@ -549,7 +576,7 @@ def response(served: ServedEnsemble, request: Request, choices: Sequence[Choice]
             )
             for c in choices
         ],
-        usage=usage(request, choices), localcos=statistics(served, choices),
+        usage=usage(request, choices), localcos=statistics(request, choices),
     ).body()  # fmt: skip
 
 
@@ -582,7 +609,7 @@ def final_chunks(served: ServedEnsemble, request: Request, choices: Sequence[Cho
     if the client asked (stream_options.include_usage), a usage event without choices."""
     events = [chunk(served, request, c.index, None, _finish(c), extras=_extras(request, c), calls=c.calls) for c in choices]
     if events:
-        events[-1].localcos = statistics(served, choices)
+        events[-1].localcos = statistics(request, choices)
     if request.include_usage:
         tail = chunk(served, request, 0, None)
         tail.choices = []
