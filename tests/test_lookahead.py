@@ -254,3 +254,18 @@ def test_eval_loads_the_branches_its_lookahead_variants_need(models, tmp_path):
                                "--level", "mixed", "--gate", "0.5", "--results", str(tmp_path / "b.jsonl"), "--variant", "a=--lookahead 3,4"],
                               capture_output=True, text=True, timeout=300)  # fmt: skip
     assert byte_run.returncode == 2 and "lookahead: not available at the mixed level" in byte_run.stderr, byte_run.stderr
+
+
+def test_the_coder_lookahead_preset_looks_ahead_greedily_through_the_models_template(models, tmp_path):
+    """The shipped preset: its model through its chat template, greedy, looking ahead (3, 4)
+    where the model's top probability is under 0.5, at the token level (its model swapped for a
+    synthetic one by the user's models.toml, as a user's own file may)."""
+    from localcos.config import resolve
+    from localcos.runtime.bytelevel import decoding_level
+
+    config = tmp_path / "models.toml"
+    config.write_text(f'[models."coder-1.5b"]\npath = "{models["chat"]}"\n')
+    settings = resolve({"preset": "coder-lookahead", "config": str(config)})
+    generation = settings.generation
+    assert (generation.lookahead, generation.lookahead_threshold, generation.phrasing) == ((3, 4), 0.5, "instruct")
+    assert generation.sampler().greedy and decoding_level(settings).value == "token" and settings.load.lookahead == (3, 4)

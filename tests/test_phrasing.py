@@ -51,7 +51,7 @@ def _generate(*args: str) -> subprocess.CompletedProcess:
 def test_instruct_reads_the_code_as_the_chat_templates_instruction(models):
     path = str(models["chat"])
     prompt, want = in_child(_instruct_greedy, path, CODE, N)
-    # its own tokens (one model's greedy default is the mixed level): llama.cpp's greedy tokens
+    # its own tokens: llama.cpp's greedy tokens
     common = ["--models", path, "--prompt", CODE, "--temperature", "0", "--max-tokens", str(N), "--ignore-eos", "--json", "--level", "token"]
     proc = _generate(*common, "--phrasing", "instruct")
     assert proc.returncode == 0, proc.stderr

@@ -204,8 +204,8 @@ _OPTIONS = [
             "combine next-token distributions (token: one tokenizer; for one model llama.cpp's own decoding) or next-byte "
             "distributions (byte: any tokenizers, each model in its own tokens); mixed: whole tokens of the lead where its "
             "likeliest has probability --gate or more (one model: --gate 0.5 unless given), the byte level elsewhere; "
-            "auto: for one model decoding greedily (temperature 0) mixed, sampling token (at temperature 1 the mixed level "
-            "samples the model's own law at any gate), for several models token when they share a tokenizer, else byte",
+            "auto (the default): token when the models share a tokenizer (one model: its own tokens, as llama.cpp decodes "
+            "them), else byte",
             default="auto", choices=LEVELS),
     _option("byte_paths", "--byte-paths", "level", "load", _at_least(1),
             "byte level: the most tokenisations of the text each model keeps (its llama.cpp sequences)", default=8, metavar="N"),

@@ -67,8 +67,6 @@ def resolve(
     # the members: the lead model a second time where it reads a second prompt
     second_prompt = generation.negative_prompt is not None or bool(value("guide_system"))
     level = value("level")
-    if level == "auto" and not second_prompt and one_model_decodes_mixed(n, generation, value("parallel"), rpc, given):
-        level = "mixed"
     combine_values["gate"] = mixed_gate(combine_values["gate"], level, n, second_prompt)
     load = LoadSpec.make(
         sources.paths,
@@ -160,24 +158,6 @@ def request_level(level: Level, generation: GenerationConfig, *, needs_tokens: b
     if level is Level.MIXED and token_view and (needs_tokens or not mixed_decodes(generation)):
         return Level.TOKEN
     return level
-
-
-def one_model_decodes_mixed(n: int, generation: GenerationConfig, parallel: int | None, rpc: tuple, given: Iterable[str]) -> bool:
-    """The one rule of one model's default level (`--level auto`): its greedy decoding at the
-    mixed level, which decodes its own whole tokens where it is sure and its bytes where it is
-    not (docs/algorithm.md, section 12), at its own speed; its sampling at the token level,
-    llama.cpp's own (at temperature 1, untruncated, the mixed level samples the very same law,
-    slower; truncated, its sampled steps cost more host work and what it gives is unmeasured).
-    What the mixed level does not do keeps the token level: a constraint, a method or drafts of
-    the token level, lookahead, several sequences at once (--parallel), a model on RPC servers, a
-    chat template chosen by index."""
-    return (
-        n == 1
-        and mixed_decodes(generation)
-        and (parallel or 1) == 1
-        and not any(rpc)
-        and "chat_template_model" not in given
-    )
 
 
 def resolve_server(values: Mapping[str, Any]) -> ServerSpec:

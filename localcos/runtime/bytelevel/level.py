@@ -42,6 +42,8 @@ def level_of(spec: LoadSpec) -> Level:
     only, before anything loads)."""
     if spec.level != "auto":
         return Level(spec.level)
+    if len(spec.paths) == 1:  # one model shares its tokenizer with itself: no file opened
+        return Level.TOKEN
     models = [Model(p, vocab_only=True) for p in spec.paths]
     try:
         return Level.TOKEN if shares_tokenizer(models) else Level.BYTE
