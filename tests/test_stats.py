@@ -52,6 +52,39 @@ def _stats(tokens, seconds, accepted, rejected, verifications, calls, seed=None)
     )
 
 
+def test_byte_stats_aggregate_every_field_by_its_kind():
+    """A byte-level request's totals: counters summed, per-model lists model by model, the most
+    paths the largest, what describes the request the first's; every field is covered, so a
+    counter added later is totalled without a second list of fields."""
+    from dataclasses import fields
+
+    from localcos.core.level import Level
+    from localcos.runtime.bytelevel.results import ByteStats
+
+    def one(k: int, reason: str) -> ByteStats:
+        values = {f.name: getattr(ByteStats(), f.name) for f in fields(ByteStats)}
+        for name, value in values.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                values[name] = k
+        lists = {name: [k, 2 * k] for name in ("calls", "rows", "most_paths", "restarts", "dropped", "folded", "missed")}
+        return ByteStats(**{**values, **lists, "level": Level.MIXED, "finish_reason": reason, "names": [f"m{k}", "x"],
+                            "method": "cos", "combiner": f"c{k}"})  # fmt: skip
+
+    total = ByteStats.aggregate([one(1, "stop"), one(3, "length")])
+    for f in fields(ByteStats):
+        value = getattr(total, f.name)
+        if f.name in ("calls", "rows", "restarts", "dropped", "folded", "missed"):
+            assert value == [4, 8], f.name
+        elif f.name == "most_paths":
+            assert value == [3, 6]
+        elif isinstance(getattr(ByteStats(), f.name), (int, float)):
+            assert value == 4, f.name
+    assert (total.level, total.method, total.combiner, total.names) == (Level.MIXED, "cos", "c1", ["m1", "x"])
+    assert total.finish_reasons == {"stop": 1, "length": 1} and total.finish_reason == ""
+    same = ByteStats.aggregate([one(1, "stop"), one(2, "stop")])
+    assert same.finish_reason == "stop" and same.finish_reasons == {"stop": 2}
+
+
 def test_aggregate_sums_counters_and_recomputes_rates():
     a = _stats(10, 1.0, 8, 2, 4, (6, 3), seed=5)
     b = _stats(30, 2.0, 10, 10, 6, (20, 9))

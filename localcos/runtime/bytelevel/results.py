@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 from collections.abc import Sequence
 
 from ...config.specs import GenerationConfig
@@ -11,11 +12,15 @@ from ...core.combiners import BoundCombiner
 from ...core.level import Level
 
 
+_FIRST = {"aggregate": "first"}  # what describes a request: the first completion's
+_MOST = {"aggregate": max}
+
+
 @dataclass
 class ByteStats:
     """What a byte-level generation did."""
 
-    level: Level = Level.BYTE  # the byte or the mixed level
+    level: Level = field(default=Level.BYTE, metadata=_FIRST)  # the byte or the mixed level
     bytes: int = 0
     chars: int = 0
     tokens: int = 0  # the text in the lead model's tokens (what max_tokens counts; 0 where nothing counts them)
@@ -24,14 +29,14 @@ class ByteStats:
     llama_seconds: float = 0.0  # of `seconds`, inside llama.cpp (every model's calls)
     calls: list[int] = field(default_factory=list)  # llama_decode calls per model
     rows: list[int] = field(default_factory=list)  # path rows evaluated per model
-    most_paths: list[int] = field(default_factory=list)
+    most_paths: list[int] = field(default_factory=list, metadata=_MOST)
     restarts: list[int] = field(default_factory=list)  # paths rebuilt from the model's tokenisation
     dropped: list[float] = field(default_factory=list)  # each model's probability mass pruned
     folded: list[int] = field(default_factory=list)  # paths folded into a heavier one at their position
-    finish_reason: str = ""
-    method: str = "ensemble"
-    combiner: str = ""  # its description
-    names: list[str] = field(default_factory=list)  # the models'
+    finish_reason: str = field(default="", metadata=_FIRST)
+    method: str = field(default="ensemble", metadata=_FIRST)
+    combiner: str = field(default="", metadata=_FIRST)  # its description
+    names: list[str] = field(default_factory=list, metadata=_FIRST)  # the models'
     drafted: int = 0  # draft symbols judged (cos)
     accepted: int = 0
     missed: list[int] = field(default_factory=list)  # rows a draft's scoring had not evaluated ahead
@@ -40,35 +45,32 @@ class ByteStats:
     gate_opened: int = 0  # of them, where the gate opened (the models were combined)
     token_bytes: int = 0  # the mixed level: bytes decoded as the lead's whole tokens (the rest byte by byte)
     completions: int = 1
-    finish_reasons: dict[str, int] = field(default_factory=dict)  # of several completions (`aggregate`)
+    finish_reasons: dict[str, int] = field(default_factory=dict, metadata=_FIRST)  # of several completions (`aggregate`)
 
     @classmethod
     def aggregate(cls, stats: Sequence[ByteStats]) -> ByteStats:
-        """Totals over completions of one request (the most paths held: the largest)."""
+        """Totals over completions of one request, read from the fields themselves: counters
+        summed, per-model lists summed model by model, the most paths held the largest, what
+        describes the request (level, method, combiner, names) the first's."""
         if not stats:
             raise ValueError("no stats")
-
-        def total(name: str) -> list:
-            return [sum(values) for values in zip(*(getattr(s, name) for s in stats))]
-
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            column = [getattr(s, f.name) for s in stats]
+            how = f.metadata.get("aggregate", sum)
+            if how == "first":
+                values[f.name] = column[0]
+            elif isinstance(column[0], list):
+                values[f.name] = [how(per_model) for per_model in zip(*column)]
+            else:
+                values[f.name] = how(column)
         reasons: dict[str, int] = {}
         for s in stats:
             for reason, count in (s.finish_reasons or {s.finish_reason: 1}).items():
                 reasons[reason] = reasons.get(reason, 0) + count
-        return cls(
-            level=stats[0].level, bytes=sum(s.bytes for s in stats), chars=sum(s.chars for s in stats), tokens=sum(s.tokens for s in stats),
-            seconds=sum(s.seconds for s in stats),
-            prompt_seconds=sum(s.prompt_seconds for s in stats), llama_seconds=sum(s.llama_seconds for s in stats), calls=total("calls"),
-            rows=total("rows"),
-            most_paths=[max(values) for values in zip(*(s.most_paths for s in stats))], restarts=total("restarts"),
-            dropped=total("dropped"), folded=total("folded"), finish_reason=stats[0].finish_reason if len(reasons) == 1 else "", method=stats[0].method,
-            combiner=stats[0].combiner, names=stats[0].names,
-            drafted=sum(s.drafted for s in stats), accepted=sum(s.accepted for s in stats), missed=total("missed"),
-            ensemble_steps=sum(s.ensemble_steps for s in stats), gate_decided=sum(s.gate_decided for s in stats),
-            gate_opened=sum(s.gate_opened for s in stats),
-            token_bytes=sum(s.token_bytes for s in stats),
-            completions=sum(s.completions for s in stats), finish_reasons=reasons,
-        )  # fmt: skip
+        values["finish_reasons"] = reasons
+        values["finish_reason"] = stats[0].finish_reason if len(reasons) == 1 else ""
+        return cls(**values)
 
     @property
     def chars_per_second(self) -> float:
