@@ -103,7 +103,7 @@ class ServedEnsemble:
 
     @property
     def level(self) -> Level:
-        """The level its requests decode at (one model served greedy: the mixed level)."""
+        """The level its models were loaded for (a request may decode at another: `decide`)."""
         return self.ensemble.level if isinstance(self.ensemble, ByteModels) else Level.TOKEN
 
 
