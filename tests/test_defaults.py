@@ -114,3 +114,22 @@ def test_one_model_served_at_the_mixed_level_says_so_and_serves_the_rest_on_its_
         client = s.client()
         assert client.models.list().data[0].model_extra["localcos"]["level"] == "token"
         assert client.completions.create(model="m", prompt="The river", max_tokens=8).model_extra["localcos"]["level"] == "token"
+
+
+def test_a_request_decodes_at_the_mixed_level_only_where_that_level_serves_it(models):
+    """`request_level` on a one-model server loaded for the mixed level: greedy plain requests stay
+    there; one that samples, needs tokens, or asks what the mixed level's rules refuse (a
+    constraint, another method, lookahead) or the token level's drafts goes to the model's own
+    tokens; without a token view nothing moves."""
+    from localcos.config.resolve import request_level
+
+    def level(values, needs_tokens=False, token_view=True):
+        generation = resolve({"models": [str(models["base"])], "level": "token", **values}, decoded=False).generation
+        return request_level(Level.MIXED, generation, needs_tokens=needs_tokens, token_view=token_view)
+
+    assert level({"temperature": 0}) is Level.MIXED and level({"temperature": 0, "top_k": 5}) is Level.MIXED
+    assert level({"temperature": 0}, needs_tokens=True) is Level.TOKEN
+    for token_only in ({"temperature": 0.8}, {"temperature": 0, "json_object": True}, {"temperature": 0, "method": "cos"},
+                       {"temperature": 0, "lookahead": "3,4"}, {"temperature": 0, "gamma": "4"}, {"temperature": 0, "lookup": "on"}):  # fmt: skip
+        assert level(token_only) is Level.TOKEN, token_only
+    assert level({"temperature": 0.8}, token_view=False) is Level.MIXED

@@ -11,7 +11,7 @@ from ..core.level import Level
 from ..errors import ConfigError
 from .options import OPTIONS
 from .parse import parse_rpc
-from .specs import CombineSpec, GenerationConfig, LoadSpec, ServerSpec, Settings, check_for_models, imply_guidance, mixed_gate
+from .specs import CombineSpec, GenerationConfig, LoadSpec, ServerSpec, Settings, check_for_models, check_level, imply_guidance, mixed_gate
 
 
 def resolve(
@@ -135,18 +135,17 @@ class _Sources:
 
 
 def mixed_decodes(generation: GenerationConfig) -> bool:
-    """Whether the mixed level serves these generation settings (written once: the level's limits):
-    greedy decoding with the ensemble's step, no constraint, no drafts of the token level (a fixed
-    gamma, a proposer, lookup on), no lookahead."""
-    return (
-        generation.sampler().greedy
-        and generation.constraint is None
-        and generation.method in (None, "ensemble")
-        and generation.gamma == "auto"
-        and generation.proposer is None
-        and generation.lookup != "on"
-        and generation.lookahead is None
-    )
+    """Whether a one-model server loaded for the mixed level decodes these settings there: greedy,
+    none of the token level's drafts (a fixed gamma, a proposer, lookup on), and nothing the mixed
+    level's own rules refuse (`specs.check_level`, their one owner: a constraint, another method,
+    lookahead)."""
+    if not generation.sampler().greedy or generation.gamma != "auto" or generation.proposer is not None or generation.lookup == "on":
+        return False
+    try:
+        check_level("mixed", generation, gated=True)
+    except ConfigError:
+        return False
+    return True
 
 
 def request_level(level: Level, generation: GenerationConfig, *, needs_tokens: bool, token_view: bool) -> Level:
