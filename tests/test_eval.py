@@ -437,7 +437,7 @@ def test_holm_corrects_each_comparisons_p_for_the_number_made():
     from localcos.eval.paired import holm
 
     assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    # docs/evaluation.md's table of three configurations against the 1.5B alone (smol-coder-cd)
+    # docs/history.md's table of three configurations against the 1.5B alone (smol-coder-cd)
     assert holm([0.02179, 0.2668, 0.3449])[0] == pytest.approx(0.0654, abs=1e-3)
     assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0]) and holm([]) == []
 
