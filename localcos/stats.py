@@ -1,13 +1,15 @@
-"""What generations cost and how speculation went: one statistics model for every front end.
+"""What generations cost and how they went: one statistics type for every level and front end.
 
 A `GenerationStats` holds counters (totals over one or more completions); every rate is derived
 from them, so the statistics of many completions are the sum of their counters
-(`GenerationStats.aggregate`) and rates are never averaged. The CLI's summary line and ``--json``,
-the bench's rows, the chat's panel and the server's ``localcos`` object all read it.
+(`GenerationStats.aggregate`, read from the fields' own metadata) and rates are never averaged.
+The CLI's summary line and ``--json``, the bench's rows, the chat's panel and the server's
+``localcos`` object all read it, at every level: a field that a level does not count is null in
+`to_dict` (each field says which levels count it).
 
 Words, the same in code, JSON and the README:
   proposed       draft tokens submitted to verification
-  accepted       draft tokens accepted
+  accepted       draft tokens accepted (the byte and mixed levels: draft symbols)
   rejected       draft tokens rejected (each rejection rolls the KV caches back and resamples
                  one token from the residual distribution)
   verifications  verification passes
@@ -21,17 +23,30 @@ Words, the same in code, JSON and the README:
   looked_ahead, lookahead_changed
                  with --lookahead: positions looked ahead from (r unsure there), and those where
                  a branch other than r's likeliest token won
+  bytes, chars   the byte and mixed levels: the text's length in bytes and characters
+  drafted        the byte and mixed levels: draft symbols judged (cos)
+  rows           the byte and mixed levels: path rows evaluated, per model (a model's `tokens`)
+  most_paths, restarts, dropped_mass, folded, missed_rows
+                 the byte and mixed levels, per model: the most paths held at once, paths rebuilt
+                 from the model's tokenisation, probability mass pruned, paths folded into a
+                 heavier one, rows a draft's scoring had not evaluated ahead
+  ensemble_steps cos at the byte level: rounds where no model drafted
+  token_bytes    the mixed level: bytes decoded as the lead's whole tokens
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 from collections.abc import Sequence
+
+from .core.level import Level
 
 
 @dataclass
 class ModelRunStats:
-    """One model's work: llama_decode calls, tokens evaluated, seconds inside llama.cpp."""
+    """One model's work: llama_decode calls, tokens evaluated (at the byte and mixed levels: path
+    rows), seconds inside llama.cpp."""
 
     name: str
     calls: int = 0
@@ -39,36 +54,62 @@ class ModelRunStats:
     seconds: float = 0.0
 
 
+# how a field totals over completions (default: summed; lists model by model) and which levels
+# count it (default: every level)
+_FIRST = "first"  # what describes a request: the first completion's
+_TOKEN = (Level.TOKEN,)
+_BYTES = (Level.BYTE, Level.MIXED)
+
+
+def _meta(aggregate: Any = sum, levels: tuple[Level, ...] = tuple(Level)) -> dict[str, Any]:
+    return {"aggregate": aggregate, "levels": levels}
+
+
 @dataclass
 class GenerationStats:
-    """Counters of one or more generations with one ensemble and one setting."""
+    """Counters of one or more generations with one set of models and one setting, at one level."""
 
-    method: str
-    combiner: str
-    models: list[ModelRunStats]
+    method: str = field(metadata=_meta(_FIRST))
+    combiner: str = field(metadata=_meta(_FIRST))  # its description
+    models: list[ModelRunStats] = field(metadata=_meta("models"))
+    level: Level = field(default=Level.TOKEN, metadata=_meta(_FIRST))
     completions: int = 1
-    tokens: int = 0  # generated tokens
+    tokens: int = 0  # generated tokens (the byte and mixed levels: the text in the lead model's tokens; 0 where nothing counts them)
     seconds: float = 0.0  # wall time of decoding (after the prompt)
-    prompt_tokens: int = 0
     prompt_seconds: float = 0.0
-    proposed: int = 0
     accepted: int = 0
-    rejected: int = 0
-    verifications: int = 0
-    bonus: int = 0
-    lookup_proposed: int = 0
-    lookup_accepted: int = 0
     gate_decided: int = 0
     gate_opened: int = 0
-    looked_ahead: int = 0
-    lookahead_changed: int = 0
-    gamma: list[int] | None = None  # proposal length per model (None: ensemble, or chosen online)
-    proposer: int | None = None
-    seed: int | None = None
+    seed: int | None = field(default=None, metadata=_meta(_FIRST))
+    finish_reason: str = field(default="", metadata=_meta("reasons"))  # "" where completions ended differently
+    finish_reasons: dict[str, int] = field(default_factory=dict, metadata=_meta("reasons"))
+    # the token level
+    prompt_tokens: int = field(default=0, metadata=_meta(levels=_TOKEN))
+    proposed: int = field(default=0, metadata=_meta(levels=_TOKEN))
+    rejected: int = field(default=0, metadata=_meta(levels=_TOKEN))
+    verifications: int = field(default=0, metadata=_meta(levels=_TOKEN))
+    bonus: int = field(default=0, metadata=_meta(levels=_TOKEN))
+    lookup_proposed: int = field(default=0, metadata=_meta(levels=_TOKEN))
+    lookup_accepted: int = field(default=0, metadata=_meta(levels=_TOKEN))
+    looked_ahead: int = field(default=0, metadata=_meta(levels=_TOKEN))
+    lookahead_changed: int = field(default=0, metadata=_meta(levels=_TOKEN))
+    # proposal length per model (None: ensemble, or chosen online)
+    gamma: list[int] | None = field(default=None, metadata=_meta(_FIRST, _TOKEN))
+    proposer: int | None = field(default=None, metadata=_meta(_FIRST, _TOKEN))
     # what the standard ensemble would spend inside llama.cpp on these tokens: one single-token
     # call per model per token, at single-token call times measured on this ensemble
-    ensemble_llama_seconds: float | None = None
-    finish_reasons: dict[str, int] = field(default_factory=dict)
+    ensemble_llama_seconds: float | None = field(default=None, metadata=_meta("known", _TOKEN))
+    # the byte and mixed levels (per-model lists: one entry per model, as `models`)
+    bytes: int = field(default=0, metadata=_meta(levels=_BYTES))
+    chars: int = field(default=0, metadata=_meta(levels=_BYTES))
+    drafted: int = field(default=0, metadata=_meta(levels=_BYTES))
+    ensemble_steps: int = field(default=0, metadata=_meta(levels=_BYTES))
+    most_paths: list[int] = field(default_factory=list, metadata=_meta(max, _BYTES))
+    restarts: list[int] = field(default_factory=list, metadata=_meta(levels=_BYTES))
+    dropped_mass: list[float] = field(default_factory=list, metadata=_meta(levels=_BYTES))
+    folded: list[int] = field(default_factory=list, metadata=_meta(levels=_BYTES))
+    missed_rows: list[int] = field(default_factory=list, metadata=_meta(levels=_BYTES))
+    token_bytes: int = field(default=0, metadata=_meta(levels=(Level.MIXED,)))
 
     # --- derived ----------------------------------------------------------------------------------
     @property
@@ -134,59 +175,78 @@ class GenerationStats:
             return None
         return self.ensemble_llama_seconds / self.llama_seconds
 
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.models]
+
+    @property
+    def rows(self) -> list[int]:
+        """The byte and mixed levels: path rows evaluated, per model."""
+        return [m.tokens for m in self.models]
+
+    @property
+    def chars_per_second(self) -> float | None:
+        return self.chars / self.seconds if self.seconds > 0 and self.chars else None
+
+    @property
+    def calls_per_char(self) -> list[float] | None:
+        return [m.calls / self.chars for m in self.models] if self.chars else None
+
     # --- combining and showing --------------------------------------------------------------------
     @classmethod
     def aggregate(cls, stats: Sequence[GenerationStats]) -> GenerationStats:
-        """Totals over completions of one setting (method, combiner and gamma of the first)."""
+        """Totals over completions of one request, read from the fields themselves: counters
+        summed, per-model lists summed model by model (the most paths: the largest), what
+        describes the request (level, method, combiner, seed, gamma) the first's, the standard
+        ensemble's estimate summed where every completion has one."""
         if not stats:
             raise ValueError("no stats")
         first = stats[0]
         if any(len(s.models) != len(first.models) for s in stats):
-            raise ValueError("stats of different ensembles")
-        models = [
-            ModelRunStats(
-                m.name,
-                sum(s.models[i].calls for s in stats),
-                sum(s.models[i].tokens for s in stats),
-                sum(s.models[i].seconds for s in stats),
-            )
-            for i, m in enumerate(first.models)
-        ]
+            raise ValueError("stats of different sets of models")
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            column = [getattr(s, f.name) for s in stats]
+            how = f.metadata.get("aggregate", sum)
+            if how == _FIRST:
+                values[f.name] = column[0]
+            elif how == "models":
+                values[f.name] = [ModelRunStats(m.name, *(sum(getattr(s.models[i], k) for s in stats) for k in ("calls", "tokens", "seconds")))
+                                  for i, m in enumerate(first.models)]  # fmt: skip
+            elif how == "known":
+                values[f.name] = None if any(v is None for v in column) else sum(column)
+            elif how == "reasons":
+                continue
+            elif isinstance(column[0], list):
+                values[f.name] = [how(per_model) for per_model in zip(*column)]
+            else:
+                values[f.name] = how(column)
         reasons: dict[str, int] = {}
         for s in stats:
-            for k, v in s.finish_reasons.items():
-                reasons[k] = reasons.get(k, 0) + v
-        counters = (
-            "completions", "tokens", "seconds", "prompt_tokens", "prompt_seconds", "proposed", "accepted", "rejected", "verifications",
-            "bonus", "lookup_proposed", "lookup_accepted", "gate_decided", "gate_opened", "looked_ahead", "lookahead_changed",
-        )  # fmt: skip
-        totals = {k: sum(getattr(s, k) for s in stats) for k in counters}
-        ensemble = None if any(s.ensemble_llama_seconds is None for s in stats) else sum(s.ensemble_llama_seconds or 0.0 for s in stats)
-        return replace(first, models=models, finish_reasons=reasons, ensemble_llama_seconds=ensemble, **totals)
+            for reason, count in (s.finish_reasons or {s.finish_reason: 1}).items():
+                reasons[reason] = reasons.get(reason, 0) + count
+        values["finish_reasons"] = reasons
+        values["finish_reason"] = next(iter(reasons)) if len(reasons) == 1 else ""
+        return cls(**values)
 
-    def to_dict(self) -> dict:
-        """Counters and derived rates, for JSON."""
+    def to_dict(self) -> dict[str, Any]:
+        """Counters and derived rates, for JSON: the same keys at every level, null where this
+        level does not count a value."""
         d = asdict(self)
+        d["level"] = self.level.value
+        for f in fields(self):
+            if self.level not in f.metadata.get("levels", tuple(Level)):
+                d[f.name] = None
         for m, calls_per_token in zip(d["models"], self.model_calls_per_token()):
             m["calls_per_token"] = calls_per_token
-        for key in (
-            "llama_seconds",
-            "host_seconds",
-            "host_fraction",
-            "calls",
-            "tokens_per_second",
-            "acceptance_rate",
-            "lookup_acceptance",
-            "gate_open_rate",
-            "mean_accepted",
-            "calls_per_token",
-            "speedup_estimate",
-        ):
-            d[key] = getattr(self, key)
+        for key, levels in _DERIVED.items():
+            d[key] = getattr(self, key) if self.level in levels else None
         return d
 
     def summary(self) -> str:
         """One line for people."""
+        if self.level is not Level.TOKEN:
+            return self._byte_summary()
         parts = [
             self.method,
             f"{self.tokens} tokens in {self.seconds:.2f}s",
@@ -209,3 +269,27 @@ class GenerationStats:
         if self.seed is not None:
             parts.append(f"seed {self.seed}")
         return " | ".join(parts)
+
+    def _byte_summary(self) -> str:
+        chars = max(self.chars, 1)
+        per_model = ", ".join(
+            f"{m.name}: {m.calls / chars:.2f} calls/char, {p} paths at most, {d:.2g} mass dropped, {f} folded, {r} restarts"
+            for m, p, d, f, r in zip(self.models, self.most_paths, self.dropped_mass, self.folded, self.restarts)
+        )
+        drafts = f"; {self.accepted}/{self.drafted} draft symbols accepted, {self.ensemble_steps} ensemble steps" if self.method == "cos" else ""
+        gate = f"; gate open {self.gate_opened}/{self.gate_decided}" if self.gate_decided else ""
+        level = "byte level"
+        if self.level is Level.MIXED:
+            level = f"mixed level ({self.token_bytes}/{self.bytes} bytes as whole tokens)"
+        speed = f"{self.chars_per_second or 0.0:.1f} chars/s"
+        return f"{level}: {self.chars} chars in {self.seconds:.2f} s ({speed}); {per_model}{drafts}{gate}"
+
+
+# the rates `to_dict` adds, and the levels that have them
+_DERIVED: dict[str, tuple[Level, ...]] = {
+    "llama_seconds": tuple(Level), "host_seconds": tuple(Level), "host_fraction": tuple(Level), "calls": tuple(Level),
+    "calls_per_token": tuple(Level), "gate_open_rate": tuple(Level), "tokens_per_second": tuple(Level),
+    "acceptance_rate": _TOKEN, "lookup_acceptance": _TOKEN, "mean_accepted": _TOKEN,
+    "speedup_estimate": _TOKEN,
+    "rows": _BYTES, "chars_per_second": _BYTES, "calls_per_char": _BYTES,
+}  # fmt: skip

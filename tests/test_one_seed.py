@@ -130,10 +130,10 @@ def test_byte_level_generate_stream_and_generate_many_after_other_requests_are_a
             ens.generate(prompt, max_tokens=n, temperature=t, seed=n)
             out = ens.generate(PROMPT, max_tokens=32, temperature=0.8, seed=5)
             texts.append(out.text)
-            dropped.append(out.stats.dropped)
+            dropped.append(out.stats.dropped_mass)
             stream = ens.stream(PROMPT, max_tokens=32, temperature=0.8, seed=5)
             texts.append("".join(stream))
-            dropped.append(stream.completion.stats.dropped)  # type: ignore[union-attr]
+            dropped.append(stream.completion.stats.dropped_mass)  # type: ignore[union-attr]
             texts.append(ens.generate_many(PROMPT, 2, max_tokens=32, temperature=0.8, seed=5)[0].text)
             assert ens.generate(PROMPT, max_tokens=32, temperature=0.0, method="ensemble").text == want_greedy
     assert texts == [want] * len(texts)

@@ -52,37 +52,64 @@ def _stats(tokens, seconds, accepted, rejected, verifications, calls, seed=None)
     )
 
 
-def test_byte_stats_aggregate_every_field_by_its_kind():
-    """A byte-level request's totals: counters summed, per-model lists model by model, the most
-    paths the largest, what describes the request the first's; every field is covered, so a
-    counter added later is totalled without a second list of fields."""
+def test_byte_level_stats_aggregate_every_field_by_its_kind():
+    """A byte-level request's totals: counters summed, per-model lists and each model's work
+    model by model, the most paths the largest, what describes the request the first's; every
+    field is covered, so a counter added later is totalled without a second list of fields."""
     from dataclasses import fields
 
     from localcos.core.level import Level
-    from localcos.runtime.bytelevel.results import ByteStats
 
-    def one(k: int, reason: str) -> ByteStats:
-        values = {f.name: getattr(ByteStats(), f.name) for f in fields(ByteStats)}
+    per_model = ("restarts", "dropped_mass", "folded", "missed_rows")
+    described = ("method", "combiner", "level", "seed", "gamma", "proposer")
+
+    def one(k: int, reason: str) -> GenerationStats:
+        values = {f.name: getattr(GenerationStats("", "", []), f.name) for f in fields(GenerationStats)}
         for name, value in values.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 values[name] = k
-        lists = {name: [k, 2 * k] for name in ("calls", "rows", "most_paths", "restarts", "dropped", "folded", "missed")}
-        return ByteStats(**{**values, **lists, "level": Level.MIXED, "finish_reason": reason, "names": [f"m{k}", "x"],
-                            "method": "cos", "combiner": f"c{k}"})  # fmt: skip
+        lists = {name: [k, 2 * k] for name in (*per_model, "most_paths")}
+        return GenerationStats(**{**values, **lists, "level": Level.MIXED, "finish_reason": reason, "finish_reasons": {},
+                                  "models": [ModelRunStats(f"m{k}", k, 10 * k, 0.5 * k), ModelRunStats("x", 2 * k, k, k)],
+                                  "method": "cos", "combiner": f"c{k}", "seed": k, "ensemble_llama_seconds": float(k)})  # fmt: skip
 
-    total = ByteStats.aggregate([one(1, "stop"), one(3, "length")])
-    for f in fields(ByteStats):
+    total = GenerationStats.aggregate([one(1, "stop"), one(3, "length")])
+    for f in fields(GenerationStats):
         value = getattr(total, f.name)
-        if f.name in ("calls", "rows", "restarts", "dropped", "folded", "missed"):
+        if f.name in per_model:
             assert value == [4, 8], f.name
         elif f.name == "most_paths":
             assert value == [3, 6]
-        elif isinstance(getattr(ByteStats(), f.name), (int, float)):
+        elif f.name in described:
+            assert value == getattr(one(1, "stop"), f.name), f.name
+        elif f.name == "models":
+            assert [(m.name, m.calls, m.tokens, m.seconds) for m in value] == [("m1", 4, 40, 2.0), ("x", 8, 4, 4.0)]
+        elif f.name not in ("finish_reason", "finish_reasons"):
             assert value == 4, f.name
-    assert (total.level, total.method, total.combiner, total.names) == (Level.MIXED, "cos", "c1", ["m1", "x"])
+    assert total.names == ["m1", "x"] and total.rows == [40, 4] and total.calls == [4, 8]
     assert total.finish_reasons == {"stop": 1, "length": 1} and total.finish_reason == ""
-    same = ByteStats.aggregate([one(1, "stop"), one(2, "stop")])
+    same = GenerationStats.aggregate([one(1, "stop"), one(2, "stop")])
     assert same.finish_reason == "stop" and same.finish_reasons == {"stop": 2}
+
+
+def test_the_statistics_document_has_the_same_keys_at_every_level_null_where_a_level_counts_nothing():
+    from localcos.core.level import Level
+
+    def at(level: Level) -> dict:
+        return GenerationStats("cos", "we", [ModelRunStats("a", 3, 9, 0.1)], level=level, tokens=4, seconds=1.0, chars=12, bytes=12,
+                               proposed=5, accepted=2, rejected=1, verifications=1, most_paths=[2], restarts=[0], dropped_mass=[0.0],
+                               folded=[0], missed_rows=[0], token_bytes=8, drafted=3).to_dict()  # fmt: skip
+
+    token, mixed, byte = at(Level.TOKEN), at(Level.MIXED), at(Level.BYTE)
+    assert list(token) == list(mixed) == list(byte)
+    assert (token["level"], mixed["level"], byte["level"]) == ("token", "mixed", "byte")
+    # what each level counts, and null where it counts nothing
+    assert token["proposed"] == 5 and token["acceptance_rate"] == pytest.approx(2 / 3) and token["chars"] is None
+    assert token["rows"] is None and token["most_paths"] is None and token["token_bytes"] is None
+    assert mixed["proposed"] is None and mixed["acceptance_rate"] is None and mixed["chars"] == 12 and mixed["rows"] == [9]
+    assert mixed["token_bytes"] == 8 and byte["token_bytes"] is None and byte["drafted"] == 3
+    assert token["calls"] == mixed["calls"] == byte["calls"] == [3] and token["accepted"] == byte["accepted"] == 2
+    assert mixed["calls_per_char"] == [pytest.approx(3 / 12)] and token["calls_per_char"] is None
 
 
 def test_aggregate_sums_counters_and_recomputes_rates():

@@ -11,7 +11,6 @@ from textual.reactive import reactive
 from textual.widgets import Markdown, Static
 
 from localcos.core.decoding import Origin
-from localcos.runtime.bytelevel import ByteStats
 from localcos.stats import GenerationStats
 
 # Colours of token origins; drafts take the colour of the model that proposed them.
@@ -114,67 +113,51 @@ class LiveReply:
 
 
 class StatsPanel(Static):
-    """The last reply's `GenerationStats` (`ByteStats` at the byte level), or the running reply's
-    progress, and context use."""
+    """The last reply's `GenerationStats`, or the running reply's progress, and context use: one
+    panel at every level (tokens at the token level, characters at the byte and mixed levels)."""
 
-    stats: reactive[GenerationStats | ByteStats | None] = reactive(None)
+    stats: reactive[GenerationStats | None] = reactive(None)
     live: reactive[LiveReply | None] = reactive(None)
     context: reactive[str] = reactive("-")
 
     def render(self) -> Text:
-        if isinstance(self.stats, ByteStats) or (self.live is not None and self.live.unit == "chars"):
-            return self._render_bytes()
         s, live = self.stats, self.live
         if live is not None:  # a reply is streaming: its own numbers, the rest from the last one
-            method, tokens = live.method, live.tokens
-            tps = tokens / live.seconds if live.seconds > 0 else None
+            method, length, level, in_chars = live.method, live.tokens, live.level, live.unit == "chars"
+            speed = length / live.seconds if live.seconds > 0 else None
+        elif s is not None:
+            method, level, in_chars = s.method, s.level.value, s.level.in_bytes
+            length, speed = (s.chars, s.chars_per_second) if in_chars else (s.tokens, s.tokens_per_second)
         else:
-            method = s.method if s else "-"
-            tokens = s.tokens if s else 0
-            tps = s.tokens_per_second if s else None
-        speedup = None
-        if s is not None:
-            speedup = s.speedup_estimate if s.method != "ensemble" else (1.0 if s.tokens else None)
-        lines = [
-            ("method", method),
-            ("tokens/s", _fmt(tps, ".1f")),
-            ("tokens", str(tokens)),
-            ("acceptance", _fmt(s.acceptance_rate if s else None, ".0%")),
-            ("mean accepted", _fmt(s.mean_accepted if s else None, ".2f")),
-            ("looked up", f"{s.lookup_accepted}/{s.lookup_proposed}" if s and s.lookup_proposed else "-"),
-            ("calls/token", _fmt(s.calls_per_token if s else None, ".2f")),
-            ("speedup (est.)", _fmt(speedup, ".2f", "x")),
-            ("context", self.context),
-        ]
-        text = _table(lines)
-        if s is not None:
+            method, length, speed, level, in_chars = "-", 0, None, "-", False
+        unit = "chars" if in_chars else "tokens"
+        acceptance = "-"
+        if s is not None and s.level.in_bytes and s.drafted:
+            acceptance = f"{s.accepted}/{s.drafted}"
+        elif s is not None and s.acceptance_rate is not None:
+            acceptance = format(s.acceptance_rate, ".0%")
+        lines = [("level", level), ("method", method), (f"{unit}/s", _fmt(speed, ".1f")), (unit, str(length)), ("acceptance", acceptance)]
+        if not in_chars:
+            speedup = None
+            if s is not None:
+                speedup = s.speedup_estimate if s.method != "ensemble" else (1.0 if s.tokens else None)
+            lines += [
+                ("mean accepted", _fmt(s.mean_accepted if s else None, ".2f")),
+                ("looked up", f"{s.lookup_accepted}/{s.lookup_proposed}" if s and s.lookup_proposed else "-"),
+                ("calls/token", _fmt(s.calls_per_token if s else None, ".2f")),
+                ("speedup (est.)", _fmt(speedup, ".2f", "x")),
+            ]
+        text = _table([*lines, ("context", self.context)])
+        if s is None or not s.models:
+            return text
+        if s.level.in_bytes:
+            text.append("calls/char, paths\n", style="dim")
+            for m, paths in zip(s.models, s.most_paths):
+                text.append(f"  {m.name[:14]:<14} {m.calls / max(s.chars, 1):.2f} {paths}\n")
+        else:
             text.append("calls per model\n", style="dim")
             for m in s.models:
                 text.append(f"  {m.name[:18]:<18} {m.calls}\n")
-        return text
-
-    def _render_bytes(self) -> Text:
-        """The byte level's numbers: characters, calls per character and paths per model."""
-        s = self.stats if isinstance(self.stats, ByteStats) else None
-        live = self.live
-        if live is not None:
-            method, chars, level = live.method, live.tokens, live.level
-            cps = chars / live.seconds if live.seconds > 0 else None
-        else:
-            method, chars, cps, level = (s.method, s.chars, s.chars_per_second, s.level.value) if s else ("-", 0, None, "-")
-        lines = [
-            ("level", level),
-            ("method", method),
-            ("chars/s", _fmt(cps, ".1f")),
-            ("chars", str(chars)),
-            ("acceptance", f"{s.accepted}/{s.drafted}" if s and s.drafted else "-"),
-            ("context", self.context),
-        ]
-        text = _table(lines)
-        if s is not None and s.names:
-            text.append("calls/char, paths\n", style="dim")
-            for name, calls, paths in zip(s.names, s.calls, s.most_paths):
-                text.append(f"  {name[:14]:<14} {calls / max(s.chars, 1):.2f} {paths}\n")
         return text
 
 

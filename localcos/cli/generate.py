@@ -133,5 +133,5 @@ def _generate_bytes(args: argparse.Namespace, settings, config, prompt: str, n: 
         sys.stdout.write("\n")
         sys.stdout.flush()
         for c in completions:
-            note(f"{models.combiner.description}, seed {config.seed}, " + c.stats.summary(models.names))
+            note(f"{models.combiner.description}, seed {config.seed}, " + c.stats.summary())
     return 0

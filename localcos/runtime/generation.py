@@ -45,9 +45,6 @@ class Completion:
         """Its length in what max_tokens counts: tokens."""
         return len(self.token_ids)
 
-    def to_dict(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason}
-
 
 @dataclass(frozen=True)
 class TokenEvent:
@@ -80,7 +77,7 @@ def cancelled_completion(loaded: LoadedModels, plan: Plan, prompt_seconds: float
     """The completion of a generation cancelled before it decoded anything."""
     stats = GenerationStats(plan.strategy.method, plan.combiner.description, [ModelRunStats(name) for name in loaded.run_names],
                             prompt_tokens=len(plan.prompt), prompt_seconds=prompt_seconds, seed=plan.config.seed,
-                            finish_reasons={"cancelled": 1})  # fmt: skip
+                            finish_reason="cancelled", finish_reasons={"cancelled": 1})  # fmt: skip
     return Completion("", [], "cancelled", [], stats)
 
 
@@ -251,6 +248,7 @@ class Generation:
             proposer=strategy.proposer,
             seed=plan.config.seed,
             ensemble_llama_seconds=loaded.costs.ensemble_seconds(len(dec.generated)),
+            finish_reason=finish_reason,
             finish_reasons={finish_reason: 1},
         )
 

@@ -26,8 +26,8 @@ from ..runtime.bytelevel import ByteModels, BytePlan, refuse_byte_options
 from ..runtime.generation import Completion
 from ..runtime.loaded import LoadedModels
 from ..runtime.plan import Plan, check_token_ids, plan
-from ..runtime.report import aggregate, stats_json
 from ..runtime.scoring import ScoreCache, score_tokens
+from ..stats import GenerationStats
 from . import responses as out
 from .engine import Generation, Job
 from .requests import ChatCompletionRequest, ChatMessage, CompletionRequest
@@ -548,7 +548,7 @@ def statistics(request: Request, choices: Sequence[Choice]) -> dict | None:
     stats = [c.completion.stats for c in choices if c.completion is not None]
     if not stats:
         return None
-    return stats_json(aggregate(stats), request.level)
+    return GenerationStats.aggregate(stats).to_dict()
 
 
 def _tool_calls(calls: list[dict], streamed: bool = False) -> list[out.ToolCall]:

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 from collections.abc import Callable, Sequence
 
 from ..config.specs import GenerationConfig
-from ..runtime.bytelevel import ByteStats, run_to_end
+from ..runtime.bytelevel import run_to_end
 from ..runtime.generation import completion_rng
+from ..stats import GenerationStats
 
 if TYPE_CHECKING:
     from ..ensemble import Ensemble
@@ -54,7 +55,7 @@ class ByteRun:
     seconds: float
     llama_seconds: float  # of `seconds`, inside llama.cpp
     text: str = ""
-    stats: ByteStats | None = None  # None: a model alone (token path)
+    stats: GenerationStats | None = None  # None: a model alone (token path)
 
     def to_dict(self) -> dict:
         out = {"config": self.config.label, "prompt": self.prompt, "task": self.task, "temperature": self.temperature,
@@ -133,13 +134,14 @@ def summarize_bytes(runs: Sequence[ByteRun]) -> list[ByteRow]:
             speed = _speed(mine)
             per_prompt = [_speed(group) / _speed(base[p]) for p, group in _by_prompt(mine).items() if p in base and _speed(base[p]) > 0]
             stats = [r.stats for r in mine if r.stats is not None]
-            total = ByteStats.aggregate(stats) if stats else ByteStats()
+            total = GenerationStats.aggregate(stats) if stats else None
             seconds = sum(r.seconds for r in mine)
             same = [p for p, group in _by_prompt(mine).items() if p in base and all(r.text == base[p][0].text for r in group)]
             there = _speed([r for p in same for r in base[p]])  # the ensemble's runs of those prompts
             rows.append(ByteRow(
                 t, label, speed, speed / base_speed if base_speed else None, min(per_prompt) if per_prompt else None,
-                total.accepted, total.drafted, total.ensemble_steps, [c / max(total.chars, 1) for c in total.calls], total.most_paths,
+                *((total.accepted, total.drafted, total.ensemble_steps, [c / max(total.chars, 1) for c in total.calls], total.most_paths)
+                  if total is not None else (0, 0, 0, [], [])),
                 (seconds - sum(r.llama_seconds for r in mine)) / seconds if seconds > 0 else None,
                 None if label == ENSEMBLE else len(same),
                 _speed([r for r in mine if r.prompt in same]) / there if label != ENSEMBLE and there > 0 else None,

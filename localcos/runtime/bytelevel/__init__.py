@@ -15,7 +15,7 @@ from .generation import ByteGeneration, run_to_end
 from .level import BYTE_OPTIONS, byte_vocab, decoding_level, level_of, refuse_byte_options, shares_tokenizer
 from .member import ByteMember
 from .models import ByteModels, ByteStream
-from .results import ByteCompletion, BytePlan, ByteStats
+from .results import ByteCompletion, BytePlan
 from .symbols import RULED_OUT, combine_symbols, floor_ruled_out, gate_opens
 
 __all__ = [
@@ -26,7 +26,6 @@ __all__ = [
     "ByteMember",
     "ByteModels",
     "BytePlan",
-    "ByteStats",
     "ByteStream",
     "byte_vocab",
     "combine_symbols",

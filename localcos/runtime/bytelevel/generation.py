@@ -18,7 +18,8 @@ from ...core.speedmodel import ByteAutoGamma, CallProfile, Costs
 from ...core.text import TextAssembler
 from ...core.verify import verify
 from ...grammar import Matcher, unpack
-from .results import ByteCompletion, ByteStats
+from ...stats import GenerationStats, ModelRunStats
+from .results import ByteCompletion
 from .symbols import combine_symbols, gate_opens
 
 
@@ -537,38 +538,41 @@ class ByteGeneration:
                 return "length"
         return ""
 
-    def _llama_seconds(self) -> float:
-        """Seconds in the models' llama.cpp calls so far, each model once (a second prompt's
-        member reads the lead's model: its calls are the model's)."""
-        return sum({id(m.model): m.llama_seconds for m in self.members}.values())
+    def _llama_seconds(self) -> list[float]:
+        """Seconds in each member's model's llama.cpp calls so far, each model counted once (a
+        second prompt's member reads the lead's model: its calls are the model's, counted there)."""
+        seen: set[int] = set()
+        seconds = []
+        for m in self.members:
+            seconds.append(0.0 if id(m.model) in seen else m.llama_seconds)
+            seen.add(id(m.model))
+        return seconds
 
     def _stats(self, data: bytearray, text: TextAssembler, finish: str, cos: bool, seconds: float, prompt_seconds: float,
-               llama_seconds: float) -> ByteStats:  # fmt: skip
-        return ByteStats(
+               llama_seconds: list[float]) -> GenerationStats:  # fmt: skip
+        names = [self.names[i] if i < len(self.names) else str(i) for i in range(len(self.members))]
+        return GenerationStats(
+            method="cos" if cos else "ensemble",
+            combiner=self.combiner.description,
+            models=[ModelRunStats(name, m.calls, m.view.rows, s) for name, m, s in zip(names, self.members, llama_seconds)],
+            level=self.level,
             bytes=len(data),
             chars=len(text.text),
             tokens=self._tokens(data) if self.count_tokens is not None else 0,
             seconds=seconds,
             prompt_seconds=prompt_seconds,
-            llama_seconds=llama_seconds,
-            calls=[m.calls for m in self.members],
-            rows=[m.view.rows for m in self.members],
             most_paths=[m.view.most_paths for m in self.members],
             restarts=[m.view.restarts for m in self.members],
-            dropped=[m.view.dropped for m in self.members],
+            dropped_mass=[m.view.dropped for m in self.members],
             folded=[m.view.folded for m in self.members],
+            missed_rows=[m.missed for m in self.members],
             finish_reason=finish,
-            method="cos" if cos else "ensemble",
-            combiner=self.combiner.description,
-            names=self.names,
             drafted=self.drafted,
             accepted=self.accepted,
-            missed=[m.missed for m in self.members],
             ensemble_steps=self.ensemble_steps,
             gate_decided=self.gate_decided,
             gate_opened=self.gate_opened,
             token_bytes=self.token_bytes,
-            level=self.level,
         )
 
     def run(self) -> Generator[str, None, ByteCompletion]:
@@ -613,7 +617,8 @@ class ByteGeneration:
         tail = text.take_final()
         if tail:
             yield tail
-        stats = self._stats(data, text, finish, cos, time.perf_counter() - t0, t0 - t_prompt, self._llama_seconds() - llama0)
+        llama = [now - then for now, then in zip(self._llama_seconds(), llama0)]
+        stats = self._stats(data, text, finish, cos, time.perf_counter() - t0, t0 - t_prompt, llama)
         self.completion = ByteCompletion(text.text, bytes(data), finish, stats)
         return self.completion
 

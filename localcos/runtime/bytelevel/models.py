@@ -26,7 +26,8 @@ from ..profile import profile as call_profile
 from .generation import ByteGeneration
 from .level import byte_vocab
 from .member import ByteMember
-from .results import ByteCompletion, BytePlan, ByteStats
+from ...stats import GenerationStats, ModelRunStats
+from .results import ByteCompletion, BytePlan
 
 if TYPE_CHECKING:
     from ...config.specs import LoadSpec
@@ -218,9 +219,9 @@ class ByteModels:
     def cancelled_completion(self, plan: BytePlan) -> ByteCompletion:
         """The completion of a generation cancelled before it started."""
         n = len(self.models)
-        stats = ByteStats(level=plan.level, calls=[0] * n, rows=[0] * n, most_paths=[0] * n, restarts=[0] * n, dropped=[0.0] * n, folded=[0] * n,
-                          missed=[0] * n,
-                          finish_reason="cancelled", method=plan.method, combiner=plan.combiner.description, names=self.names)  # fmt: skip
+        stats = GenerationStats(plan.method, plan.combiner.description, [ModelRunStats(name) for name in self.names], level=plan.level,
+                                most_paths=[0] * n, restarts=[0] * n, dropped_mass=[0.0] * n, folded=[0] * n, missed_rows=[0] * n,
+                                finish_reason="cancelled", finish_reasons={"cancelled": 1})  # fmt: skip
         return ByteCompletion("", b"", "cancelled", stats)
 
     def start(self, plan: BytePlan, rng: np.random.Generator, cancelled: Callable[[], bool] | None = None) -> ByteGeneration:
