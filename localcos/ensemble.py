@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 from .config.specs import GenerationConfig, LoadSpec
 from .core.combiners import BoundCombiner, Combiner
+from .core.level import Level
 from .errors import ConfigError
 from .models.registry import model_path
 from .chat import Message, OwnTemplates
@@ -107,6 +108,15 @@ class Ensemble(LoadedModels):
         faster or slower). How a model of a byte-level run decodes alone beside it (eval's "alone"
         configurations, the bench's alone-I). `models` owns it: close that, not this."""
         return cls([models.loaded[i]], profiles=[models.costs.profiles[i]])
+
+    @classmethod
+    def token_view(cls, models: Ensemble | ByteModels) -> Ensemble | None:
+        """One model loaded for the mixed level, on its own tokens (`beside`): where a request the
+        mixed level does not serve (sampling, log-probabilities, tools...) decodes
+        (`config.resolve.request_level`); None for anything else (nothing decodes beside it)."""
+        if isinstance(models, ByteModels) and models.level is Level.MIXED and len(models.loaded) == 1:
+            return cls.beside(models, 0)
+        return None
 
     # --- scoring -----------------------------------------------------------------------------------
     def score(self, text: str | Sequence[int], *, combiner: Combiner | None = None, members: bool = True,
@@ -210,7 +220,7 @@ class ByteEnsemble(ByteModels):
         from localcos import ByteEnsemble, Contrastive
         with ByteEnsemble.load(["smollm2.gguf", "qwen-coder.gguf"], Contrastive(mu=0.1, expert=1)) as ens:
             out = ens.generate("def add(a, b):", max_tokens=80, temperature=0)  # max_tokens: the lead's tokens
-            print(out.text, out.stats.summary(ens.names))
+            print(out.text, out.stats.summary())
 
     Each model reads the prompt in its own tokens; `chat_prompts` renders a conversation in each
     model's own chat template. Models that share a tokenizer decode faster at the token level
@@ -236,15 +246,16 @@ class ByteEnsemble(ByteModels):
         most); a tokenisation below `byte_prune` times the likeliest is dropped (0: exact, with
         enough paths). `level` "mixed": whole tokens of the lead where it is sure, with a gated
         combiner (`Gated`, docs/algorithm.md section 12); "byte"; or "auto" (the default): the
-        mixed level for one model (the combiner default then gated at `config.MIXED_GATE`), the
+        mixed level for one model (the combiner default then gated as `config.specs.mixed_gate` says), the
         byte level for several. The other arguments as `Ensemble.load`."""
-        from .config.specs import MIXED_GATE
+        from .config.specs import mixed_gate
         from .core.combiners import Gated, WeightedEnsemble
 
         if level == "auto":
             level = "mixed" if len(paths) == 1 else "byte"
-            if level == "mixed" and combiner is None:
-                combiner = Gated(WeightedEnsemble(), MIXED_GATE)
+        gate = mixed_gate(None, level, len(paths), second_prompt=False)
+        if combiner is None and gate is not None:
+            combiner = Gated(WeightedEnsemble(), gate)
         if level not in ("byte", "mixed"):
             raise ConfigError(f"level must be byte, mixed or auto here, got {level!r}", param="level")
         spec = LoadSpec.make([model_path(p) for p in paths], n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=n_threads, calibrate=calibrate,

@@ -116,6 +116,43 @@ def test_one_model_served_at_the_mixed_level_says_so_and_serves_the_rest_on_its_
         assert client.completions.create(model="m", prompt="The river", max_tokens=8).model_extra["localcos"]["level"] == "token"
 
 
+def test_the_chat_decides_each_replys_level_from_the_settings_it_is_sent_with(real_models):
+    """`localcos chat` of one model with --level mixed: a greedy reply decodes at the mixed level; a
+    reply sent after the settings turn to sampling decodes on the model's own tokens (the text
+    `Ensemble` writes from the same conversation and seed), and says so in the stats panel; the
+    next greedy reply is at the mixed level again."""
+    import asyncio
+    from dataclasses import replace
+
+    from localcos.chat import ChatFormatter, Message
+    from localcos.tui.app import ChatApp
+    from localcos.tui.widgets import StatsPanel
+    from test_tui import replies, send, until
+
+    qwen = str(real_models["qwen2"])
+    settings = resolve({"models": [qwen], "ctx": 256, "temperature": 0, "max_tokens": 6, "level": "mixed"}, json=True)
+    app = ChatApp(settings)
+    seen: list[tuple[str, str, str]] = []  # level, panel, text of each reply
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.ensemble is not None)
+            for n, (question, temperature) in enumerate([("Hi", 0.0), ("And?", 0.8), ("So?", 0.0)], 1):
+                app.settings = replace(app.settings, generation=replace(app.settings.generation, temperature=temperature, seed=5))
+                await send(pilot, app, question)
+                await until(pilot, lambda n=n: len(replies(app)) == n and replies(app)[-1].complete, timeout=120)
+                stats = app.query_one(StatsPanel).stats
+                seen.append((stats.level.value, app.query_one(StatsPanel).render().plain, replies(app)[-1].text))
+
+    asyncio.run(scenario())
+    assert [level for level, _, _ in seen] == ["mixed", "token", "mixed"]
+    assert "chars/s" in seen[0][1] and "tokens/s" in seen[1][1] and "token" in seen[1][1]
+    conversation = [Message("user", "Hi"), Message("assistant", seen[0][2]), Message("user", "And?")]
+    with Ensemble.load([qwen], n_ctx=256) as ens:
+        want = ens.generate(ChatFormatter(ens).tokens(conversation), temperature=0.8, seed=5, max_tokens=6).text
+    assert seen[1][2] == want
+
+
 def test_a_request_decodes_at_the_mixed_level_only_where_that_level_serves_it(models):
     """`request_level` on a one-model server loaded for the mixed level: greedy plain requests stay
     there; one that samples, needs tokens, or asks what the mixed level's rules refuse (a

@@ -22,10 +22,13 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from localcos.chat import ChatFormatter, Conversation, OwnTemplates
 from localcos.ensemble import Ensemble
 from localcos.runtime import Completion, Stream
-from localcos.runtime.bytelevel import ByteCompletion, ByteModels, ByteStream, level_of
+from localcos.runtime.bytelevel import ByteCompletion, ByteModels, ByteStream, decoding_level
 from localcos.errors import LocalcosError, StorageError
 from localcos.files import write_text
 from localcos.config import Settings
+from localcos.config.resolve import request_level
+from localcos.config.specs import GenerationConfig
+from localcos.core.level import Level
 
 from .screens import HelpScreen, SettingsScreen
 from .transcript import Transcript
@@ -39,7 +42,7 @@ def load_for(settings: Settings) -> Loader:
     of different tokenizers) the byte-level models, each rendering the chat in its own template."""
 
     def loader(progress: Callable[[int, int, str], None]) -> tuple[Ensemble | ByteModels, ChatFormatter | OwnTemplates]:
-        if level_of(settings.load).in_bytes:
+        if decoding_level(settings).in_bytes:
             models = ByteModels.load(settings.load, settings.combiner(), progress=progress)
             try:
                 return models, OwnTemplates(models)
@@ -98,6 +101,11 @@ class ChatApp(App):
         self.save_dir = save_dir or Path.cwd()
         self.sub_title = settings.name
         self.ensemble: Ensemble | ByteModels | None = None
+        self.formatter: ChatFormatter | OwnTemplates | None = None
+        # one model loaded for the mixed level on its own tokens, and its template: where a reply
+        # the mixed level does not serve decodes (`config.resolve.request_level`, per reply)
+        self.token_view: tuple[Ensemble, ChatFormatter] | None = None
+        self.reply_level = Level.TOKEN  # the level the last (or running) reply decodes at
         self.conversation: Conversation | None = None
         self.stream: Stream | ByteStream | None = None  # the reply being generated
         self.reply_view: MessageView | None = None
@@ -138,7 +146,13 @@ class ChatApp(App):
         self.query_one("#prompt", Input).placeholder = f"Loading {Path(event.name).name} ({event.i + 1}/{event.n})..."
 
     def _loaded(self, ensemble: Ensemble | ByteModels, formatter: ChatFormatter | OwnTemplates) -> None:
-        self.ensemble = ensemble
+        self.ensemble, self.formatter = ensemble, formatter
+        self.reply_level = ensemble.level if isinstance(ensemble, ByteModels) else Level.TOKEN
+        token = Ensemble.token_view(ensemble)
+        try:
+            self.token_view = (token, ChatFormatter(token)) if token is not None else None
+        except LocalcosError:  # no template of its own: every reply at the level loaded
+            self.token_view = None
         self.conversation = Conversation(formatter, ensemble.n_ctx, self.settings.system)
         self.query_one("#loading", ProgressBar).display = False
         self.query_one(Legend).model_names = tuple(ensemble.names)
@@ -192,14 +206,15 @@ class ChatApp(App):
             self.notify("A reply is still being generated: Escape stops it.", severity="warning")
             return
         config = self.settings.generation
+        ensemble, self.reply_level = self._decides(config)
         try:
             tokens, dropped = self.conversation.prompt(text, config.max_tokens)
             second = self.conversation.second_prompt(config.negative_prompt, self.settings.guide_system)
             if second is None:
-                stream = self.ensemble.stream(tokens, config=config)
+                stream = ensemble.stream(tokens, config=config)
             else:  # a member of the lead model reads the second prompt (guidance, contrast): the token level
-                assert isinstance(self.ensemble, Ensemble), "the byte level reads no second prompt in the chat"
-                stream = self.ensemble.stream(tokens, config=config, second_prompt=second)
+                assert isinstance(ensemble, Ensemble), "the byte level reads no second prompt in the chat"
+                stream = ensemble.stream(tokens, config=config, second_prompt=second)
         except LocalcosError as e:
             self.notify(str(e), title="Cannot send", severity="error")
             return
@@ -212,7 +227,7 @@ class ChatApp(App):
         self._add_message("user", text)
         self.reply_view = self._add_message("assistant")
         self.stream, self.prompt_tokens = stream, self.conversation.formatter.size(tokens)
-        self.query_one(StatsPanel).live = LiveReply(config.method or "ensemble", 0, 0.0, self._unit)
+        self.query_one(StatsPanel).live = LiveReply(config.method or "ensemble", 0, 0.0, self._unit, self._level)
         self.refresh_bindings()  # show Stop in the footer
         self.generate(stream)
 
@@ -247,15 +262,27 @@ class ChatApp(App):
         panel.live = LiveReply(self.settings.generation.method or "ensemble", generated, event.seconds, self._unit, self._level)
         panel.context = self._context_used(None if self._unit == "chars" else view.n_tokens)
 
+    def _decides(self, config: GenerationConfig) -> tuple[Ensemble | ByteModels, Level]:
+        """The models a reply with these settings decodes on, and its level, decided once per reply
+        (`config.resolve.request_level`); the conversation renders in that level's templates."""
+        assert self.ensemble is not None and self.formatter is not None and self.conversation is not None
+        loaded = self.ensemble.level if isinstance(self.ensemble, ByteModels) else Level.TOKEN
+        level = request_level(loaded, config, needs_tokens=False, token_view=self.token_view is not None)
+        if level is not loaded and self.token_view is not None:
+            ensemble, self.conversation.formatter = self.token_view
+            return ensemble, level
+        self.conversation.formatter = self.formatter
+        return self.ensemble, level
+
     @property
     def _level(self) -> str:
-        """The level replies decode at, as the stats name it."""
-        return self.ensemble.level.value if isinstance(self.ensemble, ByteModels) else "token"
+        """The level the reply decodes at, as the stats name it."""
+        return self.reply_level.value
 
     @property
     def _unit(self) -> str:
-        """What a reply is counted in: tokens, or characters at the byte level."""
-        return "chars" if isinstance(self.ensemble, ByteModels) else "tokens"
+        """What a reply is counted in: tokens, or characters at the byte and mixed levels."""
+        return "chars" if self.reply_level.in_bytes else "tokens"
 
     def _reply_done(self, completion: Completion | ByteCompletion | None) -> None:
         view, self.stream = self.reply_view, None
@@ -267,7 +294,7 @@ class ChatApp(App):
         self.conversation.reply(completion.text)
         panel = self.query_one(StatsPanel)
         panel.stats, panel.live = completion.stats, None
-        panel.context = self._context_used(completion.stats.tokens if isinstance(completion, Completion) else None)
+        panel.context = self._context_used(None if completion.stats.level.in_bytes else completion.stats.tokens)
         self.replies.append(
             {
                 "prompt": self.conversation.messages[-2].content if len(self.conversation.messages) > 1 else "",

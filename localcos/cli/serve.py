@@ -42,7 +42,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..chat import ChatFormatter, OwnTemplates
     from ..config import resolve_server
-    from ..core.level import Level
     from ..ensemble import Ensemble
     from ..runtime.bytelevel import decoding_level
 
@@ -80,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     # one model loaded for the mixed level also serves its own tokens, on the same loaded model:
     # the requests the mixed level does not serve (sampling, logprobs, tools...) decode there
-    token = Ensemble.beside(ens, 0) if level is Level.MIXED and len(ens.loaded) == 1 else None
+    token = Ensemble.token_view(ens)
     engine = Engine(ens, max_queue=server.max_queue, token=token)
     try:
         formatter: ChatFormatter | OwnTemplates | None = None
