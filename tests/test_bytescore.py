@@ -56,9 +56,8 @@ def test_windows_cut_on_character_boundaries():
 def test_score_a_text_with_two_tokenizers_in_bits_per_byte(trained, tmp_path):
     text = tmp_path / "text.txt"
     text.write_text(
-        "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n"
-        "The quick brown fox jumps over the lazy dog. Caf\u00e9 cr\u00e8me br\u00fbl\u00e9e.\n"
-    )  # code, prose and accented letters: what needs no length
+        "def add(a, b):\n    return a + b\n\nThe quick brown fox. Caf\u00e9 cr\u00e8me.\n"
+    )  # code, prose and accented letters: what needs no length (every byte of it costs the exact scoring rows)
     out = tmp_path / "score.json"
     models = ",".join(str(trained(n)) for n in ("smollm2-135m", "coder-0.5b"))
     proc = subprocess.run([sys.executable, "-m", "localcos", "score", "--models", models, "--file", str(text), "--ctx", "256",

@@ -142,9 +142,10 @@ def test_lookahead_is_refused_where_it_cannot_run():
 def llama_cpp_r(path) -> Callable[[list[int]], np.ndarray]:
     """r of one model after a context: llama-cpp-python's own evaluation of the whole context in
     a fresh state (its Llama object), softmax of its logits."""
-    from llama_cpp import Llama
+    from localcos.testing.reference import reference_llama
 
-    llm = Llama(model_path=str(path), n_ctx=256, n_batch=256, logits_all=True, verbose=False)
+    # its threads as localcos's (a test worker's share of the cores): more threads than cores spin
+    llm = reference_llama(path, n_ctx=256, n_batch=256, logits_all=True)
 
     def next_r(context: list[int]) -> np.ndarray:
         llm.reset()

@@ -83,10 +83,9 @@ def check_one_text(paths: list[Path], tokens: int) -> None:
     for method, gamma in methods:
         options = [*settings, "--method", method, *gamma]
         streamed = _cli(paths, *options).stdout.removesuffix("\n")
-        as_json = json.loads(_cli(paths, *options, "--json").stdout)["completions"][0]["text"]
-        one = json.loads(_cli(paths, *options, "--n", "1", "--json").stdout)["completions"][0]["text"]
+        as_json = json.loads(_cli(paths, *options, "--json").stdout)["completions"][0]["text"]  # --n 1, the default
         assert len(streamed) > 10, streamed
-        assert streamed == as_json == one, (method, streamed, as_json, one)
+        assert streamed == as_json, (method, streamed, as_json)
         texts[method] = streamed
     with Ensemble.load(paths, n_ctx=512) as ens:  # the Python API, both methods on one load
         for method, gamma in methods:
