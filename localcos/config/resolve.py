@@ -136,10 +136,10 @@ class _Sources:
 
 def mixed_decodes(generation: GenerationConfig) -> bool:
     """Whether a one-model server loaded for the mixed level decodes these settings there: greedy,
-    none of the token level's drafts (a fixed gamma, a proposer, lookup on), and nothing the mixed
-    level's own rules refuse (`specs.check_level`, their one owner: a constraint, another method,
+    and nothing the mixed level's rules refuse (`specs.check_level`, their one owner: the token
+    level's drafts (a gamma in tokens, a proposer, lookup), a constraint, another method,
     lookahead)."""
-    if not generation.sampler().greedy or generation.gamma != "auto" or generation.proposer is not None or generation.lookup == "on":
+    if not generation.sampler().greedy:
         return False
     try:
         check_level("mixed", generation, gated=True)

@@ -281,33 +281,41 @@ def mixed_gate(gate: float | None, level: str, n: int, second_prompt: bool) -> f
     return MIXED_GATE if gate is None and level == "mixed" and n == 1 and not second_prompt else gate
 
 
-def check_lookahead_level(level: str, generation: GenerationConfig) -> None:
-    """Lookahead decodes at the token level: its branches are sequences of one tokenizer's tokens."""
-    if level in ("byte", "mixed") and generation.lookahead is not None:
-        raise ConfigError(f"lookahead: not available at the {level} level (its branches are sequences of one tokenizer's tokens: "
-                          "--level token)", param="lookahead")  # fmt: skip
-
-
 def check_level(level: str, generation: GenerationConfig, gated: bool) -> None:
     """The byte and mixed levels' rules, written once (the settings layer checks them before any
-    model loads, the byte level's planning for every request): no lookahead there (its branches
-    are sequences of one tokenizer's tokens); the mixed level needs a gate (`gated`: the gate
+    model loads, the byte level's planning for every request, and a one-model mixed-level server
+    to route a request that breaks them to the token level): no lookahead there (its branches are
+    sequences of one tokenizer's tokens); drafts counted in bytes (`--byte-gamma`, not a gamma in
+    tokens), the methods ensemble and cos, no proposer (the models take turns drafting bytes) and
+    no lookup (its drafts are token ids). The mixed level also needs a gate (`gated`: the gate
     says where the lead decides whole tokens alone), decodes with the ensemble's step (its whole
-    tokens are not drafted) and takes no constraint (a grammar masks bytes, not the lead's
-    whole tokens)."""
-    check_lookahead_level(level, generation)
-    if level != "mixed":
+    tokens are not drafted) and takes no constraint (a grammar masks bytes, not the lead's whole
+    tokens)."""
+    if level not in ("byte", "mixed"):
         return
-    if not gated:
-        raise ConfigError("--level mixed needs --gate G: whole tokens of the lead where its likeliest has probability G or more, "
-                          "the byte level elsewhere", param="gate")  # fmt: skip
-    constraint = next((name for name in ("json_schema", "grammar", "json_object") if getattr(generation, name)), None)
-    if constraint is not None:
-        raise ConfigError("a JSON schema or grammar: not available at the mixed level (it decodes with the ensemble's step: "
-                          "--method ensemble)", param=constraint)  # fmt: skip
-    if generation.method not in (None, "ensemble"):
-        raise ConfigError(f"--method {generation.method}: not available at the mixed level (it decodes with the ensemble's step: "
-                          "--method ensemble)", param="method")  # fmt: skip
+    if generation.lookahead is not None:
+        raise ConfigError(f"lookahead: not available at the {level} level (its branches are sequences of one tokenizer's tokens: "
+                          "--level token)", param="lookahead")  # fmt: skip
+    if level == "mixed":
+        if not gated:
+            raise ConfigError("--level mixed needs --gate G: whole tokens of the lead where its likeliest has probability G or more, "
+                              "the byte level elsewhere", param="gate")  # fmt: skip
+        constraint = next((name for name in ("json_schema", "grammar", "json_object") if getattr(generation, name)), None)
+        if constraint is not None:
+            raise ConfigError("a JSON schema or grammar: not available at the mixed level (it decodes with the ensemble's step: "
+                              "--method ensemble)", param=constraint)  # fmt: skip
+        if generation.method not in (None, "ensemble"):
+            raise ConfigError(f"--method {generation.method}: not available at the mixed level (it decodes with the ensemble's step: "
+                              "--method ensemble)", param="method")  # fmt: skip
+    if generation.gamma != "auto":
+        raise ConfigError("gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
+    if generation.method not in (None, "ensemble", "cos"):
+        raise ConfigError(f"method {generation.method}: not available at the byte level yet (models with different tokenizers, or "
+                          "level byte); ensemble or cos", param="method")  # fmt: skip
+    if generation.proposer is not None or generation.lookup == "on":
+        param = "proposer" if generation.proposer is not None else "lookup"
+        raise ConfigError(f"{param}: not available at the byte level (models take turns drafting bytes; lookup drafts are "
+                          "token ids)", param=param)  # fmt: skip
 
 
 def check_for_models(

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from ...backend import Model, shared_vocab_size
 from ...core.bytelevel import ByteVocab
 from ...core.level import Level
-from ...config.specs import check_lookahead_level
+from ...config.specs import check_level
 from ...errors import ConfigError, TokenizerMismatchError
 
 if TYPE_CHECKING:
@@ -59,12 +59,15 @@ def decoding_level(settings: Settings, also_given: Sequence[str] = ()) -> Level:
     """The level the models of `settings` decode at (`level_of`), the one place a front end
     asks. An option given (in `settings`, or `also_given`: options a front end took itself) that
     the level chosen would not read is refused in one line: the byte level's own for models that
-    decode at the token level; at the byte and mixed levels --chat-template-model (each model
-    reads a conversation in its own template there) and --parallel above 1 (a byte-level
-    generation takes every model's sequences: one at a time)."""
+    decode at the token level; at the byte and mixed levels what they do not decode
+    (`config.specs.check_level`: a gamma in tokens, a proposer, lookup, another method,
+    lookahead...), --chat-template-model (each model reads a conversation in its own template
+    there) and --parallel above 1 (a byte-level generation takes every model's sequences: one at
+    a time). So these are refused before any model loads."""
     level = level_of(settings.load)
     if level.in_bytes:
-        check_lookahead_level(level.value, settings.generation)
+        # the gate belongs to a combination, checked where one is resolved (eval's variants each bring their own)
+        check_level(level.value, settings.generation, gated=True)
         if (settings.load.parallel or 1) > 1:
             raise ConfigError("--parallel: the byte level decodes one generation at a time (models with different tokenizers)", param="parallel")
         if "chat_template_model" in settings.given:

@@ -184,11 +184,11 @@ class ByteModels:
         level: Level | None = None,
     ) -> BytePlan:
         """A byte-level completion of `prompts` (each model's own tokens) under `config`, checked
-        once here for every front end: its method ensemble or cos; `combiner` bound to the
-        models (default the loaded one); token-counted drafts (gamma), a proposer, lookup on
-        and a prompt longer than a model's context are refused (`ConfigError`, naming `param`).
-        `level`: the byte or the mixed level (default: the level the models loaded for), whose
-        rules `config.check_level` states. Where a member reads a second prompt, `prompts` has
+        once here for every front end: `combiner` bound to the models (default the loaded one); a
+        prompt longer than a model's context is refused (`ConfigError`, naming `param`), and what
+        the level does not decode (`config.check_level`: a gamma in tokens, a method other than
+        ensemble and cos, a proposer, lookup, ...). `level`: the byte or the mixed level (default:
+        the level the models loaded for). Where a member reads a second prompt, `prompts` has
         its tokens last, or it reads `config.negative_prompt` (in the lead's tokens)."""
         level = self.level if level is None else level
         config = config.for_models(len(self.models), level.value)
@@ -199,22 +199,13 @@ class ByteModels:
             prompts.append(self.models[self.second_member].tokenize(second) if isinstance(second, str) else list(second))
         if self.second_member is not None:
             check_second_prompt(prompts[0], prompts[-1], json=True)
-        method = config.method
-        if config.gamma != "auto":
-            raise ConfigError("gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
-        if method not in ("ensemble", "cos"):
-            raise ConfigError(f"method {method}: not available at the byte level yet (models with different tokenizers, or level byte); "
-                              "ensemble or cos", param="method")  # fmt: skip
-        if config.proposer is not None or config.lookup == "on":  # drafts looked up in token ids; proposers take turns
-            param = "proposer" if config.proposer is not None else "lookup"
-            raise ConfigError(f"{param}: not available at the byte level (models take turns drafting bytes; lookup drafts are "
-                              "token ids)", param=param)  # fmt: skip
         for m, p in zip(self.models, prompts):
             if len(p) >= m.n_ctx:
                 raise ConfigError(f"the prompt is {len(p)} tokens for {m.name}, which holds {m.n_ctx}", param=param)
         bound = self.combiner if combiner is None else combiner.bind(len(self.models), self.n_params)
         check_level(level.value, config, isinstance(bound.combiner, Gated))
-        return BytePlan(tuple(tuple(p) for p in prompts), config, bound, method, level)
+        assert config.method in ("ensemble", "cos"), "for_models names the method, check_level allows these"
+        return BytePlan(tuple(tuple(p) for p in prompts), config, bound, config.method, level)
 
     def cancelled_completion(self, plan: BytePlan) -> ByteCompletion:
         """The completion of a generation cancelled before it started."""
