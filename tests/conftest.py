@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from filelock import FileLock
+from threadpoolctl import threadpool_limits
 
 from localcos.backend import Model
 from localcos.testing import llamacpp_sdist
@@ -109,7 +110,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker and count and hasattr(os, "sched_setaffinity"):
         cpus, n, i = _cpus(), int(count), int(worker.removeprefix("gw"))
         share = cpus[i * len(cpus) // n : (i + 1) * len(cpus) // n] or [cpus[i % len(cpus)]]
-        os.sched_setaffinity(0, share)
+        # every thread, not only this one: NumPy's BLAS started its threads when it was imported,
+        # one per core; left there, a worker's matrix products ran half on the other worker's
+        # core, and as many BLAS threads as cores spinning on one core stall each product
+        for thread in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(thread), share)
+        threadpool_limits(limits=len(share))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
