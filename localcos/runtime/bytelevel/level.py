@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from collections.abc import Iterable, Sequence
 
-from ...backend import Model, shared_vocab_size
+from ...backend import Model, read_info, shared_vocab_size
+from ...backend.tokenizers import tokenizer_groups
 from ...core.bytelevel import ByteVocab
 from ...core.level import Level
 from ...config.specs import check_level
@@ -38,18 +39,14 @@ def shares_tokenizer(models: Sequence[Model]) -> bool:
 
 def level_of(spec: LoadSpec) -> Level:
     """The level the models of `spec` decode at: the one asked for, or (auto) the token level for
-    models that share a tokenizer and the byte level otherwise (read from their vocabularies
-    only, before anything loads)."""
+    models that share a tokenizer and the byte level otherwise (`tokenizer_mismatch`, read from
+    their GGUF headers as `localcos models list` reads it, before anything loads)."""
     if spec.level != "auto":
         return Level(spec.level)
     if len(spec.paths) == 1:  # one model shares its tokenizer with itself: no file opened
         return Level.TOKEN
-    models = [Model(p, vocab_only=True) for p in spec.paths]
-    try:
-        return Level.TOKEN if shares_tokenizer(models) else Level.BYTE
-    finally:
-        for m in models:
-            m.close()
+    # the headers, not llama.cpp: loading a vocabulary took longer than reading the file's
+    return Level.TOKEN if max(tokenizer_groups([read_info(p).token_table() for p in spec.paths])) == 0 else Level.BYTE
 
 
 BYTE_OPTIONS = ("byte_paths", "byte_prune", "byte_gamma")  # read by the byte level only
