@@ -24,8 +24,8 @@ from .core.level import Level
 from .errors import ConfigError
 from .models.registry import model_path
 from .chat import Message, OwnTemplates
-from .runtime.bytelevel import ByteCompletion, ByteModels, BytePlan, ByteStream, refuse_byte_options
-from .runtime.generation import Completion
+from .runtime.bytelevel import ByteModels, BytePlan, ByteStream, refuse_byte_options
+from .runtime.completion import Completion
 from .runtime.loaded import LoadedModels
 from .runtime.plan import plan
 from .runtime.scheduler import Stream, run_completions
@@ -273,7 +273,7 @@ class ByteEnsemble(ByteModels):
         config: GenerationConfig | None = None,
         combiner: Combiner | None = None,
         **settings: object,
-    ) -> ByteCompletion:
+    ) -> Completion:
         """One completion of `prompt` (text, or each model's prompt tokens: `chat_prompts`).
         Settings as `Ensemble.generate`'s; method "cos" (the default) or "ensemble", byte_gamma
         (bytes a proposer drafts, or "auto"); max_tokens counts the lead model's tokens (the gate's
@@ -288,7 +288,7 @@ class ByteEnsemble(ByteModels):
         config: GenerationConfig | None = None,
         combiner: Combiner | None = None,
         **settings: object,
-    ) -> list[ByteCompletion]:
+    ) -> list[Completion]:
         """`n` completions of one prompt, one after another; completion k draws from random
         stream k of the seed (as `generate --n` and a server's choices do)."""
         from .runtime.bytelevel import run_to_end

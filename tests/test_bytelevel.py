@@ -17,7 +17,8 @@ from localcos.core.combiners import Contrastive, Gated, WeightedEnsemble
 from localcos.core.sampling import Sampler
 from localcos.core.speedmodel import ByteAutoGamma, CallProfile, Costs
 from localcos.errors import ConfigError
-from localcos.runtime.bytelevel import RULED_OUT, ByteCompletion, ByteGeneration, run_to_end
+from localcos.runtime import Completion
+from localcos.runtime.bytelevel import RULED_OUT, ByteGeneration, run_to_end
 from localcos.stats import GenerationStats
 
 PROMPT = (0, 1)
@@ -324,7 +325,7 @@ class _FakeByteModels:
                               ignore_end=True, method=plan.method, cancelled=cancelled, names=self.names)  # fmt: skip
 
     def cancelled_completion(self, plan):
-        return ByteCompletion("", b"", "cancelled", GenerationStats("ensemble", "", [], finish_reason="cancelled"))
+        return Completion("", "cancelled", GenerationStats("ensemble", "", [], finish_reason="cancelled"), data=b"")
 
 
 def test_the_byte_scheduler_runs_one_generation_at_a_time_streams_it_and_stops_a_cancelled_one():

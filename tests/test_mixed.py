@@ -259,8 +259,7 @@ def _generate(models, *args):
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    stats = out["stats"]
-    return out["completions"][0]["text"], stats[0] if isinstance(stats, list) else stats  # the byte level: one per completion
+    return out["completions"][0]["text"], out["stats"]
 
 
 def test_on_llama_cpp_models_gate_near_0_is_the_leads_tokens_and_gate_1_its_spelled_bytes(real_models):
@@ -344,15 +343,22 @@ def test_a_greedy_token_step_reads_the_likeliest_token_from_the_logits_alone(ign
 def test_one_model_decodes_its_own_tokens_by_default_and_the_mixed_level_when_asked(real_models):
     """`generate` of one model: its own tokens unless asked otherwise, llama.cpp's own decoding,
     token for token the token level's text (greedy or sampled); `--level mixed` decodes at the
-    mixed level (gate 0.5; its stats say so)."""
-    from localcos import Ensemble
+    mixed level (gate 0.5; its stats say so). The Python API gives the same texts, in one
+    `Completion` type at both levels."""
+    from localcos import ByteEnsemble, Completion, Ensemble
 
     qwen = real_models["qwen2"]
     default, stats = _generate([qwen])
     assert stats["level"] == "token" and stats["tokens"] == 20
     with Ensemble.load([qwen], n_ctx=256) as ens:
-        assert default == ens.generate("The river runs", temperature=0, max_tokens=20, ignore_eos=True).text
+        own = ens.generate("The river runs", temperature=0, max_tokens=20, ignore_eos=True)
+    assert type(own) is Completion and own.text == default and own.token_ids is not None and own.length == len(own.token_ids) == 20
     mixed, mixed_stats = _generate([qwen], "--level", "mixed")
     assert mixed_stats["level"] == "mixed" and "gate(0.5" in mixed_stats["combiner"] and 0 < mixed_stats["token_bytes"] <= mixed_stats["bytes"]
+    with ByteEnsemble.load([qwen], n_ctx=256, level="mixed") as byte_ens:
+        out = byte_ens.generate("The river runs", temperature=0, max_tokens=20, ignore_eos=True)
+    # the mixed level's text is bytes in no one model's tokens: no token ids; its length is the lead's tokens
+    assert type(out) is Completion and out.text == mixed and out.token_ids is None and out.data is not None and out.data.decode() == out.text
+    assert out.length == out.stats.tokens == mixed_stats["tokens"] and out.stats.level == Level.MIXED
     _, sampled = _generate([qwen], "--temperature", "1", "--seed", "3")
     assert sampled["level"] == "token"  # its own law: its own tokens

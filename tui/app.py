@@ -22,7 +22,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from localcos.chat import ChatFormatter, Conversation, OwnTemplates
 from localcos.ensemble import Ensemble
 from localcos.runtime import Completion, Stream
-from localcos.runtime.bytelevel import ByteCompletion, ByteModels, ByteStream, decoding_level
+from localcos.runtime.bytelevel import ByteModels, ByteStream, decoding_level
 from localcos.errors import LocalcosError, StorageError
 from localcos.files import write_text
 from localcos.config import Settings
@@ -232,7 +232,7 @@ class ChatApp(App):
         self.generate(stream)
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
-    def generate(self, stream: Stream | ByteStream) -> Completion | ByteCompletion | None:
+    def generate(self, stream: Stream | ByteStream) -> Completion | None:
         """Run the decoding loop in a thread; post the tokens to the UI about ten times a second
         (each update relayouts the screen on the UI thread, holding the GIL the decoding loop
         needs between llama.cpp calls: with the demo pair, 20 updates/s decoded a quarter slower)."""
@@ -284,7 +284,7 @@ class ChatApp(App):
         """What a reply is counted in: tokens, or characters at the byte and mixed levels."""
         return "chars" if self.reply_level.in_bytes else "tokens"
 
-    def _reply_done(self, completion: Completion | ByteCompletion | None) -> None:
+    def _reply_done(self, completion: Completion | None) -> None:
         view, self.stream = self.reply_view, None
         self.refresh_bindings()
         if completion is None or view is None:

@@ -99,7 +99,7 @@ class EvalModels:
             b = run_to_end(models.start(plan, completion_rng(settings.generation.seed, 0)))
             return Generated(b.text, b.stats.chars, b.stats.seconds, b.stats.llama_seconds, note)
         c = models.generate(prompt, config=settings.generation, combiner=combiner, second_prompt=second)  # type: ignore[union-attr]
-        return Generated(c.text, len(c.token_ids), c.stats.seconds, c.stats.llama_seconds, note)
+        return Generated(c.text, c.length, c.stats.seconds, c.stats.llama_seconds, note)
 
     def writes_script(self, config: EvalConfig) -> bool:
         """Whether `config`'s models write a whole script for a task (the evalplus phrasing, as

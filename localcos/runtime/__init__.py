@@ -2,7 +2,8 @@
 generation as a coroutine (`generation`), the one scheduler that runs every generation
 (`scheduler`), and the one scorer (`scoring`). Nothing here imports the `Ensemble` facade."""
 
-from .generation import Chunk, Completion, TokenEvent, completion_rng
+from .completion import Completion
+from .generation import Chunk, TokenEvent, completion_rng
 from .loaded import LoadedModels
 from .plan import Plan, plan
 from .scheduler import Scheduler, State, Stream, Submission, run_completions

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from .bytelevel import ByteCompletion, BytePlan
+from .bytelevel import BytePlan
+from .completion import Completion
 from .generation import Chunk
 from .scheduler import Rounds, Submission, State
 
@@ -63,9 +64,9 @@ class ByteScheduler(Rounds):
             sequence.work = _texts(generation)  # type: ignore[assignment]
             self.live.append(sequence)
         for sequence in list(self.live):
-            work: Iterator[str | ByteCompletion] = sequence.work  # type: ignore[assignment]
+            work: Iterator[str | Completion] = sequence.work  # type: ignore[assignment]
             item = next(work)
-            if isinstance(item, ByteCompletion):
+            if isinstance(item, Completion):
                 self.live.remove(sequence)
                 self._finish(sequence, item, finished)
             elif sequence.on_chunk is not None:
@@ -78,13 +79,13 @@ class ByteScheduler(Rounds):
         sequence.state = State.FINISHED
 
     @staticmethod
-    def _finish(sequence: Submission, completion: ByteCompletion, finished: list[Submission]) -> None:
-        sequence.completion = completion  # type: ignore[assignment]
+    def _finish(sequence: Submission, completion: Completion, finished: list[Submission]) -> None:
+        sequence.completion = completion
         sequence.state = State.FINISHED
         finished.append(sequence)
 
 
-def _texts(generation: Any) -> Iterator[str | ByteCompletion]:
+def _texts(generation: Any) -> Iterator[str | Completion]:
     """A generation's text pieces, then its completion."""
     yield from generation.run()
     yield generation.completion

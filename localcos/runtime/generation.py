@@ -23,27 +23,11 @@ from ..core.strategies import make_strategy
 from ..core.text import TextAssembler
 from ..grammar import Matcher
 from ..stats import GenerationStats, ModelRunStats
+from .completion import Completion
 
 if TYPE_CHECKING:
     from .loaded import LoadedModels
     from .plan import Plan
-
-
-@dataclass
-class Completion:
-    """One generated completion."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop" (an end token or a stop string), "length" (max tokens or context), "cancelled"
-    origins: list[Origin]
-    stats: GenerationStats
-    end_token: int | None = None  # the end-of-generation token that ended it (not part of token_ids)
-
-    @property
-    def length(self) -> int:
-        """Its length in what max_tokens counts: tokens."""
-        return len(self.token_ids)
 
 
 @dataclass(frozen=True)
@@ -78,7 +62,7 @@ def cancelled_completion(loaded: LoadedModels, plan: Plan, prompt_seconds: float
     stats = GenerationStats(plan.strategy.method, plan.combiner.description, [ModelRunStats(name) for name in loaded.run_names],
                             prompt_tokens=len(plan.prompt), prompt_seconds=prompt_seconds, seed=plan.config.seed,
                             finish_reason="cancelled", finish_reasons={"cancelled": 1})  # fmt: skip
-    return Completion("", [], "cancelled", [], stats)
+    return Completion("", "cancelled", stats, token_ids=[])
 
 
 class Generation:
@@ -160,7 +144,7 @@ class Generation:
         finish_reason = dec.finish_reason or "cancelled"
         work = [reduce(ModelStats.plus, (s.stats.minus(b) for s, b in zip(member, earlier))) for member, earlier in zip(counted, before)]
         stats = self._stats(dec, work, time.perf_counter() - t0, t0 - t_prompt, finish_reason)
-        return Completion(text.text, dec.generated, finish_reason, dec.origins, stats, dec.end_token)
+        return Completion(text.text, finish_reason, stats, token_ids=dec.generated, origins=dec.origins, end_token=dec.end_token)
 
     def _prefill(self, slots: list, prompts: list[list[int]]) -> Generator[Evaluate | Together, Any, list[np.ndarray] | None]:
         """Each member's row after its prompt: kept from before where it can be (`restore_prompt`,

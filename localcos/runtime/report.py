@@ -10,15 +10,15 @@ from collections.abc import Sequence
 
 from ..core.level import Level
 from ..stats import GenerationStats
-from .bytelevel.results import ByteCompletion
-from .generation import Completion
+from .completion import Completion
 
-def completion_json(completion: Completion | ByteCompletion) -> dict[str, Any]:
+
+def completion_json(completion: Completion) -> dict[str, Any]:
     """A completion's text, token ids (null at the byte and mixed levels) and finish reason."""
     return {"text": completion.text, "token_ids": completion.token_ids, "finish_reason": completion.finish_reason}
 
 
-def generation_json(completions: Sequence[Completion] | Sequence[ByteCompletion], level: Level, seed: int | None, combiner: str) -> dict[str, Any]:
+def generation_json(completions: Sequence[Completion], level: Level, seed: int | None, combiner: str) -> dict[str, Any]:
     """`generate --json`'s document, one shape at every level."""
     return {"completions": [completion_json(c) for c in completions], "stats": GenerationStats.aggregate([c.stats for c in completions]).to_dict(),
             "seed": seed, "combiner": combiner, "level": level.value}  # fmt: skip

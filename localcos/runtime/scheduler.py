@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from ..core.decoding import Decoder, Evaluate, Phase, Together
-from .generation import Chunk, Completion, Generation, Work, cancelled_completion, completion_rng
+from .completion import Completion
+from .generation import Chunk, Generation, Work, cancelled_completion, completion_rng
 from .profile import call_groups
 
 if TYPE_CHECKING:

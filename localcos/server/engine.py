@@ -33,7 +33,8 @@ from collections.abc import Callable
 from ..errors import Cancelled
 from ..runtime.bytelevel import ByteModels, BytePlan
 from ..runtime.bytescheduler import BothLevels, ByteScheduler
-from ..runtime.generation import Completion, completion_rng
+from ..runtime.completion import Completion
+from ..runtime.generation import completion_rng
 from ..runtime.loaded import LoadedModels
 from ..runtime.scheduler import Scheduler, Submission, State
 

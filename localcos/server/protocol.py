@@ -23,7 +23,7 @@ from ..core.level import Level
 from ..errors import Cancelled, LocalcosError, RemoteError
 from ..grammar import Constraint, ToolCallFormat, tool_call_format, tool_grammar
 from ..runtime.bytelevel import ByteModels, BytePlan, refuse_byte_options
-from ..runtime.generation import Completion
+from ..runtime.completion import Completion
 from ..runtime.loaded import LoadedModels
 from ..runtime.plan import Plan, check_token_ids, plan
 from ..runtime.scoring import ScoreCache, score_tokens
@@ -417,6 +417,7 @@ def _generated(completion: Completion | None) -> list[int]:
     """The generated tokens, with the end token that ended them (scored like any other)."""
     if completion is None:
         return []
+    assert completion.token_ids is not None, "logprobs and echo are served at the token level (request_level)"
     return completion.token_ids + ([completion.end_token] if completion.end_token is not None else [])
 
 
@@ -485,6 +486,7 @@ def tool_calls(served: ServedEnsemble, request: Request, completion: Completion 
     fmt = request.tools.format
     segments: list[str] = []
     if fmt.special:
+        assert completion.token_ids is not None, "tools are served at the token level (request_level)"
         current: list[int] | None = None
         for token in completion.token_ids:
             if token == request.tools.open_id:

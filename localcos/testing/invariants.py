@@ -16,7 +16,7 @@ import numpy as np
 from ..config.specs import GenerationConfig
 from ..core.decoding import Decoder
 from ..core.sampling import softmax
-from ..runtime.generation import Completion
+from ..runtime.completion import Completion
 from ..runtime.loaded import LoadedModels
 from ..runtime.plan import plan
 from ..runtime.scheduler import Submission, run_completions

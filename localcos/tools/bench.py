@@ -214,7 +214,7 @@ def run_throughput(
                                                     max_tokens=max_tokens, seed=seed + k, ignore_eos=True)  # fmt: skip
                         scheduler.submit(plan(ens, prompt, settings), np.random.default_rng(seed + k + 1000 * r))
                     t0 = time.perf_counter()
-                    tokens = sum(len(done.completion.token_ids) for done in scheduler.run() if done.completion is not None)
+                    tokens = sum(done.completion.length for done in scheduler.run() if done.completion is not None)
                     seconds = time.perf_counter() - t0
                     key = (config.method, config.gamma, temperature, level)
                     row = rows.setdefault(key, ThroughputRow(config.method, config.gamma, temperature, level, 0, 0.0, [0] * len(ens.models)))

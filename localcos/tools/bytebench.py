@@ -91,7 +91,7 @@ def run_byte_benchmark(
                     progress(len(runs), total, f"T={t:g} {task} {config.label}")
                 if config.alone is not None:
                     own = alone[config.alone].generate(prompt, max_tokens=max_tokens, temperature=t, seed=seed + i, method=ENSEMBLE)
-                    runs.append(ByteRun(config, i, task, t, len(own.text), len(own.token_ids), own.stats.seconds, own.stats.llama_seconds, own.text))
+                    runs.append(ByteRun(config, i, task, t, len(own.text), own.length, own.stats.seconds, own.stats.llama_seconds, own.text))
                     continue
                 plan = models.plan(models.prompts(prompt), GenerationConfig(method=config.method, max_tokens=max_tokens, temperature=t,
                                                                             byte_gamma=config.gamma))  # fmt: skip

@@ -15,13 +15,12 @@ from .generation import ByteGeneration, run_to_end
 from .level import BYTE_OPTIONS, byte_vocab, decoding_level, level_of, refuse_byte_options, shares_tokenizer
 from .member import ByteMember
 from .models import ByteModels, ByteStream
-from .results import ByteCompletion, BytePlan
+from .results import BytePlan
 from .symbols import RULED_OUT, combine_symbols, floor_ruled_out, gate_opens
 
 __all__ = [
     "BYTE_OPTIONS",
     "RULED_OUT",
-    "ByteCompletion",
     "ByteGeneration",
     "ByteMember",
     "ByteModels",

@@ -19,7 +19,7 @@ from ...core.text import TextAssembler
 from ...core.verify import verify
 from ...grammar import Matcher, unpack
 from ...stats import GenerationStats, ModelRunStats
-from .results import ByteCompletion
+from ..completion import Completion
 from .symbols import combine_symbols, gate_opens
 
 
@@ -75,7 +75,7 @@ class _Round:
 
 class ByteGeneration:
     """One completion at the byte level: `run()` yields text as characters complete and returns
-    the `ByteCompletion`.
+    the `Completion`.
 
     Args:
         members: the models' byte views over their sequences (`Member`).
@@ -575,7 +575,7 @@ class ByteGeneration:
             token_bytes=self.token_bytes,
         )
 
-    def run(self) -> Generator[str, None, ByteCompletion]:
+    def run(self) -> Generator[str, None, Completion]:
         t_prompt = time.perf_counter()
         for member, prompt, behind in zip(self.members, self.prompts, self.behind):
             member.start(prompt)
@@ -619,7 +619,7 @@ class ByteGeneration:
             yield tail
         llama = [now - then for now, then in zip(self._llama_seconds(), llama0)]
         stats = self._stats(data, text, finish, cos, time.perf_counter() - t0, t0 - t_prompt, llama)
-        self.completion = ByteCompletion(text.text, bytes(data), finish, stats)
+        self.completion = Completion(text.text, finish, stats, data=bytes(data))
         return self.completion
 
 
@@ -628,7 +628,7 @@ def _one_byte(symbol: int) -> bytes:
     return bytes((symbol,))
 
 
-def run_to_end(generation: ByteGeneration) -> ByteCompletion:
+def run_to_end(generation: ByteGeneration) -> Completion:
     """Drive a generation to its end; its completion."""
     for _ in generation.run():
         pass

@@ -27,7 +27,8 @@ from .generation import ByteGeneration
 from .level import byte_vocab
 from .member import ByteMember
 from ...stats import GenerationStats, ModelRunStats
-from .results import ByteCompletion, BytePlan
+from ..completion import Completion
+from .results import BytePlan
 
 if TYPE_CHECKING:
     from ...config.specs import LoadSpec
@@ -207,13 +208,13 @@ class ByteModels:
         assert config.method in ("ensemble", "cos"), "for_models names the method, check_level allows these"
         return BytePlan(tuple(tuple(p) for p in prompts), config, bound, config.method, level)
 
-    def cancelled_completion(self, plan: BytePlan) -> ByteCompletion:
+    def cancelled_completion(self, plan: BytePlan) -> Completion:
         """The completion of a generation cancelled before it started."""
         n = len(self.models)
         stats = GenerationStats(plan.method, plan.combiner.description, [ModelRunStats(name) for name in self.names], level=plan.level,
                                 most_paths=[0] * n, restarts=[0] * n, dropped_mass=[0.0] * n, folded=[0] * n, missed_rows=[0] * n,
                                 finish_reason="cancelled", finish_reasons={"cancelled": 1})  # fmt: skip
-        return ByteCompletion("", b"", "cancelled", stats)
+        return Completion("", "cancelled", stats, data=b"")
 
     def start(self, plan: BytePlan, rng: np.random.Generator, cancelled: Callable[[], bool] | None = None) -> ByteGeneration:
         """The generation of `plan` drawing from `rng` (`run()` drives it); one at a time."""
@@ -262,7 +263,7 @@ class ByteStream:
     def __init__(self, models: ByteModels, plan: BytePlan, rng: np.random.Generator) -> None:
         self._cancelled = False
         self.generation = models.start(plan, rng, cancelled=lambda: self._cancelled)
-        self.completion: ByteCompletion | None = None
+        self.completion: Completion | None = None
 
     def cancel(self) -> None:
         self._cancelled = True

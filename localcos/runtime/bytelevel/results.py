@@ -1,5 +1,4 @@
-"""What a byte-level generation is asked to do (`BytePlan`) and what it did (`ByteCompletion`,
-its statistics the one `GenerationStats` at the byte or mixed level)."""
+"""What a byte-level generation is asked to do (`BytePlan`); what it did is the one `Completion`."""
 
 from __future__ import annotations
 
@@ -8,24 +7,6 @@ from dataclasses import dataclass
 from ...config.specs import GenerationConfig
 from ...core.combiners import BoundCombiner
 from ...core.level import Level
-from ...stats import GenerationStats
-
-
-@dataclass
-class ByteCompletion:
-    """One completion generated at the byte level."""
-
-    text: str
-    data: bytes
-    finish_reason: str  # "stop" (the end symbol or a stop string), "length" (max_tokens or the context), "cancelled"
-    stats: GenerationStats
-    end_token = None  # the byte level ends on its end symbol, not on one model's token
-    token_ids = None  # its text is bytes, in no one model's tokens
-
-    @property
-    def length(self) -> int:
-        """Its length in what max_tokens counts: the lead model's tokens."""
-        return self.stats.tokens
 
 
 @dataclass(frozen=True)
