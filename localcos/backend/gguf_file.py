@@ -21,7 +21,7 @@ import mmap
 import os
 import struct
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -268,9 +268,32 @@ def read_info(path: str | os.PathLike[str], keep: Callable[[str], bool] | None =
     the token list.
     """
     p = check_gguf_file(path)
+    if keep is not None:
+        return _read_file(p, keep, tokens)
+    # one command reads a header several times (the level, the check, the lead): read once while
+    # the file stays as it is; a few files' headers kept (a vocabulary's texts each)
+    stat = p.stat()
+    name, size, mtime = os.fspath(p.resolve()), stat.st_size, stat.st_mtime_ns
+    with _headers_lock:
+        info = _headers.get((name, size, mtime, True)) or _headers.get((name, size, mtime, tokens))
+    if info is None:
+        info = _read_file(p, lambda key: False, tokens)
+        with _headers_lock:
+            _headers[(name, size, mtime, tokens)] = info
+            while len(_headers) > _HEADERS_KEPT:
+                _headers.popitem(last=False)
+    return info
+
+
+_HEADERS_KEPT = 8
+_headers: OrderedDict[tuple[str, int, int, bool], GGUFInfo] = OrderedDict()
+_headers_lock = threading.Lock()
+
+
+def _read_file(p: Path, keep: Callable[[str], bool], tokens: bool) -> GGUFInfo:
     try:
         with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return _read(_Cursor(data, p), keep or (lambda key: False), tokens)
+            return _read(_Cursor(data, p), keep, tokens)
     except OSError as e:
         raise ModelFileError(f"cannot read {p}: {e.strerror or e}") from None
 
