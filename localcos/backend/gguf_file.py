@@ -430,7 +430,7 @@ def check_model_file(path: str | os.PathLike[str]) -> Path:
     with _checked_lock:
         if key in _checked:
             return p
-    info = read_info(p, tokens=False)
+    info = read_info(p)  # with its tokens: the fingerprint and the level read the same header
     if info.incomplete:
         raise IncompleteModelError(f"{p}: {info.incomplete}")
     with _checked_lock:

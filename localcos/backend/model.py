@@ -20,7 +20,6 @@ in the calls a fresh process makes, and only cells computed exactly that way put
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ import llama_cpp  # isort: skip
 import numpy as np
 
 from ..errors import ModelFileError
-from .gguf_file import check_model_file, model_label
+from .gguf_file import check_model_file, model_label, read_info
 from .slot import PROMPT_CHUNK, ModelStats, Slot, charged_slots, common_prefix
 import contextlib
 
@@ -275,12 +274,9 @@ class Model:
         return llama_cpp.llama_vocab_get_text(self._vocab, token) or b""
 
     def vocab_fingerprint(self, n: int | None = None) -> str:
-        """SHA-256 over the text of token ids [0, n) (default: all)."""
-        h = hashlib.sha256()
-        for t in range(self.n_vocab if n is None else n):
-            h.update(self.token_text(t))
-            h.update(b"\0")
-        return h.hexdigest()
+        """SHA-256 over the text of token ids [0, n) (default: all), from the file's token list:
+        the texts llama.cpp loaded (`token_text`), read without a call per token."""
+        return read_info(self.path).vocab_fingerprint(self.n_vocab if n is None else n)
 
     # --- text -----------------------------------------------------------------------------------
     def tokenize(self, text: str | bytes, *, add_bos: bool | None = None, special: bool = False) -> list[int]:
@@ -312,6 +308,18 @@ class Model:
         if not special:
             self._pieces[token] = piece
         return piece
+
+    def pieces(self) -> list[bytes]:
+        """Every token's piece, by id (as `piece`): one buffer for the whole vocabulary."""
+        buf = ctypes.create_string_buffer(256)
+        to_piece, vocab, cache = llama_cpp.llama_token_to_piece, self._vocab, self._pieces
+        out = []
+        for token in range(self.n_vocab):
+            n = to_piece(vocab, token, buf, 256, 0, False)
+            piece = buf.raw[:n] if n >= 0 else self.piece(token)
+            cache[token] = piece
+            out.append(piece)
+        return out
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")

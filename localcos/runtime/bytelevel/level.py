@@ -21,7 +21,7 @@ def byte_vocab(model: Model) -> ByteVocab:
     """The model's vocabulary as byte strings (built once per model)."""
     vocab = getattr(model, "_byte_vocab", None)
     if vocab is None:
-        pieces = [model.piece(t) for t in range(model.n_vocab)]
+        pieces = model.pieces()
         ends = [t for t in range(model.n_vocab) if model.is_eog(t)]
         vocab = ByteVocab(pieces, ends, model.name)
         model._byte_vocab = vocab  # type: ignore[attr-defined]
