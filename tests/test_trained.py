@@ -203,11 +203,11 @@ def test_a_seeded_request_gives_one_text_whatever_ran_before(ens, pair):
     (llama.cpp is not batch-invariant: a generation that reused what an earlier one left in the
     cache could take another turn)."""
     models = ",".join(map(str, pair))
-    args = ["--combine", "cd", "--method", "cos", "--gamma", "auto", "--temperature", "0.8", "--seed", "11", "--max-tokens", "40"]
+    args = ["--combine", "cd", "--method", "cos", "--gamma", "auto", "--temperature", "0.8", "--seed", "11", "--max-tokens", "24"]
     proc = run_cli("generate", "--models", models, "--prompt", CODE_PROMPTS[0], "--json", "--ctx", "512", *args)
     assert proc.returncode == 0, proc.stderr
     want = json.loads(proc.stdout)["completions"][0]["text"]
-    settings = dict(combiner=COMBINERS["cd"], method="cos", gamma="auto", temperature=0.8, seed=11, max_tokens=40)
+    settings = dict(combiner=COMBINERS["cd"], method="cos", gamma="auto", temperature=0.8, seed=11, max_tokens=24)
     for other, n in ((CODE_PROMPTS[1], 30), (QUESTION, 12)):
         ens.generate(other, method="cos", temperature=1.0, seed=n, max_tokens=n)
         assert ens.generate(CODE_PROMPTS[0], **settings).text == want
