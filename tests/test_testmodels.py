@@ -9,6 +9,7 @@ import numpy as np
 from conftest import BASE
 from localcos.backend import Model
 from localcos.core.sampling import softmax
+from localcos.models import writer
 from localcos.models.writer import ModelSpec, build_vocab, cached_model, write_model
 
 TEXT = "The small model writes a draft and the large model checks it, one token at a time."
@@ -39,6 +40,15 @@ def test_same_spec_same_bytes(tmp_path):
     assert a.read_bytes() == b.read_bytes()
     c = write_model(replace(BASE, seed=8), tmp_path / "c.gguf")
     assert c.read_bytes() != a.read_bytes()
+    # a family's output head is kept from the last model written: a sibling written after its
+    # family's base, after another family's, or first in a process, is the same file
+    sibling = replace(BASE, noise=0.3)
+    after_base = write_model(sibling, tmp_path / "s1.gguf").read_bytes()
+    write_model(replace(BASE, seed=8), tmp_path / "other.gguf")
+    after_other = write_model(sibling, tmp_path / "s2.gguf").read_bytes()
+    writer._last_head.clear()
+    first = write_model(sibling, tmp_path / "s3.gguf").read_bytes()
+    assert after_base == after_other == first != a.read_bytes()
 
 
 def test_peaked_distributions_like_a_language_model(models):

@@ -33,6 +33,7 @@ import functools
 import hashlib
 import json
 import os
+import threading
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -409,15 +410,27 @@ def _widen(tensors: dict[str, np.ndarray], spec: ModelSpec) -> dict[str, np.ndar
     return out
 
 
-def build_weights(spec: ModelSpec, vocab: Vocab) -> dict[str, np.ndarray]:
-    """All tensors of the model, float32, named as llama.cpp's architecture `spec.arch` expects."""
-    if spec.n_embd % spec.n_head:
-        raise ValueError("n_embd must be a multiple of n_head")
-    if spec.arch not in ARCHITECTURES:
-        raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}")
-    d = spec.n_embd
+def _output_head(seed: int, d: int, successors: int, eos_rate: float, entropy: float, vocab: Vocab) -> tuple[np.ndarray, np.ndarray, float]:
+    """The embeddings E, the output matrix W (each token's successors favoured) and the output
+    norm's scale g of the real tokens: a family's (its seed), the same for the models of one
+    family (a sibling differs in its noise, added later), so the last one is kept."""
+    key = (seed, d, successors, eos_rate, entropy, vocab.n_real, vocab.word_start, vocab.end_ids, tuple(vocab.tokens), tuple(vocab.types))
+    with _last_head_lock:
+        if _last_head and _last_head[0][0] == key:
+            return _last_head[0][1]
+    head = _compute_output_head(seed, d, successors, eos_rate, entropy, vocab)
+    with _last_head_lock:
+        _last_head[:] = [(key, head)]
+    return head
+
+
+_last_head: list[tuple[tuple, tuple[np.ndarray, np.ndarray, float]]] = []
+_last_head_lock = threading.Lock()
+
+
+def _compute_output_head(seed: int, d: int, successors: int, eos_rate: float, entropy: float, vocab: Vocab) -> tuple[np.ndarray, np.ndarray, float]:
     n_real = vocab.n_real
-    rng = np.random.default_rng(spec.seed)
+    rng = np.random.default_rng(seed)
     E = rng.standard_normal((n_real, d)).astype(np.float32)
     # Successors are ordinary tokens (not bytes, control or unused tokens). Three in four
     # successors start a word, so generated text reads as a string of words.
@@ -425,19 +438,19 @@ def build_weights(spec: ModelSpec, vocab: Vocab) -> dict[str, np.ndarray]:
     mark = vocab.word_start
     is_word = np.array([vocab.tokens[t].startswith(mark) and len(vocab.tokens[t]) > 1 for t in ordinary])
     words, rest = ordinary[is_word], ordinary[~is_word]
-    pick_word = rng.random((n_real, spec.successors)) < 0.75
+    pick_word = rng.random((n_real, successors)) < 0.75
     succ = np.where(
         pick_word,
-        words[rng.integers(0, len(words), size=(n_real, spec.successors))],
-        rest[rng.integers(0, len(rest), size=(n_real, spec.successors))],
+        words[rng.integers(0, len(words), size=(n_real, successors))],
+        rest[rng.integers(0, len(rest), size=(n_real, successors))],
     )
-    strength = (1.0 - 0.25 * np.arange(spec.successors) / max(spec.successors - 1, 1)).astype(np.float32)
+    strength = (1.0 - 0.25 * np.arange(successors) / max(successors - 1, 1)).astype(np.float32)
     W = _successor_matrix(E, succ, strength, n_real)
     # A token that follows many tokens (EOS in a large vocabulary) would get a long output row and
     # win everywhere; scale rows back to the norm of a token with the average number of predecessors.
     predecessors = np.bincount(succ.ravel(), minlength=n_real)
-    W /= np.sqrt(np.maximum(predecessors / spec.successors, 1.0)).astype(np.float32)[:, None]
-    if spec.eos_rate > 0:
+    W /= np.sqrt(np.maximum(predecessors / successors, 1.0)).astype(np.float32)[:, None]
+    if eos_rate > 0:
         # Each end token follows the tokens whose embeddings point furthest along a direction u of
         # its own (a share eos_rate of them), about as strongly as a middle successor; a
         # direction, unlike a successor list, gives it no hub row in large vocabularies.
@@ -446,9 +459,22 @@ def build_weights(spec: ModelSpec, vocab: Vocab) -> dict[str, np.ndarray]:
             u = rng.standard_normal(d).astype(np.float32)
             u /= np.linalg.norm(u)
             projection = normed @ u
-            threshold = max(float(np.quantile(projection, 1.0 - spec.eos_rate)), 0.5)
-            W[end] = u * (float(strength[spec.successors // 2]) / threshold)
-    g = _calibrate_scale(E, W, spec.entropy, np.random.default_rng(spec.seed + 7))
+            threshold = max(float(np.quantile(projection, 1.0 - eos_rate)), 0.5)
+            W[end] = u * (float(strength[successors // 2]) / threshold)
+    g = _calibrate_scale(E, W, entropy, np.random.default_rng(seed + 7))
+    return E, W, g
+
+
+def build_weights(spec: ModelSpec, vocab: Vocab) -> dict[str, np.ndarray]:
+    """All tensors of the model, float32, named as llama.cpp's architecture `spec.arch` expects."""
+    if spec.n_embd % spec.n_head:
+        raise ValueError("n_embd must be a multiple of n_head")
+    if spec.arch not in ARCHITECTURES:
+        raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}")
+    d = spec.n_embd
+    n_real = vocab.n_real
+    E, W, g = _output_head(spec.seed, d, spec.successors, spec.eos_rate, spec.entropy, vocab)
+    E, W = E.copy(), W.copy()  # the kept head stays as computed
     if vocab.size > n_real:
         # padding rows, as in families whose embedding matrices are padded: never predicted
         pad_rng = np.random.default_rng([spec.seed, 4])
