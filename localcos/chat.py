@@ -129,6 +129,10 @@ class ChatFormatter:
         text = self.text(messages, tools=tools)
         return tokenize_alike(self.ensemble.models, text, what="the chat prompt", add_bos=add_bos_after(text, self.bos), special=True)
 
+    def second_tokens(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        """The conversation as a member reading a second prompt reads it: through the same template."""
+        return self.tokens(messages, tools)
+
 
 class OwnTemplates:
     """Turns a conversation into each model's own prompt tokens, through its own chat template
@@ -141,7 +145,8 @@ class OwnTemplates:
     note: str | None = None
 
     def __init__(self, models) -> None:
-        self.models = list(models.models)
+        self.models = list(models.loaded)  # each model once: a member reading a second prompt reads `second_tokens`
+        self.lead = models.models[models.second_member] if models.second_member is not None else None
         for m in self.models:
             if not m.chat_template:
                 raise ConfigError(f"{m.path} has no chat template in its GGUF metadata; at the byte level every model formats "
@@ -151,6 +156,13 @@ class OwnTemplates:
         """Each model's prompt tokens for the conversation (no tools: their calls would be each
         model's own special tokens; the server refuses them at the byte level)."""
         return [own_prompt(m, messages) for m in self.models]
+
+    def second_tokens(self, messages: Sequence[Message]) -> list[int]:
+        """The conversation as the member reading a second prompt reads it: in its model's (the
+        lead's) own template; last among the prompts a byte-level plan reads."""
+        if self.lead is None:
+            raise ConfigError("no member of these models reads a second prompt (load them with one)", param="negative_prompt")
+        return own_prompt(self.lead, messages)
 
     @staticmethod
     def size(prompts: Sequence[Sequence[int]]) -> int:
@@ -175,6 +187,7 @@ class Templates(Protocol):
     ids), or each model its own (`OwnTemplates`, one list of ids per model)."""
 
     def tokens(self, messages: Sequence[Message]) -> Any: ...
+    def second_tokens(self, messages: Sequence[Message]) -> list[int]: ...
     def size(self, prompt: Any) -> int: ...
 
 
@@ -218,7 +231,7 @@ class Conversation:
     def second_prompt(self, negative: str | None, guide_system: bool) -> list[int] | None:
         """The second prompt's tokens for the reply `prompt` prepared (`second_conversation`)."""
         second = second_conversation(self._all(), negative, guide_system)
-        return None if second is None else self.formatter.tokens(second)
+        return None if second is None else self.formatter.second_tokens(second)
 
     def reply(self, text: str) -> None:
         """Record the assistant's reply (also a partial one)."""

@@ -260,11 +260,24 @@ class ByteEnsemble(ByteModels):
             raise ConfigError(f"level must be byte, mixed or auto here, got {level!r}", param="level")
         spec = LoadSpec.make([model_path(p) for p in paths], n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=n_threads, calibrate=calibrate,
                              level=level, byte_paths=byte_paths, byte_prune=byte_prune)  # fmt: skip
+        return cls.from_spec(spec, combiner, progress=progress)
+
+    @classmethod
+    def from_spec(cls, spec: LoadSpec, combiner: Combiner | None = None, *, progress: Callable[[int, int, str], None] | None = None) -> ByteEnsemble:
+        """Load the models of `spec` (its level byte or mixed) as `load` does: the front ends'
+        way in, as `Ensemble.from_spec` is at the token level."""
+        from .core.combiners import WeightedEnsemble
+
         return super().load(spec, combiner or WeightedEnsemble(), progress=progress)  # type: ignore[return-value]
 
     def chat_prompts(self, messages: Sequence[Message]) -> list[list[int]]:
         """A conversation as each model's prompt, in its own chat template and special tokens."""
         return OwnTemplates(self).tokens(messages)
+
+    def second_chat_prompt(self, messages: Sequence[Message]) -> list[int]:
+        """A conversation as the member reading a second prompt reads it: in its model's (the
+        lead's) own chat template (`second_prompt` of `generate`)."""
+        return OwnTemplates(self).second_tokens(messages)
 
     def generate(
         self,
@@ -272,13 +285,16 @@ class ByteEnsemble(ByteModels):
         *,
         config: GenerationConfig | None = None,
         combiner: Combiner | None = None,
+        second_prompt: Sequence[int] | None = None,
         **settings: object,
     ) -> Completion:
         """One completion of `prompt` (text, or each model's prompt tokens: `chat_prompts`).
         Settings as `Ensemble.generate`'s; method "cos" (the default) or "ensemble", byte_gamma
         (bytes a proposer drafts, or "auto"); max_tokens counts the lead model's tokens (the gate's
-        lead, cd's expert, else the largest model), as it would count them alone."""
-        return self.generate_many(prompt, 1, config=config, combiner=combiner, **settings)[0]
+        lead, cd's expert, else the largest model), as it would count them alone. `second_prompt`:
+        what a member reading a second prompt reads, in its model's tokens (a chat's rendering:
+        `second_chat_prompt`), instead of negative_prompt's text."""
+        return self.generate_many(prompt, 1, config=config, combiner=combiner, second_prompt=second_prompt, **settings)[0]
 
     def generate_many(
         self,
@@ -287,6 +303,7 @@ class ByteEnsemble(ByteModels):
         *,
         config: GenerationConfig | None = None,
         combiner: Combiner | None = None,
+        second_prompt: Sequence[int] | None = None,
         **settings: object,
     ) -> list[Completion]:
         """`n` completions of one prompt, one after another; completion k draws from random
@@ -294,7 +311,7 @@ class ByteEnsemble(ByteModels):
         from .runtime.bytelevel import run_to_end
         from .runtime.generation import completion_rng
 
-        planned = self._plan(prompt, config, combiner, settings)
+        planned = self._plan(prompt, config, combiner, settings, second_prompt)
         return [run_to_end(self.start(planned, completion_rng(planned.config.seed, k))) for k in range(n)]
 
     def stream(  # type: ignore[override]
@@ -303,12 +320,13 @@ class ByteEnsemble(ByteModels):
         *,
         config: GenerationConfig | None = None,
         combiner: Combiner | None = None,
+        second_prompt: Sequence[int] | None = None,
         **settings: object,
     ) -> ByteStream:
         """Like `generate`, but a `ByteStream` that yields text pieces as characters complete."""
         from .runtime.generation import completion_rng
 
-        planned = self._plan(prompt, config, combiner, settings)
+        planned = self._plan(prompt, config, combiner, settings, second_prompt)
         return ByteStream(self, planned, completion_rng(planned.config.seed, 0))
 
     def bits_per_byte(
@@ -325,7 +343,8 @@ class ByteEnsemble(ByteModels):
         with self.pruning(prune):
             return bits_per_byte(self, text, list(combiners or [self.combiner.combiner]), window=window or self.n_ctx - 2)
 
-    def _plan(self, prompt: str | Sequence[Sequence[int]], config: GenerationConfig | None, combiner: Combiner | None, settings: dict) -> BytePlan:
+    def _plan(self, prompt: str | Sequence[Sequence[int]], config: GenerationConfig | None, combiner: Combiner | None, settings: dict,
+              second_prompt: Sequence[int] | None = None) -> BytePlan:  # fmt: skip
         config = _config(config, settings)
         prompts = self.prompts(prompt, phrasing=config.phrasing) if isinstance(prompt, str) else [list(p) for p in prompt]
-        return self.plan(prompts, config, combiner=combiner)
+        return self.plan(prompts, config, combiner=combiner, second_prompt=second_prompt)

@@ -282,7 +282,8 @@ class GenerationStats:
         if self.level is Level.MIXED:
             level = f"mixed level ({self.token_bytes}/{self.bytes} bytes as whole tokens)"
         speed = f"{self.chars_per_second or 0.0:.1f} chars/s"
-        return f"{level}: {self.chars} chars in {self.seconds:.2f} s ({speed}); {per_model}{drafts}{gate}"
+        seed = f"; seed {self.seed}" if self.seed is not None else ""
+        return f"{level}: {self.chars} chars in {self.seconds:.2f} s ({speed}); {per_model}{drafts}{gate}{seed}"
 
 
 # the rates `to_dict` adds, and the levels that have them

@@ -281,3 +281,37 @@ def test_at_byte_steps_the_second_prompts_member_takes_each_byte_in_the_leads_ca
     own, second = out.stats.calls
     assert out.stats.bytes >= N and out.stats.gate_opened > out.stats.gate_decided / 2
     assert own <= model_calls < own + second, (model_calls, own, second)  # shared calls count once for the model
+
+
+def test_a_chat_at_the_mixed_level_reads_the_second_prompt_through_its_models_template(models):
+    """A chat at the mixed level: the member reading a second prompt reads the conversation with
+    --negative-prompt in place of the user's message, through the model's own chat template (as
+    at the token level), not the negative prompt's raw text; `generate --chat` and a server's
+    chat completion are the library given that rendering."""
+    from localcos import ByteEnsemble
+    from localcos.chat import Message
+    from localcos.config.specs import LoadSpec
+    from localcos.core.combiners import Gated
+
+    path = str(models["chat"])
+    proc = subprocess.run([sys.executable, "-m", "localcos", "generate", "--models", path, "--level", "mixed", "--chat", "--prompt", PROMPT,
+                           "--negative-prompt", NEGATIVE, "--cfg-scale", "1.8", "--gate", "0.9", "--temperature", "0", "--max-tokens", str(N),
+                           "--ignore-eos", "--json"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    with ByteEnsemble.from_spec(LoadSpec.make([path], level="mixed", second_prompt=True), Gated(Guidance(scale=1.8), 0.9)) as ens:
+        assert ens.combiner.description == out["stats"]["combiner"]
+        prompts = ens.chat_prompts([Message("user", PROMPT)])
+        settings = dict(temperature=0, max_tokens=N, ignore_eos=True)
+        rendered = ens.generate(prompts, second_prompt=ens.second_chat_prompt([Message("user", NEGATIVE)]), **settings).text
+        raw = ens.generate(prompts, negative_prompt=NEGATIVE, **settings).text
+    # (the gate opens at most steps here: where it stays shut the lead's token is taken alone)
+    assert out["stats"]["level"] == "mixed" and out["stats"]["gate_opened"] > 0 and out["completions"][0]["text"] == rendered != raw
+    server = ServeProcess(["--models", path, "--level", "mixed", "--negative-prompt", NEGATIVE, "--cfg-scale", "1.8", "--gate", "0.9"], start_timeout=90)
+    try:
+        reply = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": PROMPT}], "max_tokens": N,
+                                                                      "temperature": 0, "ignore_eos": True}, timeout=120)  # fmt: skip
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["content"] == rendered and reply.json()["localcos"]["level"] == "mixed"
+    finally:
+        server.stop()

@@ -209,12 +209,9 @@ class ChatApp(App):
         ensemble, self.reply_level = self._decides(config)
         try:
             tokens, dropped = self.conversation.prompt(text, config.max_tokens)
-            second = self.conversation.second_prompt(config.negative_prompt, self.settings.guide_system)
-            if second is None:
-                stream = ensemble.stream(tokens, config=config)
-            else:  # a member of the lead model reads the second prompt (guidance, contrast): the token level
-                assert isinstance(ensemble, Ensemble), "the byte level reads no second prompt in the chat"
-                stream = ensemble.stream(tokens, config=config, second_prompt=second)
+            # a member of the lead model reads the second prompt (guidance, contrast), where there is one
+            second = self.conversation.second_prompt(config.negative_prompt, self.settings.guide_system) if ensemble.second_member is not None else None
+            stream = ensemble.stream(tokens, config=config, second_prompt=second)
         except LocalcosError as e:
             self.notify(str(e), title="Cannot send", severity="error")
             return

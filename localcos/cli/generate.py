@@ -7,9 +7,13 @@ import json
 import os
 import sys
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from .options import add_options, loading_progress, note, resolve
+
+if TYPE_CHECKING:
+    from ..config.specs import Settings
 
 DEFAULTS = {"temperature": 1.0, "max_tokens": 128}
 
@@ -19,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "generate",
         help="generate text with an ensemble of models",
         description="Generate text with an ensemble of GGUF models. Models with different tokenizers are combined at the byte "
-        "level (--level): each reads the prompt in its own tokens, and --max-tokens then counts characters.",
+        "level (--level): each reads the prompt in its own tokens, and --max-tokens counts the lead model's tokens.",
     )
     p.add_argument("--prompt", "-p", default=None, help="prompt text (default: read stdin); raw text unless --chat")
     add_options(p, ["models", "hardware", "combination", "method", "level", "sampling", "output"], defaults=DEFAULTS, exclude={"synthetic", "synthetic_dtype"})
@@ -33,12 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..chat import ChatFormatter, Message, second_conversation
-    from ..ensemble import Ensemble
     from ..config import default_parallel
     from ..config.parse import parse_int
     from ..config.specs import check_second_prompt
-    from ..core.level import Level
+    from ..ensemble import ByteEnsemble, Ensemble
+    from ..runtime.bytelevel import decoding_level
     from ..runtime.report import generation_json
     from ..stats import GenerationStats
 
@@ -57,28 +60,17 @@ def run(args: argparse.Namespace) -> int:
     config = settings.generation
     if config.seed is None:  # a seed the user can repeat: printed with the stats
         config = replace(config, seed=int.from_bytes(os.urandom(4), "little"))
-    from ..runtime.bytelevel import decoding_level
-
-    if decoding_level(settings).in_bytes:
-        return _generate_bytes(args, settings, config, prompt, n)
-    if settings.load.parallel is None and n > 1 and not any(settings.load.rpc):  # --n: decode them together
+    level = decoding_level(settings)
+    if not level.in_bytes and settings.load.parallel is None and n > 1 and not any(settings.load.rpc):  # --n: decode them together
         settings = replace(settings, load=replace(settings.load, parallel=default_parallel(settings.load.n_ctx, n)))
-    with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress) as ens:
-        second: str | list[int] | None = None  # the second prompt's member's: the negative text (config), or its chat rendering
-        if args.chat:
-            formatter = ChatFormatter(ens, settings.chat_template_model)
-            if formatter.note:
-                note(formatter.note)
-            messages = ([Message("system", settings.system)] if settings.system else []) + [Message("user", prompt)]
-            prompt_input: str | list[int] = formatter.tokens(messages)
-            conversation = second_conversation(messages, config.negative_prompt, settings.guide_system)
-            if conversation is not None:
-                second = formatter.tokens(conversation)
-        else:
-            prompt_input = prompt
+    ens: Ensemble | ByteEnsemble = (ByteEnsemble.from_spec if level.in_bytes else Ensemble.from_spec)(
+        settings.load, settings.combiner(), progress=loading_progress
+    )
+    with ens:
+        prompt_input, second = _prompts(args, ens, settings, prompt) if args.chat else (prompt, None)
         if args.json:
             completions = ens.generate_many(prompt_input, n, config=config, second_prompt=second)
-            print(json.dumps(generation_json(completions, Level.TOKEN, config.seed, ens.combiner.description)))
+            print(json.dumps(generation_json(completions, completions[0].stats.level, config.seed, ens.combiner.description)))
             return 0
         completions = []
         if n == 1:
@@ -101,37 +93,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generate_bytes(args: argparse.Namespace, settings, config, prompt: str, n: int) -> int:
-    """generate at the byte level: each model in its own tokens and chat template."""
-    from ..chat import Message, OwnTemplates
-    from ..runtime.bytelevel import ByteModels, run_to_end
-    from ..runtime.generation import completion_rng
-    from ..runtime.report import generation_json
+def _prompts(args: argparse.Namespace, ens: Any, settings: Settings, prompt: str) -> tuple[Any, Any]:
+    """`--chat`: the conversation as the models read it, and as a member reading a second prompt
+    reads it (None: there is none, or it reads --negative-prompt's text). The one place the level
+    shows: at the token level one chat template renders it for every model (--chat-template-model),
+    at the byte and mixed levels each model renders it in its own."""
+    from ..chat import ChatFormatter, Message, OwnTemplates, second_conversation
+    from ..ensemble import ByteEnsemble
 
-    with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress) as models:
-        if args.chat:
-            messages = ([Message("system", settings.system)] if settings.system else []) + [Message("user", prompt)]
-            prompts = OwnTemplates(models).tokens(messages)
-        else:
-            prompts = models.prompts(prompt, phrasing=config.phrasing)
-        plan = models.plan(prompts, config)
-        completions = []
-        for k in range(n):
-            generation = models.start(plan, completion_rng(config.seed, k))
-            if args.json:
-                completions.append(run_to_end(generation))
-                continue
-            if k:
-                sys.stdout.write("\n---\n")
-            for piece in generation.run():
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-            completions.append(generation.completion)
-        if args.json:
-            print(json.dumps(generation_json(completions, plan.level, config.seed, models.combiner.description)))
-            return 0
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-        for c in completions:
-            note(f"{models.combiner.description}, seed {config.seed}, " + c.stats.summary())
-    return 0
+    formatter = OwnTemplates(ens) if isinstance(ens, ByteEnsemble) else ChatFormatter(ens, settings.chat_template_model)
+    if formatter.note:
+        note(formatter.note)
+    messages = ([Message("system", settings.system)] if settings.system else []) + [Message("user", prompt)]
+    conversation = second_conversation(messages, settings.generation.negative_prompt, settings.guide_system)
+    second = formatter.second_tokens(conversation) if conversation is not None and ens.second_member is not None else None
+    return formatter.tokens(messages), second

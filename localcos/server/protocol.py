@@ -234,12 +234,12 @@ def chat_plans(served: ServedEnsemble, settings: Settings, conversation: list[Me
     """The plan of a conversation through the models' chat template at `level` (at the byte
     levels each model's own), which describes the `definitions` of tools; where a member reads a
     second prompt, the conversation as it reads it. The one way every chat route renders a chat."""
-    if level.in_bytes:
-        return _byte_plans(served, settings, [render_messages(served, conversation, level=level)], "messages", level)  # type: ignore[list-item]
     second = None
-    if served.token_models.second_member is not None:  # the conversation as the second prompt's member reads it
+    if (served.ensemble if level.in_bytes else served.token_models).second_member is not None:  # as the second prompt's member reads it
         other = second_conversation(conversation, settings.generation.negative_prompt, served.settings.guide_system)
-        second = None if other is None else render_messages(served, other, definitions, level)
+        second = None if other is None else cast("list[int]", render_messages(served, other, definitions, level, second=True))
+    if level.in_bytes:
+        return _byte_plans(served, settings, [render_messages(served, conversation, level=level)], "messages", level, second)  # type: ignore[list-item]
     return _plans(served, settings, [cast("list[int]", render_messages(served, conversation, definitions, level))], "messages",
                   cast("list[int] | None", second))  # the token level: one template's tokens
 
@@ -257,7 +257,7 @@ def render(served: ServedEnsemble, request_messages: Sequence[ChatMessage], tool
 
 
 def render_messages(served: ServedEnsemble, conversation: list[Message], tools: Sequence[dict] | None = None,
-                    level: Level = Level.TOKEN) -> list[int] | list[list[int]]:  # fmt: skip
+                    level: Level = Level.TOKEN, second: bool = False) -> list[int] | list[list[int]]:  # fmt: skip
     """`render` of a conversation already read (a second prompt's is made from the request's)."""
     formatter = served.templates(level)
     if formatter is None:
@@ -268,8 +268,8 @@ def render_messages(served: ServedEnsemble, conversation: list[Message], tools: 
         # the byte level's requests carry no tools (`_byte_chat` refuses them)
         if tools:
             assert isinstance(formatter, ChatFormatter), "the byte level refuses tools first"
-            return formatter.tokens(conversation, tools=tools)
-        return formatter.tokens(conversation)
+            return (formatter.second_tokens if second else formatter.tokens)(conversation, tools=tools)
+        return formatter.second_tokens(conversation) if second else formatter.tokens(conversation)
     except LocalcosError as e:
         raise from_localcos(e, "messages") from None
 
@@ -334,12 +334,13 @@ def _refuse_at_byte_level(given: Sequence[tuple[bool, str]]) -> None:
                            param=what.split(":")[0], code="unsupported_parameter")  # fmt: skip
 
 
-def _byte_plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[list[list[int]]], param: str, level: Level) -> list[BytePlan]:
+def _byte_plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[list[list[int]]], param: str, level: Level,
+                second: list[int] | None = None) -> list[BytePlan]:  # fmt: skip
     models = served.ensemble
     assert isinstance(models, ByteModels)
     try:
         combiner = settings.combiner()
-        return [models.plan(p, settings.generation, combiner=combiner, param=param, level=level) for p in prompts]
+        return [models.plan(p, settings.generation, combiner=combiner, param=param, level=level, second_prompt=second) for p in prompts]
     except LocalcosError as e:
         raise from_localcos(e, param) from None
 

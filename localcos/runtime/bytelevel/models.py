@@ -165,10 +165,11 @@ class ByteModels:
             combiner = combiner.bind(len(self.models), self.n_params)
         self._combiner = combiner
 
-    def stream(self, prompts: Sequence[Sequence[int]], *, config: GenerationConfig) -> ByteStream:
-        """A completion of `prompts` (each model's own tokens) as a stream of text pieces, drawing
-        from random stream 0 of `config.seed` (as `generate` does)."""
-        return ByteStream(self, self.plan(prompts, config), completion_rng(config.seed, 0))
+    def stream(self, prompts: Sequence[Sequence[int]], *, config: GenerationConfig, second_prompt: Sequence[int] | None = None) -> ByteStream:
+        """A completion of `prompts` (each model's own tokens; `second_prompt` as `plan` reads
+        it) as a stream of text pieces, drawing from random stream 0 of `config.seed` (as
+        `generate` does)."""
+        return ByteStream(self, self.plan(prompts, config, second_prompt=second_prompt), completion_rng(config.seed, 0))
 
     @property
     def parallel(self) -> int:
@@ -183,18 +184,24 @@ class ByteModels:
         combiner: Combiner | None = None,
         param: str = "prompt",
         level: Level | None = None,
+        second_prompt: Sequence[int] | None = None,
     ) -> BytePlan:
         """A byte-level completion of `prompts` (each model's own tokens) under `config`, checked
         once here for every front end: `combiner` bound to the models (default the loaded one); a
         prompt longer than a model's context is refused (`ConfigError`, naming `param`), and what
         the level does not decode (`config.check_level`: a gamma in tokens, a method other than
         ensemble and cos, a proposer, lookup, ...). `level`: the byte or the mixed level (default:
-        the level the models loaded for). Where a member reads a second prompt, `prompts` has
-        its tokens last, or it reads `config.negative_prompt` (in the lead's tokens)."""
+        the level the models loaded for). Where a member reads a second prompt, it reads
+        `second_prompt` (its model's tokens: a chat's rendering), or the last of `prompts` where
+        they are one more than the models, or `config.negative_prompt` (in the lead's tokens)."""
         level = self.level if level is None else level
         config = config.for_models(len(self.models), level.value)
         check_second_member(config, self.second_member is not None, json=True)
         prompts = list(prompts)
+        if second_prompt is not None:
+            if self.second_member is None:
+                raise ConfigError("second_prompt: no member of these models reads a second prompt (load them with one)", param="negative_prompt")
+            prompts = [*prompts[: len(self.loaded)], list(second_prompt)]
         if self.second_member is not None and len(prompts) == len(self.loaded):
             second = required_second_prompt(config.negative_prompt)
             prompts.append(self.models[self.second_member].tokenize(second) if isinstance(second, str) else list(second))
