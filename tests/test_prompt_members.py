@@ -315,3 +315,24 @@ def test_a_chat_at_the_mixed_level_reads_the_second_prompt_through_its_models_te
         assert reply.json()["choices"][0]["message"]["content"] == rendered and reply.json()["localcos"]["level"] == "mixed"
     finally:
         server.stop()
+    # the terminal chat: the same reply to the same message
+    import asyncio
+
+    from localcos.config import resolve
+    from localcos.tui.app import ChatApp
+    from test_tui import replies, send, until
+
+    app = ChatApp(resolve({"models": [path], "level": "mixed", "negative_prompt": NEGATIVE, "cfg_scale": 1.8, "gate": 0.9, "temperature": 0,
+                           "max_tokens": N, "ignore_eos": True}, json=True))  # fmt: skip
+
+    texts: list[str] = []
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.ensemble is not None)
+            await send(pilot, app, PROMPT)
+            await until(pilot, lambda: len(replies(app)) == 1 and replies(app)[-1].complete, timeout=120)
+            texts.extend(r.text for r in replies(app))
+
+    asyncio.run(scenario())
+    assert texts == [rendered]
