@@ -146,7 +146,7 @@ class OwnTemplates:
 
     def __init__(self, models) -> None:
         self.models = list(models.loaded)  # each model once: a member reading a second prompt reads `second_tokens`
-        self.lead = models.models[models.second_member] if models.second_member is not None else None
+        self.byte_models = models
         for m in self.models:
             if not m.chat_template:
                 raise ConfigError(f"{m.path} has no chat template in its GGUF metadata; at the byte level every model formats "
@@ -160,9 +160,7 @@ class OwnTemplates:
     def second_tokens(self, messages: Sequence[Message]) -> list[int]:
         """The conversation as the member reading a second prompt reads it: in its model's (the
         lead's) own template; last among the prompts a byte-level plan reads."""
-        if self.lead is None:
-            raise ConfigError("no member of these models reads a second prompt (load them with one)", param="negative_prompt")
-        return own_prompt(self.lead, messages)
+        return own_prompt(self.byte_models.second_model(), messages)
 
     @staticmethod
     def size(prompts: Sequence[Sequence[int]]) -> int:

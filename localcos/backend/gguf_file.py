@@ -265,7 +265,8 @@ def read_info(path: str | os.PathLike[str], keep: Callable[[str], bool] | None =
 
     The values of the keys `keep` selects are kept exactly as stored in `GGUFInfo.fields` (long
     arrays included), e.g. to copy a tokenizer into another file; `tokens=False` skips keeping
-    the token list.
+    the token list. Without `keep`, a header already read while the file stays as it is (path,
+    size, modification time) is given again, with its token list where it was read with one.
     """
     p = check_gguf_file(path)
     if keep is not None:

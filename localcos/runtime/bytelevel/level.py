@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from collections.abc import Iterable, Sequence
 
-from ...backend import Model, read_info, shared_vocab_size
+from ...backend import Model, read_info
 from ...backend.tokenizers import tokenizer_groups
 from ...core.bytelevel import ByteVocab
 from ...core.level import Level
 from ...config.specs import check_level
-from ...errors import ConfigError, TokenizerMismatchError
+from ...errors import ConfigError
 
 if TYPE_CHECKING:
     from ...config.specs import LoadSpec, Settings
@@ -26,15 +26,6 @@ def byte_vocab(model: Model) -> ByteVocab:
         vocab = ByteVocab(pieces, ends, model.name)
         model._byte_vocab = vocab  # type: ignore[attr-defined]
     return vocab
-
-
-def shares_tokenizer(models: Sequence[Model]) -> bool:
-    """Whether the models can decode at the token level together (one tokenizer)."""
-    try:
-        shared_vocab_size(models)
-    except TokenizerMismatchError:
-        return False
-    return True
 
 
 def level_of(spec: LoadSpec) -> Level:

@@ -73,6 +73,12 @@ class ByteModels:
         self.members = [ByteMember(m, max_paths=max_paths, prune=prune, price=p, slots=s) for m, p, s in zip(self.models, self.costs.profiles, slots)]
         self.n_ctx = min(m.n_ctx for m in self.models)
 
+    def second_model(self) -> Model:
+        """The model whose member reads a second prompt (the lead); a `ConfigError` where none does."""
+        if self.second_member is None:
+            raise ConfigError("second_prompt: no member of these models reads a second prompt (load them with one)", param="negative_prompt")
+        return self.models[self.second_member]
+
     @property
     def n_params(self) -> list[int]:
         """Each member's parameter count as a combination reads roles (`LoadedModels.n_params`)."""
@@ -199,8 +205,7 @@ class ByteModels:
         check_second_member(config, self.second_member is not None, json=True)
         prompts = list(prompts)
         if second_prompt is not None:
-            if self.second_member is None:
-                raise ConfigError("second_prompt: no member of these models reads a second prompt (load them with one)", param="negative_prompt")
+            self.second_model()  # there is one to read it
             prompts = [*prompts[: len(self.loaded)], list(second_prompt)]
         if self.second_member is not None and len(prompts) == len(self.loaded):
             second = required_second_prompt(config.negative_prompt)
