@@ -15,6 +15,7 @@ from .core.decoding import METHODS, Origin
 from .core.sampling import Sampler
 from .config.specs import GenerationConfig
 from .ensemble import ByteEnsemble, Ensemble
+from .infill import ExtraChunk, Infill
 from .runtime import Chunk, Completion, Stream, TokenEvent
 from .errors import (
     ConfigError,
@@ -42,8 +43,10 @@ __all__ = [
     "Guidance",
     "CustomCombiner",
     "Ensemble",
+    "ExtraChunk",
     "GenerationConfig",
     "GenerationStats",
+    "Infill",
     "LocalcosError",
     "LogitMix",
     "Model",

@@ -27,7 +27,8 @@ from .chat import Message, OwnTemplates
 from .runtime.bytelevel import ByteModels, BytePlan, ByteStream, refuse_byte_options
 from .runtime.completion import Completion
 from .runtime.loaded import LoadedModels
-from .runtime.plan import plan
+from .infill import Infill
+from .runtime.plan import Prompt, plan
 from .runtime.scheduler import Stream, run_completions
 from .runtime.scoring import Loglikelihood, Scores, loglikelihood, score_tokens
 
@@ -147,14 +148,15 @@ class Ensemble(LoadedModels):
     # --- generation ------------------------------------------------------------------------------
     def generate(
         self,
-        prompt: str | Sequence[int],
+        prompt: Prompt,
         *,
         config: GenerationConfig | None = None,
         combiner: Combiner | BoundCombiner | None = None,
         second_prompt: str | Sequence[int] | None = None,
         **settings: object,
     ) -> Completion:
-        """Generate one completion of `prompt` (raw text, or token ids).
+        """Generate one completion of `prompt` (raw text, token ids, or what to fill in at a
+        cursor: an `Infill`, read through the models' fill-in-the-middle tokens).
 
         Settings are a `GenerationConfig` (`config`), or its fields as keywords (over `config`):
         method ("ensemble", "sd", "naive-cos", "cos"; default cos, as on the command line:
@@ -170,7 +172,7 @@ class Ensemble(LoadedModels):
 
     def generate_many(
         self,
-        prompt: str | Sequence[int],
+        prompt: Prompt,
         n: int,
         *,
         config: GenerationConfig | None = None,
@@ -189,7 +191,7 @@ class Ensemble(LoadedModels):
 
     def stream(
         self,
-        prompt: str | Sequence[int],
+        prompt: Prompt,
         *,
         config: GenerationConfig | None = None,
         combiner: Combiner | BoundCombiner | None = None,
@@ -281,7 +283,7 @@ class ByteEnsemble(ByteModels):
 
     def generate(
         self,
-        prompt: str | Sequence[Sequence[int]],
+        prompt: str | Infill | Sequence[Sequence[int]],
         *,
         config: GenerationConfig | None = None,
         combiner: Combiner | None = None,
@@ -298,7 +300,7 @@ class ByteEnsemble(ByteModels):
 
     def generate_many(
         self,
-        prompt: str | Sequence[Sequence[int]],
+        prompt: str | Infill | Sequence[Sequence[int]],
         n: int,
         *,
         config: GenerationConfig | None = None,
@@ -316,7 +318,7 @@ class ByteEnsemble(ByteModels):
 
     def stream(  # type: ignore[override]
         self,
-        prompt: str | Sequence[Sequence[int]],
+        prompt: str | Infill | Sequence[Sequence[int]],
         *,
         config: GenerationConfig | None = None,
         combiner: Combiner | None = None,
@@ -343,8 +345,8 @@ class ByteEnsemble(ByteModels):
         with self.pruning(prune):
             return bits_per_byte(self, text, list(combiners or [self.combiner.combiner]), window=window or self.n_ctx - 2)
 
-    def _plan(self, prompt: str | Sequence[Sequence[int]], config: GenerationConfig | None, combiner: Combiner | None, settings: dict,
+    def _plan(self, prompt: str | Infill | Sequence[Sequence[int]], config: GenerationConfig | None, combiner: Combiner | None, settings: dict,
               second_prompt: Sequence[int] | None = None) -> BytePlan:  # fmt: skip
         config = _config(config, settings)
-        prompts = self.prompts(prompt, phrasing=config.phrasing) if isinstance(prompt, str) else [list(p) for p in prompt]
+        prompts = self.prompts(prompt, phrasing=config.phrasing, config=config) if isinstance(prompt, (str, Infill)) else [list(p) for p in prompt]
         return self.plan(prompts, config, combiner=combiner, second_prompt=second_prompt)

@@ -1,4 +1,4 @@
-"""Writing files safely: every file localcos writes goes to a temporary name in its target folder
+"""Reading the text files a user names, and writing files safely: every file localcos writes goes to a temporary name in its target folder
 and is renamed over the target only when complete, so a full disk, a crash or Ctrl-C never leaves
 half a file under the final name; a write that fails says in one line which path and why."""
 
@@ -100,6 +100,18 @@ def atomic_write(
         yield f
         f.flush()
         os.fsync(f.fileno())
+
+
+def read_text(path: str | os.PathLike[str], what: str) -> str:
+    """A text file the user named (`what`: the flag that named it), as UTF-8 (bad bytes
+    replaced); a `ConfigError` in one line where it cannot be read."""
+    from .errors import ConfigError
+
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: {_CAUSES.get(e.errno or 0, e.strerror or 'cannot be read') if e.errno != errno.ENOENT else 'no such file'}",
+                          param=what.lstrip("-").replace("-", "_")) from None  # fmt: skip
 
 
 def write_text(target: str | os.PathLike[str], text: str, hint: str = "") -> None:

@@ -23,6 +23,9 @@ Words, the same in code, JSON and the README:
   looked_ahead, lookahead_changed
                  with --lookahead: positions looked ahead from (r unsure there), and those where
                  a branch other than r's likeliest token won
+  prompt_evaluated
+                 of the prompt's tokens, those the models evaluated for it (the most any model
+                 did); the others were in their caches from an earlier request
   bytes, chars   the byte and mixed levels: the text's length in bytes and characters
   drafted        the byte and mixed levels: draft symbols judged (cos)
   rows           the byte and mixed levels: path rows evaluated, per model (a model's `tokens`)
@@ -85,6 +88,7 @@ class GenerationStats:
     finish_reasons: dict[str, int] = field(default_factory=dict, metadata=_meta("reasons"))
     # the token level
     prompt_tokens: int = field(default=0, metadata=_meta(levels=_TOKEN))
+    prompt_evaluated: int = field(default=0, metadata=_meta(levels=_TOKEN))  # of them, those a model evaluated (the rest were in its cache)
     proposed: int = field(default=0, metadata=_meta(levels=_TOKEN))
     rejected: int = field(default=0, metadata=_meta(levels=_TOKEN))
     verifications: int = field(default=0, metadata=_meta(levels=_TOKEN))

@@ -46,6 +46,11 @@ SPECS: dict[str, ModelSpec] = {
     "f16": replace(BASE, dtype="f16", name="t-f16"),
     "bf16": replace(BASE, dtype="bf16", name="t-bf16"),
     "q4": replace(BASE, dtype="q4_0", name="t-q4"),
+    # fill-in-the-middle tokens in the vocabulary (found by their text), a sibling sharing them, and
+    # FIM tokens of other names that the header names
+    "fim": replace(BASE, fim="text", name="t-fim"),
+    "fim_sibling": replace(BASE, fim="text", noise=0.3, name="t-fim-sibling"),
+    "fim_header": replace(BASE, fim="header", name="t-fim-header"),
     # a real-size vocabulary (Qwen2.5's padded size), narrow so it stays small
     "vocab152k": ModelSpec(vocab_size=151936, n_embd=32, n_layer=1, n_head=2, n_ff=64, dtype="f16", seed=9, name="t-152k"),
     "vocab152k_padded": ModelSpec(

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require_rpc_build
+
 from localcos.core.level import Level
 from localcos.errors import ConfigError
 from localcos.eval.codetasks import CodeTask, load_tasks, select
@@ -599,3 +601,88 @@ def test_the_mixed_levels_rules_refuse_before_any_model_loads(models, task_file,
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], (extra, proc.stderr)
         assert not results.exists()
+
+
+# --- the model as made: the baseline under every preset ---------------------------------------------------
+
+
+def _completions(results: Path) -> dict[str, dict[str, str]]:
+    """config -> task id -> completion, from a results file."""
+    out: dict[str, dict[str, str]] = {}
+    for line in results.read_text().splitlines()[1:]:
+        record = json.loads(line)
+        out.setdefault(record["config"], {})[record["task_id"]] = record["completion"]
+    return out
+
+
+@pytest.mark.slow
+def test_each_model_alone_under_every_shipped_preset_is_the_model_as_made(real_models, task_file, tmp_path):
+    """`eval --preset P`'s "X alone" is model X as its makers run it, whatever P sets: its own
+    tokens, phrasing auto, none of P's combining options (`Option.combines`), which its settings
+    line shows, and it writes what `eval --models X --variant made=--phrasing auto` writes. The
+    shipped presets run on synthetic stand-ins of their models (a user's models.toml over them)."""
+    from localcos.config import OPTIONS
+    from localcos.models.registry import Registry
+
+    stand_ins = {"coder-0.5b": real_models["qwen2_sibling"], "coder-1.5b": real_models["qwen2"], "smollm2-135m": real_models["llama3"]}
+    config = tmp_path / "models.toml"
+    config.write_text("".join(f'[models."{name}"]\npath = "{path}"\n\n' for name, path in stand_ins.items()))
+    presets = [name for name, p in Registry.load(user=False).ensembles.items() if set(p.models) <= set(stand_ins)]
+    assert {"coder-we", "coder-cd", "coder-cd-gated", "coder-plus", "coder-instruct", "coder-lookahead", "smol-coder-cd"} <= set(presets)
+    common = ["--config", str(config), "--task", str(task_file), "--problems", "2", "--run-code", "--timeout", "2", "--max-tokens", "6"]
+    made = {}
+    for name in stand_ins:
+        results = tmp_path / f"made-{name}.jsonl"
+        proc = run("eval", "--models", name, *common, "--results", str(results), "--variant", "made=--phrasing auto")
+        assert proc.returncode == 0, proc.stderr
+        made[name] = _completions(results)["made"]
+    combining = [o for o in OPTIONS.values() if o.combines and o.target in ("combine", "generation")]
+    for preset in presets:
+        results = tmp_path / f"{preset}.jsonl"
+        proc = run("eval", "--preset", preset, *common, "--results", str(results))
+        assert proc.returncode == 0, (preset, proc.stderr)
+        assert '"alone": each model by itself as its makers run it' in proc.stdout
+        records = [json.loads(line) for line in results.read_text().splitlines()[1:]]
+        models = Registry.load(config).ensembles[preset].models
+        for model in models:
+            label = read_label(stand_ins[model])
+            alone = [r for r in records if r["config"] == f"{label} alone"]
+            assert len(alone) == 2, (preset, model, [r["config"] for r in records])
+            settings = alone[0]["settings"]
+            for o in combining:
+                want = {"combine": "we", "method": "ensemble"}.get(o.name, o.format(o.default))
+                if o.name != "weights":
+                    assert settings[o.name] == want, (preset, model, o.name, settings[o.name])
+            assert settings["phrasing"] == "auto" and settings["weights"].count("1") == 1
+            assert {r["task_id"]: r["completion"] for r in alone} == made[model], (preset, model)
+
+
+def read_label(path: Path) -> str:
+    from localcos.backend.gguf_file import read_info
+
+    return read_info(path, tokens=False).label
+
+
+@pytest.mark.slow
+def test_variants_of_every_kind_share_one_load_or_are_refused_before_it(real_models, task_file, tmp_path):
+    model = str(real_models["qwen2"])
+    results = tmp_path / "r.jsonl"
+    proc = run("eval", "--models", model, "--task", str(task_file), "--problems", "2", "--run-code", "--timeout", "2", "--max-tokens", "6",
+               "--results", str(results), "--variant", "made=--phrasing instruct",
+               "--variant", "lookahead=--phrasing instruct --lookahead 3,4 --lookahead-threshold 0.5",
+               "--variant", "cfg-drop=--phrasing instruct --contrast-prompt drop-examples --cfg-scale 1.5")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    done = _completions(results)
+    assert sorted(done) == ["cfg-drop", "lookahead", "made"] and all(len(v) == 2 for v in done.values())
+    # one load cannot hold a second prompt's member or lookahead's branches on an RPC server: refused before
+    # anything loads, in one line naming the variants that need them
+    require_rpc_build()
+    proc = run("eval", "--models", model, "--task", str(task_file), "--run-code", "--rpc", "127.0.0.1:9", "--results", str(tmp_path / "x.jsonl"),
+               "--variant", "made=--phrasing raw", "--variant", "la=--lookahead 3,4",
+               "--variant", "cd=--contrast-prompt drop-examples --cfg-scale 1.5")  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "cd, la: these models cannot be loaded for them" in proc.stderr, proc.stderr
+    assert not (tmp_path / "x.jsonl").exists() or "made" not in (tmp_path / "x.jsonl").read_text()
+    config = tmp_path / "models.toml"
+    config.write_text(f'[models.remote]\npath = "{model}"\nrpc = "127.0.0.1:9"\n\n[ensembles.far]\nmodels = ["remote"]\nlookahead = [3, 4]\ntemperature = 0\n')
+    proc = run("eval", "--preset", "far", "--config", str(config), "--task", str(task_file), "--run-code", "--results", str(tmp_path / "y.jsonl"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "lookahead" in proc.stderr, proc.stderr

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from localcos import Ensemble
+from localcos.backend import Model
 from localcos.core.combiners import Contrastive, Guidance, WeightedEnsemble
 from localcos.errors import ConfigError
 from localcos.eval.contrast import drop_examples
@@ -65,6 +66,42 @@ def test_scale_1_is_the_model_alone_and_never_evaluates_the_second_prompt(models
         out = ens.generate(PROMPT, second_prompt=NEGATIVE, temperature=0, max_tokens=N, ignore_eos=True)
         assert out.stats.models[1].tokens == 0  # after its prompt: r never asked for its rows
     assert out.token_ids == in_child(reference.greedy, path, PROMPT, N)
+
+
+@pytest.mark.real
+def test_scale_1_is_the_model_alone_on_a_quantized_model_and_no_call_carries_the_unused_member(trained):
+    """A member r does not use is not evaluated at all, its prompt included: on a Q4 model, whose
+    rows change with the shape of the call they come from, a negative prompt at --cfg-scale 1
+    gives the model's own token ids (through the library and the command line), and no
+    llama_decode call carries a token of its sequences."""
+    path = trained("smollm2-135m")
+    prompt = 'def is_palindrome(text):\n    """Return True if text reads the same backwards."""\n'
+    negative = "hello world, how are you today"
+    with Ensemble.load([path], n_ctx=512) as ens:
+        alone = ens.generate(prompt, temperature=0, max_tokens=24).token_ids
+    parts: list[tuple[int, int]] = []  # (sequence, tokens) of every part of every call
+    decode = Model.decode
+
+    def logged(model, calls):
+        parts.extend((slot.seq_id, len(tokens)) for slot, tokens, _, _ in calls)
+        return decode(model, calls)
+
+    with Ensemble.load([path], combiner=Guidance(scale=1.0), second_prompt=True, n_ctx=512) as ens:
+        unused = {slot.seq_id for slot in ens.member_slots[ens.second_member]}
+        n_prompt = len(ens.tokenize(prompt))
+        Model.decode = logged  # type: ignore[method-assign]
+        try:
+            guided = ens.generate(prompt, negative_prompt=negative, temperature=0, max_tokens=24)
+        finally:
+            Model.decode = decode  # type: ignore[method-assign]
+    assert guided.token_ids == alone
+    assert parts and not [p for p in parts if p[0] in unused], parts
+    assert sum(p[1] for p in parts) == n_prompt + len(alone) - 1  # the prompt's tokens and the generated ones, once each
+    proc = subprocess.run([sys.executable, "-m", "localcos", "generate", "--models", str(path), "--ctx", "512", "--temperature", "0",
+                           "--max-tokens", "24", "--prompt", prompt, "--negative-prompt", negative, "--cfg-scale", "1", "--json"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["completions"][0]["token_ids"] == alone
 
 
 def test_cd_and_an_average_take_the_second_prompts_member_beside_the_models(models):

@@ -184,6 +184,7 @@ class Model:
         self.n_embd: int = llama_cpp.llama_model_n_embd(self._model)
         self.bos: int = llama_cpp.llama_vocab_bos(self._vocab)
         self.eos: int = llama_cpp.llama_vocab_eos(self._vocab)
+        self.eot: int = llama_cpp.llama_vocab_eot(self._vocab)  # -1 where it has none
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.stats = ModelStats()  # every call, whichever slots took part
         # Logits are returned for ids below this bound: an ensemble lowers it to the vocabulary
@@ -264,6 +265,14 @@ class Model:
     def chat_template(self) -> str | None:
         t = llama_cpp.llama_model_chat_template(self._model, None)
         return t.decode("utf-8", errors="replace") if t else None
+
+    def fim_tokens(self) -> dict[str, int | None]:
+        """Its fill-in-the-middle tokens as llama.cpp found them (the header's ids, else by their
+        text): prefix, suffix, middle, pad, repo, sep; None where it has none (`infill.FimTokens`)."""
+        found = {"prefix": llama_cpp.llama_vocab_fim_pre, "suffix": llama_cpp.llama_vocab_fim_suf, "middle": llama_cpp.llama_vocab_fim_mid,
+                 "pad": llama_cpp.llama_vocab_fim_pad, "repo": llama_cpp.llama_vocab_fim_rep, "sep": llama_cpp.llama_vocab_fim_sep}  # fmt: skip
+        ids = {name: int(get(self._vocab)) for name, get in found.items()}
+        return {name: token if 0 <= token < self.n_vocab else None for name, token in ids.items()}
 
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (EOS, EOT, ...)."""

@@ -54,7 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument(
         "--task",
         default="humaneval",
-        help="humaneval (default), a .jsonl / .jsonl.gz file of the same shape, or MBPP's mbpp.jsonl or sanitized-mbpp.json as released",
+        help="humaneval (default), a .jsonl / .jsonl.gz file of the same shape, or MBPP's mbpp.jsonl or sanitized-mbpp.json as released; "
+        "infilling (fill in the middle, through the models' FIM tokens): humaneval-single-line, humaneval-multi-line (built as "
+        "human-eval-infilling built them), humaneval-random-span (localcos's own seeded draw), or human-eval-infilling's released "
+        "files (HumanEval-RandomSpanInfilling.jsonl.gz...) by path",
     )
     what.add_argument("--problems", help="N (the first N problems) or A:B (problems A to B-1); default all")
     what.add_argument("--variant", action="append", metavar="NAME=FLAGS",
@@ -91,6 +94,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..eval.codeeval import run_eval
+    from ..eval.configs import check_infilling, run_load
     from ..eval.codetasks import load_tasks, select
     from ..eval.sandbox import memory_bound
     from ..eval.models import EvalModels
@@ -105,7 +109,11 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     settings = resolve(args, DEFAULTS, decoded=not args.variant)  # each --variant is checked over them
     run_level = decoding_level(settings)
-    names, configs = _configs(args, settings, run_level)
+    infilling = any(t.suffix is not None for t in tasks)
+    names, configs, alone = _configs(args, settings, run_level, infilling)
+    if infilling:
+        check_infilling(configs)
+    load = run_load(settings.load, configs)  # what every configuration needs of one load, refused before any model loads
     results_path = args.results or f"localcos-eval-{task_name.split('.')[0]}.jsonl"
     results = _results(results_path, task_name, settings, run_level, args.sandbox, limits, configs)
     held = sum(results.get(c.name, t.task_id) is not None for c in configs for t in tasks)
@@ -115,11 +123,7 @@ def run(args: argparse.Namespace) -> int:
     if held < len(tasks) * len(configs):  # a finished run's summary loads no model
         results.check_resumable()
         say(f"localcos: each program's memory: {memory_bound(limits)}")
-        lookahead = [c.settings.generation.lookahead for c in configs if c.settings.generation.lookahead is not None]
-        most = (max(k for k, _ in lookahead), max(n for _, n in lookahead)) if lookahead else None
-        with EvalModels(
-            settings, run_level, progress=loading_progress, second_prompt=any(c.contrast for c in configs), lookahead=most
-        ) as models:
+        with EvalModels(settings, run_level, load, progress=loading_progress) as models:
             models.load_alone(sorted({c.member for c in configs if c.own_tokens and c.member is not None}), say=say)
             run_eval(tasks, configs, models.generate, results, limits, args.sandbox, report=say, scripts=models.writes_script)
     baseline, summaries = summarize(results, tasks, configs, args.baseline)
@@ -127,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
     title = (f"{task_name}: {len(tasks)} problems, {' + '.join(names)}, {run_level.value} level, temperature "
              f"{settings.generation.temperature:g}, max {settings.generation.max_tokens} tokens")  # fmt: skip
     _report(args, title, baseline, summaries, unit, {"task": task_name, "problems": len(tasks), "models": names, "sandbox": args.sandbox,
-                                                      "baseline": baseline, "unit": unit, "seconds": round(time.monotonic() - t0, 1)})  # fmt: skip
+                                                      "baseline": baseline, "unit": unit, "seconds": round(time.monotonic() - t0, 1),
+                                                      "alone": alone})  # fmt: skip
     return 0
 
 
@@ -150,11 +155,13 @@ def _sandbox(args: argparse.Namespace) -> Limits:
     return limits
 
 
-def _configs(args: argparse.Namespace, settings: Settings, run_level: Level) -> tuple[list[str], list[EvalConfig]]:
+def _configs(args: argparse.Namespace, settings: Settings, run_level: Level, infilling: bool) -> tuple[list[str], list[EvalConfig], str | None]:
     """The models' names (from their headers, read before anything loads: a finished run's
-    summary loads no model) and the configurations: the variants, or the defaults."""
+    summary loads no model), the configurations (the variants, or the defaults) and, for the
+    defaults, what "alone" is: the line under the table."""
     from ..backend.gguf_file import read_info
     from ..eval.configs import default_configs, parse_config, unique_names
+    from ..phrasing import resolved
 
     infos = [read_info(path, tokens=False) for path in settings.load.paths]
     # which model is the expert or the lead where the flags leave it open: the larger, as the run binds it
@@ -166,11 +173,18 @@ def _configs(args: argparse.Namespace, settings: Settings, run_level: Level) -> 
             raise ConfigError("--variant: two configurations have the same name", param="variant")
     else:
         configs = default_configs(settings, names, n_params, run_level, preset=args.preset)
+    alone = None
+    if not args.variant:
+        read = ", ".join(f"{name} {resolved('auto', info)}" + (" (its chat template)" if info.chat_template else " (no chat template)")
+                         for name, info in zip(names, infos))  # fmt: skip
+        how = "the task through its fill-in-the-middle tokens" if infilling else f"phrasing auto ({read})"
+        alone = (f'"alone": each model by itself as its makers run it: its own tokens, {how}, this run\'s sampling, '
+                 "length and stop; no second model or prompt, combination, gate, drafts, lookup or lookahead")  # fmt: skip
     if args.baseline is not None and args.baseline not in {c.name for c in configs}:
         raise ConfigError(
             f"--baseline {args.baseline!r} is not one of the configurations ({', '.join(c.name for c in configs)})", param="baseline"
         )
-    return names, configs
+    return names, configs, alone
 
 
 def _results(
@@ -201,6 +215,8 @@ def _report(args: argparse.Namespace, title: str, baseline: str, summaries: list
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))))
+    if about["alone"]:
+        print(about["alone"])
     sys.stdout.flush()
     if args.json:
         write_text(args.json, json.dumps({**about, "configs": [s.to_dict() for s in summaries]}, indent=1))

@@ -14,6 +14,7 @@ from .options import add_options, loading_progress, note, resolve
 
 if TYPE_CHECKING:
     from ..config.specs import Settings
+    from ..infill import Infill
 
 DEFAULTS = {"temperature": 1.0, "max_tokens": 128}
 
@@ -26,6 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "level (--level): each reads the prompt in its own tokens, and --max-tokens counts the lead model's tokens.",
     )
     p.add_argument("--prompt", "-p", default=None, help="prompt text (default: read stdin); raw text unless --chat")
+    g = p.add_argument_group("fill in the middle", "code completion at a cursor: the prompt is the text before it, the suffix the text "
+                             "after it, read through the models' fill-in-the-middle tokens as llama-server's /infill reads them")  # fmt: skip
+    g.add_argument("--suffix", default=None, metavar="TEXT", help="the text after the middle to write")
+    g.add_argument("--suffix-file", default=None, metavar="FILE", help="read the suffix from FILE")
+    g.add_argument("--context-file", action="append", default=None, metavar="FILE",
+                   help="another file of the project, read before the prefix as repository-level context (repeatable)")
     add_options(p, ["models", "hardware", "combination", "method", "level", "sampling", "output"], defaults=DEFAULTS, exclude={"synthetic", "synthetic_dtype"})
     g = p.add_argument_group("chat")
     g.add_argument("--chat", action="store_true", help="format the prompt as a user message with the models' chat template")
@@ -53,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     n = parse_int(args.n, "--n", minimum=1)
     if args.system is not None and not args.chat:
         raise ConfigError("--system needs --chat", param="system")
+    infill = _infill(args, prompt)
     settings = resolve(args, DEFAULTS)
     if args.chat and settings.generation.phrasing != "raw":
         raise ConfigError("--phrasing instruct phrases a text prompt as a chat of its own; give it without --chat", param="phrasing")
@@ -67,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         settings.load, settings.combiner(), progress=loading_progress
     )
     with ens:
-        prompt_input, second = _prompts(args, ens, settings, prompt) if args.chat else (prompt, None)
+        prompt_input, second = _prompts(args, ens, settings, prompt) if args.chat else (infill or prompt, None)
         if args.json:
             completions = ens.generate_many(prompt_input, n, config=config, second_prompt=second)
             print(json.dumps(generation_json(completions, completions[0].stats.level, config.seed, ens.combiner.description)))
@@ -91,6 +99,25 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         print("[localcos] " + GenerationStats.aggregate([c.stats for c in completions]).summary(), file=sys.stderr)
     return 0
+
+
+def _infill(args: argparse.Namespace, prompt: str) -> Infill | None:
+    """What to fill in at a cursor, where a suffix is given (`--suffix`, `--suffix-file`), with
+    the context files; None for a plain prompt."""
+    from ..files import read_text
+    from ..infill import ExtraChunk, Infill
+
+    if args.suffix is not None and args.suffix_file is not None:
+        raise ConfigError("give --suffix or --suffix-file, not both", param="suffix")
+    suffix = read_text(args.suffix_file, "--suffix-file") if args.suffix_file is not None else args.suffix
+    if suffix is None:
+        if args.context_file:
+            raise ConfigError("--context-file is read with a suffix (fill in the middle): give --suffix", param="context_file")
+        return None
+    if args.chat:
+        raise ConfigError("--suffix fills in the middle through the models' FIM tokens, not a chat: leave out --chat", param="suffix")
+    extra = tuple(ExtraChunk(read_text(path, "--context-file"), os.path.basename(path)) for path in args.context_file) if args.context_file else None
+    return Infill(prompt, suffix, extra=extra)
 
 
 def _prompts(args: argparse.Namespace, ens: Any, settings: Settings, prompt: str) -> tuple[Any, Any]:

@@ -43,6 +43,7 @@ from .parse import (
     parse_prompt_text,
     parse_proposer,
     parse_refs,
+    parse_samplers,
     parse_rpc,
     parse_seed,
     parse_strings,
@@ -82,6 +83,9 @@ class Option:
     switch: bool = False  # a command-line flag without a value
     repeat: bool = False  # a command-line option given once per value
     choices: tuple[str, ...] | None = None
+    # more than one model as its makers run it: a second model or prompt, a combination, a way of
+    # drafting or looking ahead (what `Settings.alone` leaves out)
+    combines: bool = False
 
     @property
     def flag(self) -> str:
@@ -179,26 +183,26 @@ _OPTIONS = [
     # how to combine
     _option("combine", "--combine", "combination", "combine", parse_combine,
             lambda: "; ".join(f"{k.name}: {k.help}" for k in COMBINERS.values()) + "; or FILE.py:FUNCTION (your function)", default="we",
-            metavar="KIND"),
+            metavar="KIND", combines=True),
     _option("weights", "--weights", "combination", "combine", lambda v, what: parse_floats(v, what),
-            "we / logit-mix weights, one per model (default: equal)", metavar="W,W"),
+            "we / logit-mix weights, one per model (default: equal)", metavar="W,W", combines=True),
     _option("mu", "--mu", "combination", "combine", lambda v, what: check_mu(parse_float(v, what), what),
-            "cd: the amateur's weight mu", default=0.1),
+            "cd: the amateur's weight mu", default=0.1, combines=True),
     _option("plausibility", "--plausibility", "combination", "combine", lambda v, what: check_plausibility(parse_float(v, what), what),
-            "cd: plausibility threshold alpha in (0, 1] (default off)", metavar="ALPHA"),
-    _option("expert", "--expert", "combination", "combine", _at_least(0), "cd: index of the expert model (default: the larger)", metavar="I"),
+            "cd: plausibility threshold alpha in (0, 1] (default off)", metavar="ALPHA", combines=True),
+    _option("expert", "--expert", "combination", "combine", _at_least(0), "cd: index of the expert model (default: the larger)", metavar="I", combines=True),
     _option("gate", "--gate", "combination", "combine", lambda v, what: check_gate(parse_float(v, what), what),
             "combine only where the lead model is unsure: where its top probability is at least P, r is its own "
-            "distribution and the other models are not evaluated (0 < P <= 1; default: combine at every token)", metavar="P"),
+            "distribution and the other models are not evaluated (0 < P <= 1; default: combine at every token)", metavar="P", combines=True),
     _option("lead", "--lead", "combination", "combine", _at_least(0),
             "--gate: index of the model that decides alone where it is sure (default: cd's expert, else the model with "
-            "the most parameters)", metavar="I"),
+            "the most parameters)", metavar="I", combines=True),
     _option("cfg_scale", "--cfg-scale", "combination", "combine", lambda v, what: check_scale(parse_float(v, what), what),
             "guidance (--combine cfg, which this option alone chooses): r = softmax(l_neg + S (l_pos - l_neg)), the model "
             "reading the prompt against itself reading --negative-prompt; 1 is the model alone, above 1 toward what the prompt "
-            "adds (0 < S <= 20)", attr="scale", metavar="S"),
+            "adds (0 < S <= 20)", attr="scale", metavar="S", combines=True),
     _option("combine_level", "--combine-level", "combination", "combine", _choice(COMBINE_LEVELS),
-            "custom combiner: what FUNCTION receives", default="logits", attr="level", choices=COMBINE_LEVELS),
+            "custom combiner: what FUNCTION receives", default="logits", attr="level", choices=COMBINE_LEVELS, combines=True),
     # the level models are combined at
     _option("level", "--level", "level", "load", _choice(LEVELS),
             "combine next-token distributions (token: one tokenizer; for one model llama.cpp's own decoding) or next-byte "
@@ -216,35 +220,35 @@ _OPTIONS = [
             default=0.01, metavar="P"),
     _option("byte_gamma", "--byte-gamma", "level", "generation", parse_byte_gamma,
             "byte level, --method cos: bytes each proposer drafts (the others score them in one call), or auto: planned each "
-            "round from the models' measured call costs, no draft where drafts would not pay (default auto)", default="auto", metavar="N|auto"),
+            "round from the models' measured call costs, no draft where drafts would not pay (default auto)", default="auto", metavar="N|auto", combines=True),
     # how to generate
     _option("method", "--method", "method", "generation", _choice(METHODS),
-            "ensemble (every model, every token), sd, naive-cos, or cos (default: cos; ensemble for one model)", choices=METHODS),
+            "ensemble (every model, every token), sd, naive-cos, or cos (default: cos; ensemble for one model)", choices=METHODS, combines=True),
     _option("gamma", "--gamma", "method", "generation", parse_gamma,
             "proposal length: auto (the default): before each draft, the proposer and length that the models' call costs "
             "(measured once when they load, and cached) and the acceptance seen so far in this generation say are fastest, "
             "or no draft where drafts would not pay; it depends on nothing timed during the run, so a seed gives one text. "
             "Or a fixed length: one value (the proposer's; others 1), or one per model",
-            default="auto", metavar="G"),
+            default="auto", metavar="G", combines=True),
     _option("proposer", "--proposer", "method", "generation", parse_proposer,
             "index of the default proposer (default: the cheapest model), or lookup: drafts looked up in the context only",
-            metavar="I|lookup"),
+            metavar="I|lookup", combines=True),
     _option("lookup", "--lookup", "method", "generation", _choice(LOOKUP_MODES),
             "cos also verifies drafts looked up in the context (no model call; their rows ride in the calls made anyway): "
             "on, off, or auto (only when their rows are expected to cost less than the tokens they save)", default="auto",
-            choices=LOOKUP_MODES),
+            choices=LOOKUP_MODES, combines=True),
     _option("lookup_ngram", "--lookup-ngram", "method", "generation", parse_ngram_sizes,
-            "the shortest and the longest suffix of the text looked up earlier in it", default=(3, 12), metavar="MIN,MAX"),
+            "the shortest and the longest suffix of the text looked up earlier in it", default=(3, 12), metavar="MIN,MAX", combines=True),
     _option("lookup_tokens", "--lookup-tokens", "method", "generation", _at_least(1), "the most looked-up tokens one draft takes",
-            default=16, metavar="N"),
+            default=16, metavar="N", combines=True),
     _option("lookahead", "--lookahead", "method", "generation", parse_lookahead,
             "greedy decoding that looks ahead where r is unsure (its top probability below --lookahead-threshold): the K "
             "likeliest tokens each rolled out L tokens greedily, side by side in one call of K rows per model and step, and "
             "the branch whose tokens r finds likeliest on average kept, its rolled-out tokens included (temperature 0, "
-            "method ensemble, the token level; off by default)", metavar="K,L"),
+            "method ensemble, the token level; off by default)", metavar="K,L", combines=True),
     _option("lookahead_threshold", "--lookahead-threshold", "method", "generation",
             lambda v, what: parse_float(v, what, above=0, maximum=1),
-            "--lookahead: r's top probability below which a position is looked ahead from (0 < P <= 1)", default=0.5, metavar="P"),
+            "--lookahead: r's top probability below which a position is looked ahead from (0 < P <= 1)", default=0.5, metavar="P", combines=True),
     _option("temperature", ("--temperature", "-t"), "sampling", "generation", _sampling("temperature", parse_float),
             "0 = greedy", default=1.0, metavar="T"),
     _option("top_k", "--top-k", "sampling", "generation", _sampling("top_k", parse_int), "keep the k most likely tokens; 0 = off", default=0, metavar="K"),
@@ -252,13 +256,18 @@ _OPTIONS = [
             "nucleus sampling; 1 = off", default=1.0, metavar="P"),
     _option("min_p", "--min-p", "sampling", "generation", _sampling("min_p", parse_float),
             "drop tokens below min-p x the most likely one; 0 = off", default=0.0, metavar="P"),
+    _option("samplers", "--samplers", "sampling", "generation", parse_samplers,
+            "the sampler chain, as llama-server names it (top_k;top_p;infill, or kpi): only the samplers named apply, each "
+            "at its setting, the others off (temperature unnamed: 1); infill is llama.cpp's fill-in-the-middle sampler, "
+            "which editors' plugins ask for (default: temperature, top_k, top_p and min_p, each at its setting)",
+            metavar="NAMES"),
     _option("seed", "--seed", "sampling", "generation", parse_seed, "random seed; -1 = random (printed in the stats)", metavar="N"),
     _option("max_tokens", "--max-tokens", "output", "generation", _at_least(1), "tokens to generate at most", default=128, metavar="N"),
     _option("stop", "--stop", "output", "generation", parse_strings, "stop at this string (repeatable)", default=(), repeat=True, metavar="STR"),
     _option("negative_prompt", "--negative-prompt", "combination", "generation", parse_prompt_text,
             "a second prompt the lead model also reads, as a member of its own (its weights and its calls shared): the negative "
             "of guidance (--cfg-scale), what --combine cd contrasts the prompt with, or a second phrasing --combine we averages; "
-            "with --chat, the user's message it stands for", metavar="TEXT"),
+            "with --chat, the user's message it stands for", metavar="TEXT", combines=True),
     _option("phrasing", "--phrasing", "output", "generation", _choice(PHRASINGS),
             "how the models read a text prompt: raw (as it is); or, for code to complete, through the chat template: "
             "instruct (\"Complete this Python function.\", the assistant's turn repeating the code and going on from it, as a "
@@ -266,6 +275,16 @@ _OPTIONS = [
             "self-contained script), auto (as the model's makers run it: instruct where its GGUF has a chat template, raw "
             "where not; eval's default)",
             default="raw", choices=PHRASINGS),
+    _option("n_indent", "--n-indent", "output", "generation", _at_least(0),
+            "a new line indented by fewer than N spaces or tabs ends the text at its first character (an editor sends its "
+            "cursor line's indentation, as llama-server's n_indent); 0 = off", default=0, metavar="N"),
+    _option("t_max_predict_ms", "--t-max-predict-ms", "output", "generation", lambda v, what: max(parse_float(v, what), 0.0),
+            "after MS milliseconds of generating, the next new line ends the text (an editor's latency budget, as llama-server's "
+            "t_max_predict_ms; the text then depends on this machine's speed); 0 or less = off", default=0.0, metavar="MS"),
+    _option("infill_suffix", "--infill-suffix", "output", "generation", _at_least(0),
+            "fill-in-the-middle: the most tokens of the suffix read after the cursor (default: llama-server's: a quarter of "
+            "--batch-size less 2 and the typed part's tokens; the prefix's last three quarters of --batch-size are read)",
+            metavar="N"),
     _option("ignore_eos", "--ignore-eos", "output", "generation", parse_bool, "never stop at (or sample) end-of-generation tokens",
             default=False, switch=True),
     _option("json_schema", "--json-schema", "output", "generation", parse_json_schema,
@@ -279,14 +298,14 @@ _OPTIONS = [
             "a second prompt made from each task's, read by a second member of the lead model: drop-examples (the task "
             "without its examples: >>> lines, Example blocks, MBPP's assert) or instruct (the task as a chat instruction, the "
             "code repeated in the assistant's turn); combined as --combine says (cfg with --cfg-scale, cd, we)",
-            choices=CONTRAST_PROMPTS),
+            choices=CONTRAST_PROMPTS, combines=True),
     # chat formatting
     _option("chat_template_model", "--chat-template-model", "chat", "chat", _at_least(0),
             "index of the model whose chat template formats messages (default: the preset's, else 0)", metavar="I"),
     _option("system", "--system", "chat", "chat", parse_text, "system message", metavar="TEXT"),
     _option("guide_system", "--guide-system", "chat", "chat", parse_bool,
             "guidance toward the system message: a second member of the lead model reads the conversation without it "
-            "(with --cfg-scale, or --combine cd)", default=False, switch=True),
+            "(with --cfg-scale, or --combine cd)", default=False, switch=True, combines=True),
     # the server (localcos serve)
     _option("host", "--host", "server", "server", parse_name, "address to listen on (127.0.0.1: this machine only)", default="127.0.0.1"),
     _option("port", "--port", "server", "server", parse_port, "port (0: any free one)", default=8080),

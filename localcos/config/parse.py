@@ -174,6 +174,40 @@ def parse_strings(value: Any, what: str) -> tuple[str, ...]:
     return tuple(s for s in items if s)
 
 
+# llama-server's sampler names and aliases (common_sampler_types_from_names), and its one-letter ones
+_SAMPLER_NAMES = {"top-k": "top_k", "topk": "top_k", "top-p": "top_p", "topp": "top_p", "nucleus": "top_p", "min-p": "min_p", "minp": "min_p",
+                  "temp": "temperature", "typ": "typ_p", "typ-p": "typ_p", "typp": "typ_p", "top-n-sigma": "top_n_sigma",
+                  "topnsigma": "top_n_sigma", "adaptive-p": "adaptive_p", "adaptivep": "adaptive_p"}  # fmt: skip
+_SAMPLER_CHARS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p", "t": "temperature", "x": "xtc",
+                  "i": "infill", "e": "penalties", "a": "adaptive_p"}  # fmt: skip
+
+
+def parse_samplers(value: Any, what: str) -> tuple[str, ...]:
+    """A sampler chain as llama-server takes it: a list of names ("top_k", "top-k", "temp"...)
+    or a string of their letters ("kpi"); "a;b" on the command line. Only the samplers localcos
+    has (`core.sampling.SAMPLERS`), in the order it applies them."""
+    from ..core.sampling import SAMPLERS
+
+    if isinstance(value, str):
+        text = value.strip()
+        if ";" in text or "," in text or text in _SAMPLER_NAMES or text in _SAMPLER_CHARS.values():
+            names = [n.strip() for n in text.replace(",", ";").split(";") if n.strip()]
+        else:  # letters
+            names = [_SAMPLER_CHARS.get(c, c) for c in text]
+    elif isinstance(value, (list, tuple)) and all(isinstance(n, str) for n in value):
+        names = list(value)
+    else:
+        raise ConfigError(f"{what} must be a list of sampler names or a string of their letters, got {value!r}", param=param_of(what))
+    chain = [_SAMPLER_NAMES.get(n, n) for n in names]
+    lacking = next((n for n in chain if n not in SAMPLERS), None)
+    if lacking is not None:
+        raise ConfigError(f"{what}: {lacking!r} is not a sampler localcos has; it has {', '.join(SAMPLERS)}", param=param_of(what))
+    if len(set(chain)) < len(chain) or chain != sorted(chain, key=SAMPLERS.index):
+        raise ConfigError(f"{what}: localcos applies each sampler once, in the order {', '.join(SAMPLERS)}; got {', '.join(chain)}",
+                          param=param_of(what))  # fmt: skip
+    return tuple(chain)
+
+
 def parse_refs(value: Any, what: str) -> tuple[str, ...]:
     """Model references: "a.gguf,b.gguf" or a list (paths, models.toml names, hf:OWNER/REPO/FILE,
     ollama:MODEL[:TAG], lmstudio:PUBLISHER/REPO[/FILE])."""

@@ -97,6 +97,9 @@ class LoadSpec:
             )
         if any(self.rpc) and (self.parallel or 1) > 1:
             raise ConfigError("models on RPC servers decode one sequence at a time: leave out --parallel with --rpc", param="parallel")
+        if any(self.rpc) and self.second_prompt:
+            raise ConfigError("a second prompt (--negative-prompt, a contrast prompt): a model on RPC servers decodes one sequence; a second "
+                              "prompt's member needs two", param="rpc")  # fmt: skip
         if any(self.rpc) and self.lookahead is not None:
             raise ConfigError("--lookahead: models on RPC servers decode one sequence at a time, and its branches are sequences",
                               param="lookahead")  # fmt: skip
@@ -195,7 +198,11 @@ class GenerationConfig:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None  # None: a fresh random seed (-1 means the same)
+    samplers: tuple[str, ...] | None = None  # the sampler chain (None: every setting applies)
     stop: tuple[str, ...] = ()
+    n_indent: int = 0  # a new line indented by fewer characters ends the text (0: off)
+    t_max_predict_ms: float = 0.0  # after this long, the next new line ends the text (0: off)
+    infill_suffix: int | None = None  # fill-in-the-middle: the most suffix tokens read (None: llama-server's rule)
     ignore_eos: bool = False
     negative_prompt: str | None = None  # what the member reading the second prompt reads (see LoadSpec.second_prompt)
     phrasing: str = "raw"  # how the members read a text prompt (localcos.phrasing); a prompt of token ids is read as it is
@@ -222,6 +229,9 @@ class GenerationConfig:
         if given and self.ignore_eos:
             raise ConfigError("a constraint ends the text where it is complete: leave out ignore_eos", param="ignore_eos")
         self._check_lookahead(given)
+        if self.samplers is not None and "infill" in self.samplers and not ("top_k" in self.samplers and 0 < self.top_k <= INFILL_CANDIDATES):
+            raise ConfigError(f"samplers: infill compares its candidates' texts pair by pair: put top_k before it, with top_k from 1 to "
+                              f"{INFILL_CANDIDATES}", param="samplers")  # fmt: skip
 
     def _check_lookahead(self, constraints: Sequence[str]) -> None:
         """Lookahead is greedy decoding of r with the ensemble's step (`core.strategies.Lookahead`)."""
@@ -235,12 +245,22 @@ class GenerationConfig:
             raise ConfigError(f"lookahead: not with {constraints[0]} (a constraint would follow every branch)", param=constraints[0])
 
     def sampler(self) -> Sampler:
-        return Sampler(self.temperature, self.top_k, self.top_p, self.min_p)
+        """The sampling settings as they apply: with a chain (`samplers`), only those it names
+        (llama-server's way), temperature 1 where it names none; the infill sampler is bound to
+        the vocabulary where a request is planned (`Sampler.infill`)."""
+        chain = self.samplers
+        if chain is None:
+            return Sampler(self.temperature, self.top_k, self.top_p, self.min_p)
+        return Sampler(self.temperature if "temperature" in chain else 1.0, self.top_k if "top_k" in chain else 0,
+                       self.top_p if "top_p" in chain else 1.0, self.min_p if "min_p" in chain else 0.0)  # fmt: skip
 
     def for_models(self, n: int, level: str = "auto") -> GenerationConfig:
         """This config for an ensemble of n models decoding at `level`: its method, or the
-        default (`default_method`)."""
-        return self if self.method is not None else replace(self, method=default_method(n, level, self.lookahead is not None))
+        default (`default_method`; cos where the context is the proposer)."""
+        if self.method is not None:
+            return self
+        # the context as the only proposer drafts for one model too
+        return replace(self, method="cos" if self.proposer == "lookup" else default_method(n, level, self.lookahead is not None))
 
     @property
     def constraint(self) -> Constraint | None:
@@ -271,6 +291,7 @@ def default_method(n_models: int, level: str = "auto", lookahead: bool = False) 
     return "cos" if n_models > 1 and level != "mixed" and not lookahead else "ensemble"
 
 
+INFILL_CANDIDATES = 128  # the most candidates the infill sampler compares (top_k's)
 MIXED_GATE = 0.5  # the gate of one model's mixed level where none is given (the preset coder-plus's)
 
 
@@ -309,6 +330,8 @@ def check_level(level: str, generation: GenerationConfig, gated: bool) -> None:
                               "--method ensemble)", param="method")  # fmt: skip
     if generation.gamma != "auto":
         raise ConfigError("gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
+    if generation.samplers is not None and "infill" in generation.samplers:
+        raise ConfigError(f"samplers: infill merges tokens by their texts: not available at the {level} level (--level token)", param="samplers")
     if generation.method not in (None, "ensemble", "cos"):
         raise ConfigError(f"method {generation.method}: not available at the byte level yet (models with different tokenizers, or "
                           "level byte); ensemble or cos", param="method")  # fmt: skip
@@ -343,8 +366,9 @@ def check_for_models(
 
     index("proposer", generation.proposer if isinstance(generation.proposer, int) else None)
     index("chat_template_model", chat_template_model, n)
-    if generation.method not in (None, "ensemble") and members < 2:
-        raise ConfigError(f"method {generation.method} needs at least 2 models; use --method ensemble for one", param="method")
+    if generation.method not in (None, "ensemble") and members < 2 and generation.proposer != "lookup":
+        raise ConfigError(f"method {generation.method} needs at least 2 models (or --proposer lookup: drafts looked up in the context); "
+                          "use --method ensemble for one", param="method")  # fmt: skip
     gamma = generation.gamma
     if isinstance(gamma, tuple) and len(gamma) not in (1, members):
         raise ConfigError(f"got {len(gamma)} gamma values for {members} models; give one, or one per model", param="gamma")
@@ -434,6 +458,16 @@ class Settings:
 
     def combiner(self) -> Combiner:
         return self.combine.combiner()
+
+    def alone(self, model: int, n_models: int) -> Settings:
+        """Model `model` of these `n_models` as its makers run it (eval's "X alone", the baseline
+        every combination is judged against): every option that makes more of it than the model
+        (`Option.combines`: a second model or prompt, a combination, drafts, lookahead) at its
+        default, all the weight on it, the ensemble's step and its phrasing `auto` (its chat
+        template where it has one); the sampling, length and stop of these settings."""
+        values = {o.name: "" for o in OPTIONS.values() if o.combines and o.target in ("combine", "generation", "chat")}
+        weights = ",".join("1" if i == model else "0" for i in range(n_models))
+        return self.with_values({**values, "combine": "we", "weights": weights, "method": "ensemble", "phrasing": "auto"}, check=False)
 
     def value(self, name: str) -> Any:
         """The current value of option `name` (for forms that show the settings)."""

@@ -152,7 +152,7 @@ class Decoder:
         sampler: Sampler,
         rng: np.random.Generator,
         prompt: Sequence[int],
-        prompt_rows: Sequence[np.ndarray],
+        prompt_rows: Sequence[np.ndarray | None],
         max_length: int,
         end_tokens: AbstractSet[int],
         text: TextAssembler,
@@ -180,7 +180,8 @@ class Decoder:
         # Banned tokens (--ignore-eos) get logit -inf in every model, as a llama.cpp logit bias
         # would: no model proposes them and r gives them no mass, for every method alike.
         self.banned = list(banned)
-        self.rows: list[dict[int, np.ndarray]] = [{len(prompt): self._ban(row.copy())} for row in prompt_rows]
+        # a member the request does not evaluate (`Plan.evaluated`) has no row
+        self.rows: list[dict[int, np.ndarray]] = [{len(prompt): self._ban(row.copy())} if row is not None else {} for row in prompt_rows]
         # probs[i][p]: softmax of rows[i][p] at the sampling temperature, once computed: a draft
         # token's proposal and the combination at its position share it (see Combiner.mixes_probs)
         self.probs: list[dict[int, np.ndarray]] = [{} for _ in self.slots]
@@ -634,8 +635,8 @@ class Decoder:
                 self.speculation.bonus += 1
             if self.on_commit is not None:
                 self.on_commit(token, origin)
-            if self.text.push(token):
-                self.finish_reason = "stop"
+            if self.text.push(token):  # a stop string; an editor's indentation or time rule cuts it as a limit would
+                self.finish_reason = "stop" if self.text.ended_by == "word" else "length"
             elif len(self.committed) >= self.max_length:
                 self.finish_reason = "length"
         n = len(self.committed)

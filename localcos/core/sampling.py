@@ -8,7 +8,8 @@ the truncations and the banned tokens to a distribution, and `Sampler.draw` samp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import numpy as np
 
@@ -69,6 +70,62 @@ GREEDY_BELOW = 1e-6
 
 
 SAMPLING_SETTINGS = ("temperature", "top_k", "top_p", "min_p")
+# the samplers a chain may name (llama-server's names), in the one order they are applied in:
+# temperature where distributions are made, then the truncations, then llama.cpp's infill sampler
+SAMPLERS = ("temperature", "top_k", "top_p", "min_p", "infill")
+
+
+@dataclass(frozen=True)
+class InfillSampler:
+    """llama.cpp's infill sampler (`llama_sampler_infill`), which editors' completion plugins put
+    last in their chain, over a vocabulary: where the end-of-generation tokens hold enough of the
+    mass (3 n p_end > p_text over the n candidates left) only they stay; otherwise a candidate
+    whose text begins another's takes that one's mass (the likelier of the two keeps it), the
+    text candidates under 0.2, then under 1 / (texts + 1), are dropped, the end tokens always
+    kept; where no text candidate is left, `fallback` (its EOT, else EOS) alone. It reads the
+    candidates the truncations left (top-k's: a few dozen), never the whole vocabulary's texts."""
+
+    end: np.ndarray  # bool, [vocab]: the end-of-generation tokens
+    piece: Callable[[int], bytes]
+    fallback: int
+
+    def apply(self, row: np.ndarray) -> None:
+        """Apply it in place to a normalised distribution row."""
+        kept = np.flatnonzero(row)
+        ends = self.end[kept]
+        p_end, p_text = float(row[kept[ends]].sum()), float(row[kept[~ends]].sum())
+        if 3 * p_end * len(kept) > p_text:
+            row[kept[~ends]] = 0.0
+            row /= p_end
+            return
+        order = kept[np.lexsort((kept, -row[kept]))]  # likeliest first, as llama.cpp sorts them
+        texts = {int(t): self.piece(int(t)) for t in order}
+        p = {int(t): float(row[t]) for t in order}
+        alive = dict.fromkeys(p, True)
+        for a in p:
+            for b in p:
+                if not alive[a]:
+                    break
+                if a == b or not alive[b]:
+                    continue
+                if texts[a] and texts[b].startswith(texts[a]):  # a's text begins b's: the likelier takes both
+                    keep, drop = (b, a) if p[b] > p[a] else (a, b)
+                    p[keep] += p[drop]
+                    p[drop], alive[drop] = 0.0, False
+        row[kept] = 0.0
+        if not any(v >= 0.2 for t, v in p.items() if not self.end[t]):
+            row[self.fallback] = 1.0
+            return
+        p = self._kept(p, 0.2)
+        p = self._kept(p, 1.0 / (sum(not self.end[t] for t in p) + 1))
+        for t, v in p.items():
+            row[t] = v
+
+    def _kept(self, p: dict[int, float], threshold: float) -> dict[int, float]:
+        """The end tokens and the text candidates of `threshold` or more, renormalised."""
+        kept = {t: v for t, v in p.items() if v > 0 and (self.end[t] or v >= threshold)}
+        total = sum(kept.values())
+        return {t: v / total for t, v in kept.items()}
 
 
 def check_setting(name: str, value: float, what: str) -> float:
@@ -97,6 +154,7 @@ class Sampler:
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
+    infill: InfillSampler | None = field(default=None, compare=False)  # llama.cpp's, after the truncations
 
     def __post_init__(self) -> None:
         for name in SAMPLING_SETTINGS:
@@ -114,7 +172,7 @@ class Sampler:
     @property
     def transforms(self) -> bool:
         """Whether `finalize` changes a normalised distribution at all."""
-        return self.greedy or bool(self.top_k) or self.top_p < 1.0 or self.min_p > 0.0
+        return self.greedy or bool(self.top_k) or self.top_p < 1.0 or self.min_p > 0.0 or self.infill is not None
 
     def finalize(self, probs: np.ndarray, copy: bool = True) -> np.ndarray:
         """Apply greedy or the truncations to normalised distributions.
@@ -147,6 +205,9 @@ class Sampler:
         if np.any(total <= 0):
             raise LocalcosError("every token was excluded by the sampling settings", code="invalid_value")
         p /= total
+        if self.infill is not None:
+            for row in p:
+                self.infill.apply(row)
         return p if np.ndim(probs) == 2 else p[0]
 
     def draw(self, probs: np.ndarray, rng: np.random.Generator) -> int:

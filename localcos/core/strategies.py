@@ -285,6 +285,13 @@ class StrategyChoice:
     lookahead_threshold: float = 0.5
 
     @property
+    def models_draft(self) -> bool:
+        """Whether models propose drafts (sd, naive-cos, cos): then any member may draft, whether
+        or not r uses it (a model r gives no weight drafting for the others is speculative
+        decoding)."""
+        return self.method != "ensemble" and not self.lookup_only
+
+    @property
     def lookup_in_cos(self) -> bool:
         """Whether looked-up drafts may ride along (cos, or the context as the proposer)."""
         return self.method == "cos" or self.lookup_only

@@ -8,39 +8,92 @@ string; streaming hands out only final text, so what a user sees never has to be
 from __future__ import annotations
 
 import codecs
+import time
 from collections.abc import Callable, Sequence
 
 
 class TextAssembler:
-    """Builds the completion text from token pieces and watches for stop strings."""
+    """Builds the completion text from token pieces and watches for what ends it: stop strings,
+    and an editor's two rules (llama-server's): `indent`, a new line indented by fewer spaces or
+    tabs ends the text at its first character (the code after the cursor's block is not the
+    middle's), and `late()`, once true, a token holding a new line ends the text after it (the
+    editor's time budget; the clock is the caller's)."""
 
-    def __init__(self, piece: Callable[[int], bytes], stop: Sequence[str] = ()) -> None:
+    def __init__(self, piece: Callable[[int], bytes], stop: Sequence[str] = (), *, indent: int = 0,
+                 late: Callable[[], bool] | None = None) -> None:  # fmt: skip
         self._piece = piece
         self._stop = [s for s in stop if s]
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._text = ""
         self._emitted = 0  # characters already handed out as final
-        self.stopped = False  # a stop string was found; text ends before it
+        self.stopped = False  # the text ended: a stop string (before it), or an editor's rule
+        self.ended_by: str | None = None  # "word" (a stop string, `word`), "indent" or "time"
+        self.word: str | None = None
         self._hold = max((len(s) for s in self._stop), default=0)
         self._finished = False
+        self._indent = indent
+        self._late = late
+        self._line = -1  # where the line `indent` judges next starts (-1: after the next new line)
+        self._scan = 0  # where that new line is looked for
+
+    @classmethod
+    def timed(cls, piece: Callable[[int], bytes], stop: Sequence[str], indent: int, late_ms: float, started: float) -> TextAssembler:
+        """The text of a generation that started decoding at `started` (`time.perf_counter()`),
+        late once `late_ms` milliseconds have passed (0: never)."""
+        limit = late_ms / 1000
+        late = (lambda: time.perf_counter() - started > limit) if limit > 0 else None
+        return cls(piece, stop, indent=indent, late=late)
 
     @property
     def text(self) -> str:
         return self._text
 
     def push(self, token: int) -> bool:
-        """Add a token's text; returns True if that completed a stop string."""
+        """Add a token's text; returns True if that ended the text (`ended_by` says how)."""
         if self.stopped:
             return True
         old_len = len(self._text)
-        self._text += self._decoder.decode(self._piece(token))
+        piece = self._decoder.decode(self._piece(token))
+        self._text += piece
         if self._stop:
             start = max(0, old_len - self._hold + 1)
-            hits = [i for s in self._stop if (i := self._text.find(s, start)) != -1]
+            hits = [(i, s) for s in self._stop if (i := self._text.find(s, start)) != -1]
             if hits:
-                self._text = self._text[: min(hits)]
-                self.stopped = True
+                at, self.word = min(hits)
+                self._end(at, "word")
+                return True
+        if self._indent > 0 and self._outdented():
+            return True
+        if self._late is not None and "\n" in piece and self._late():
+            self._end(len(self._text), "time")
         return self.stopped
+
+    def _outdented(self) -> bool:
+        """Whether a line after a new line starts with fewer than `indent` spaces or tabs before
+        its first other character (a new line included: a blank line ends the text too, as in
+        llama-server): the text then ends there, that line's leading white space kept."""
+        text = self._text
+        while True:
+            if self._line < 0:
+                newline = text.find("\n", self._scan)
+                if newline < 0:
+                    self._scan = len(text)
+                    return False
+                self._line = self._scan = newline + 1
+            at = self._line
+            while at < len(text) and text[at] in " \t":
+                at += 1
+            if at == len(text):
+                return False  # the line's first character is still to come
+            if at - self._line < self._indent:
+                self._end(at, "indent")
+                return True
+            self._line, self._scan = -1, at  # judged: the next new line opens the next line to judge
+
+    def _end(self, at: int, why: str) -> None:
+        self._text = self._text[:at]
+        self.stopped = True
+        self.ended_by = why
 
     def finish(self) -> None:
         """No more tokens: flush an incomplete UTF-8 tail (as U+FFFD) unless a stop string ended the text."""

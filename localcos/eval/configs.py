@@ -5,11 +5,11 @@ parsed from `--variant NAME=FLAGS` by the settings layer's own reader of flags, 
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from collections.abc import Sequence
 
-from ..config import OPTIONS, Settings, check_for_models, default_method
+from ..config import OPTIONS, LoadSpec, Settings, check_for_models, default_method
 from ..config.flags import parse_flags
 from ..config.specs import mixed_gate
 from ..core.level import Level
@@ -127,6 +127,33 @@ def parse_config(text: str, base: Settings, n_params: Sequence[int], run: Level 
     return config
 
 
+def run_load(load: LoadSpec, configs: Sequence[EvalConfig]) -> LoadSpec:
+    """What the run's models load with: what its configurations need of them together (a second
+    prompt's member where one reads a contrast prompt, lookahead's sequences for the most
+    candidates and tokens any looks ahead), made before any model loads. Where one load cannot
+    serve them all, a `ConfigError` naming the configurations that need it."""
+    contrast = [c.name for c in configs if c.contrast is not None]
+    ahead = [c.settings.generation.lookahead for c in configs if c.settings.generation.lookahead is not None]
+    most = (max(k for k, _ in ahead), max(n for _, n in ahead)) if ahead else None
+    try:
+        return replace(load, second_prompt=bool(contrast), lookahead=most)
+    except ConfigError as e:
+        needs = contrast + [c.name for c in configs if c.settings.generation.lookahead is not None]
+        raise ConfigError(f"{', '.join(needs)}: these models cannot be loaded for them: {e}", param="variant") from None
+
+
+def check_infilling(configs: Sequence[EvalConfig]) -> None:
+    """An infilling task is read through the models' FIM tokens, its makers' way: no other
+    phrasing, no second prompt made from it (refused before any model loads)."""
+    for c in configs:
+        if c.contrast is not None:
+            raise ConfigError(f"--variant {c.name}: --contrast-prompt: an infilling task is read through the FIM tokens; no second "
+                              "prompt is made from it", param="variant")  # fmt: skip
+        if c.settings.generation.phrasing not in ("raw", "auto"):
+            raise ConfigError(f"{c.name}: --phrasing {c.settings.generation.phrasing}: an infilling task is read through the models' FIM "
+                              "tokens (leave --phrasing out)", param="phrasing")  # fmt: skip
+
+
 def unique_names(names: Sequence[str], paths: Sequence[str]) -> list[str]:
     """The models' names as configurations take them ("NAME alone"), made unique: a name two
     models share is replaced by each one's path (a run's records are found by name: two models
@@ -136,16 +163,13 @@ def unique_names(names: Sequence[str], paths: Sequence[str]) -> list[str]:
 
 
 def default_configs(base: Settings, names: Sequence[str], n_params: Sequence[int], run: Level = Level.TOKEN, preset: str | None = None) -> list[EvalConfig]:
-    """Each model alone (on its own tokens, as it runs by itself), then, for a `preset`, the
-    preset as configured ("is it better than its models on my task?"), for one model its run at
-    the run's level where that is not its own tokens ("is the mixed level better?"), else the
+    """Each model alone, as its makers run it (`Settings.alone`: on its own tokens, its phrasing
+    auto, none of the run's or the preset's combining options), then, for a `preset`, the preset
+    as configured ("is it better than its models on my task?"), for one model its run at the
+    run's level where that is not its own tokens ("is the mixed level better?"), else the
     weighted ensemble and, for two models, contrastive decoding, at the run's level."""
     n, counts = len(names), tuple(n_params)
-    configs = [
-        EvalConfig(f"{name} alone", base.with_values({"combine": "we", "weights": ",".join("1" if j == i else "0" for j in range(n)),
-                                                       "method": "ensemble"}), counts, Level.TOKEN, run)  # fmt: skip
-        for i, name in enumerate(names)
-    ]
+    configs = [EvalConfig(f"{name} alone", base.alone(i, n), counts, Level.TOKEN, run) for i, name in enumerate(names)]
     if preset is not None:
         return configs + [EvalConfig(preset, base, counts, run, run)]
     if n == 1:

@@ -12,7 +12,8 @@ from .codeeval import Generated
 from .contrast import TRANSFORMS
 
 if TYPE_CHECKING:
-    from ..config import Settings
+    from ..config import LoadSpec, Settings
+    from ..infill import Infill
     from ..ensemble import Ensemble
     from ..runtime.bytelevel import ByteModels
     from .configs import EvalConfig
@@ -25,21 +26,21 @@ class EvalModels:
     at the byte and mixed levels `ByteModels`; a model that also decodes alone on its own tokens
     there (`load_alone`) does so on the same loaded model (`Ensemble.beside`).
 
-    With `second_prompt` (a configuration reads a second prompt made from each task's:
+    `load` provisions what every configuration needs (`configs.run_load`): with its
+    `second_prompt` (a configuration reads a second prompt made from each task's:
     `--contrast-prompt`), the lead model is also a member reading it, loaded once: `models`
-    holds that member, `plain` is the same loaded models without it, which the other
-    configurations decode on. `lookahead`: the most candidates and rolled-out tokens a
-    configuration looks ahead (the sequences of its branches are made as the models load)."""
+    holds that member, `plain` is the same loaded models without it (their lookahead branches
+    kept), which the other configurations decode on. With its `lookahead`, the sequences of the
+    branches are made as the models load."""
 
-    def __init__(self, settings: Settings, run: Level, progress: Callable[[int, int, str], None] | None = None,
-                 second_prompt: bool = False, lookahead: tuple[int, int] | None = None) -> None:  # fmt: skip
+    def __init__(self, settings: Settings, run: Level, load: LoadSpec, progress: Callable[[int, int, str], None] | None = None) -> None:
         from ..core.combiners import WeightedEnsemble
         from ..ensemble import Ensemble
 
         self.settings = settings
         self.run = run
         self.alone: dict[int, Ensemble] = {}  # model index -> that model alone, on its own tokens
-        load = replace(settings.load, second_prompt=second_prompt, lookahead=lookahead)
+        second_prompt = load.second_prompt
         if run.in_bytes:
             from ..runtime.bytelevel import ByteModels
 
@@ -54,7 +55,9 @@ class EvalModels:
         else:
             ensemble = Ensemble.from_spec(load, WeightedEnsemble() if second_prompt else settings.combiner(), progress=progress)
             self.models = ensemble
-            self.plain = ensemble if not second_prompt else Ensemble(ensemble.loaded, settings.combiner(), profiles=ensemble.profiles[: len(ensemble.loaded)])
+            self.plain = ensemble
+            if second_prompt:
+                self.plain = Ensemble(ensemble.loaded, settings.combiner(), profiles=ensemble.profiles[: len(ensemble.loaded)], branches=ensemble.branches)
 
     @property
     def names(self) -> list[str]:
@@ -69,7 +72,7 @@ class EvalModels:
             assert isinstance(self.plain, ByteModels), "a model decodes alone beside a byte-level run"
             self.alone[i] = Ensemble.beside(self.plain, i)
 
-    def generate(self, prompt: str, config: EvalConfig) -> Generated:
+    def generate(self, prompt: str | Infill, config: EvalConfig) -> Generated:
         """A completion of `prompt` under `config`, at its level (`max_tokens` the same length at
         every level: tokens, the lead's at the byte and mixed levels); its length in tokens, or in
         characters in a run at the byte or mixed level (every configuration's speed in one unit).
@@ -82,6 +85,7 @@ class EvalModels:
             return Generated(own.text, len(own.text), own.stats.seconds, own.stats.llama_seconds)
         models, combiner, second, note = self.plain, settings.combiner(), None, None
         if config.contrast is not None:
+            assert isinstance(prompt, str), "cli.eval refuses a second prompt for an infilling task"
             second = self._second_prompt(config.contrast, prompt)
             if second is None:
                 combiner, note = _alone(len(self.plain.loaded), self._lead(), combiner), NOTHING_TO_CHANGE.format(config.contrast)
@@ -92,7 +96,7 @@ class EvalModels:
             from ..runtime.generation import completion_rng
 
             assert isinstance(models, ByteModels)
-            prompts = models.prompts(prompt, phrasing=settings.generation.phrasing) + (
+            prompts = models.prompts(prompt, phrasing=settings.generation.phrasing, config=settings.generation) + (
                 [second if isinstance(second, list) else models.models[-1].tokenize(second)] if second is not None else []
             )
             plan = models.plan(prompts, settings.generation, combiner=combiner, level=config.level)

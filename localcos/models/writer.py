@@ -259,6 +259,10 @@ class ModelSpec:
     tokenizer: str | None = None  # a GGUF file whose tokenizer (every tokenizer.* field) is copied
     arch: str = "llama"  # llama | qwen2 (attention biases)
     chat_template: str | None = None  # overrides the tokenizer's
+    # fill-in-the-middle tokens in the synthetic vocabulary (its last six pieces become them):
+    # "text", Qwen2.5-Coder's, which llama.cpp finds by their text; "header", tokens of other
+    # names that the header's tokenizer.ggml.fim_*_token_id keys name
+    fim: str | None = None
     name: str = "localcos-synthetic"
 
     def key(self) -> str:
@@ -271,7 +275,27 @@ class ModelSpec:
     def vocab(self) -> Vocab:
         if self.tokenizer is not None:
             return load_vocab(str(self.tokenizer))
-        return build_vocab(self.vocab_size, variant=self.tokenizer_variant, pad_to=self.pad_vocab_to)
+        vocab = build_vocab(self.vocab_size, variant=self.tokenizer_variant, pad_to=self.pad_vocab_to)
+        if self.fim is not None:  # a new vocabulary (build_vocab's is shared)
+            texts = FIM_TEXTS[self.fim]
+            first = vocab.n_real - len(texts)
+            vocab = replace(vocab, tokens=[*vocab.tokens[:first], *texts, *vocab.tokens[vocab.n_real :]],
+                            types=[*vocab.types[:first], *[TT_CONTROL] * len(texts), *vocab.types[vocab.n_real :]])  # fmt: skip
+        return vocab
+
+    def fim_ids(self) -> dict[str, int]:
+        """The header's fim_*_token_id keys ("header" only): each FIM token's id."""
+        if self.fim != "header":
+            return {}
+        first = self.vocab_size - len(FIM_TEXTS["header"])
+        return {key: first + i for i, key in enumerate(("pre", "suf", "mid", "pad", "rep", "sep"))}
+
+
+# the FIM tokens a synthetic vocabulary may hold (prefix, suffix, middle, pad, repository, file separator)
+FIM_TEXTS = {
+    "text": ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"),
+    "header": ("<hole-before>", "<hole-after>", "<hole-fill>", "<hole-pad>", "<hole-repo>", "<hole-file>"),
+}
 
 
 @functools.lru_cache(maxsize=32)
@@ -568,6 +592,8 @@ def _write(spec: ModelSpec, path: Path, file_spec: ModelSpec) -> None:
         w.add_eos_token_id(2)
         w.add_add_bos_token(True)
         w.add_add_eos_token(False)
+        for key, token in spec.fim_ids().items():
+            w.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", token)
     else:  # a real tokenizer, every field as it was
         for key, field in vocab.fields.items():
             if not (key == "tokenizer.chat_template" and spec.chat_template):

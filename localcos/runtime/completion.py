@@ -25,6 +25,8 @@ class Completion:
     origins: list[Origin] = field(default_factory=list)
     end_token: int | None = None
     data: bytes | None = None
+    stopped_by: str | None = None  # where a rule on the text ended it: "word" (`stop_word`), "indent" or "time" (`core.text`)
+    stop_word: str | None = None
 
     @property
     def length(self) -> int:

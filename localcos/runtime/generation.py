@@ -15,6 +15,7 @@ from collections.abc import Callable, Generator, Sequence
 
 import numpy as np
 
+from ..backend import common_prefix
 from ..backend.slot import ModelStats, Slot, prompt_calls
 from ..core.decoding import Decoder, Evaluate, Origin, Phase, Together
 from ..core.lookup import ContextIndex, LookupState, lookup_outcomes
@@ -93,6 +94,7 @@ class Generation:
         self.cancelled = cancelled
         self.others = others
         self.decoder: Decoder | None = None
+        self.prompt_evaluated = 0  # of the prompt's tokens, those the models evaluated (the most any member did)
 
     def run(self) -> Work:
         """The prompt in requests of up to each model's `prompt_chunk` tokens, then one decoding
@@ -114,7 +116,8 @@ class Generation:
         # is seen through where its own prompt ends
         views = [s if own == prompt else PromptShift(s, prompt, own) for s, own in zip(slots, prompts)]
         first = loaded.models[0]
-        text = TextAssembler(first.piece, plan.config.stop)
+        config = plan.config
+        text = TextAssembler.timed(first.piece, config.stop, config.n_indent, config.t_max_predict_ms, t0)
         token_text = _TokenText(first.piece)
         events: list[TokenEvent] = []
 
@@ -144,18 +147,26 @@ class Generation:
         finish_reason = dec.finish_reason or "cancelled"
         work = [reduce(ModelStats.plus, (s.stats.minus(b) for s, b in zip(member, earlier))) for member, earlier in zip(counted, before)]
         stats = self._stats(dec, work, time.perf_counter() - t0, t0 - t_prompt, finish_reason)
-        return Completion(text.text, finish_reason, stats, token_ids=dec.generated, origins=dec.origins, end_token=dec.end_token)
+        return Completion(text.text, finish_reason, stats, token_ids=dec.generated, origins=dec.origins, end_token=dec.end_token,
+                          stopped_by=text.ended_by, stop_word=text.word)  # fmt: skip
 
-    def _prefill(self, slots: list, prompts: list[list[int]]) -> Generator[Evaluate | Together, Any, list[np.ndarray] | None]:
-        """Each member's row after its prompt: kept from before where it can be (`restore_prompt`,
-        `known_row`), else evaluated in calls of its `prompt_chunk` tokens, the members' calls
-        side by side (one model's members share them); None where the generation was cancelled
-        between two of them."""
+    def _prefill(self, slots: list, prompts: list[list[int]]) -> Generator[Evaluate | Together, Any, list[np.ndarray | None] | None]:
+        """Each evaluated member's row after its prompt (`Plan.evaluated`; None for the others,
+        which read nothing): kept from before where it can be (`restore_prompt`, `known_row`),
+        else evaluated in calls of its `prompt_chunk` tokens, the members' calls side by side
+        (one model's members share them); None where the generation was cancelled between two
+        of them."""
+        wanted = [i for i, needed in enumerate(self.plan.evaluated) if needed]
         # every model's cache emptied before any call (once: a model's second member shares what
         # its first holds of its prompt): a sequence admitted beside this one goes after
-        fresh = [self.fresh and all(t.model is not s.model for t in slots[:i]) for i, s in enumerate(slots)]
-        rows = [s.model.restore_prompt(s, prompt) if new else s.known_row(prompt) for s, prompt, new in zip(slots, prompts, fresh)]
-        evaluated = [i for i, row in enumerate(rows) if row is None]
+        fresh = {i: self.fresh and all(slots[j].model is not slots[i].model for j in wanted if j < i) for i in wanted}
+        rows: list[np.ndarray | None] = [None] * len(slots)
+        for i in wanted:
+            rows[i] = slots[i].model.restore_prompt(slots[i], prompts[i]) if fresh[i] else slots[i].known_row(prompts[i])
+        for i in set(range(len(slots))) - set(wanted):  # what it holds stays a prefix of its prompt: nothing it reads
+            slots[i].truncate(common_prefix(slots[i].tokens, prompts[i]))
+        evaluated = [i for i in wanted if rows[i] is None]
+        self.prompt_evaluated = max((len(prompts[i]) - len(slots[i].tokens) for i in evaluated), default=0)
         calls = {i: iter(prompt_calls(prompts[i], len(slots[i].tokens), slots[i].model.prompt_chunk)) for i in evaluated}
         while calls:
             if self.cancelled():  # a long prompt goes in several calls: a cancel stops between two
@@ -173,7 +184,7 @@ class Generation:
                 slots[i].remember_row(prompts[i], rows[i])
         return rows
 
-    def _decoder(self, slots: list, prompt: list[int], prompt_rows: list[np.ndarray], text: TextAssembler,
+    def _decoder(self, slots: list, prompt: list[int], prompt_rows: list[np.ndarray | None], text: TextAssembler,
                  on_commit: Callable[[int, Origin], None]) -> Decoder:  # fmt: skip
         """The decoder of this generation, with what its strategy's auto plans learn started
         afresh: the calls a seeded generation makes, and so its text, depend on nothing that ran
@@ -216,6 +227,7 @@ class Generation:
             tokens=len(dec.generated),
             seconds=seconds,
             prompt_tokens=len(plan.prompt),
+            prompt_evaluated=self.prompt_evaluated,
             prompt_seconds=prompt_seconds,
             proposed=spec.proposed,
             accepted=spec.accepted,

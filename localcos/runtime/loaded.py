@@ -7,6 +7,8 @@ import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
 from collections.abc import Callable, Sequence
 
 from ..backend import Model, RemoteModel, set_verbose, shared_vocab_size, tokenize_alike
@@ -14,6 +16,7 @@ from ..backend.slot import Slot
 from ..core.combiners import BoundCombiner, Combiner, WeightedEnsemble
 from ..core.hostmem import keep_freed_memory
 from ..core.sizes import largest
+from ..core.sampling import InfillSampler
 from ..core.speedmodel import CallProfile, Costs
 from ..config.specs import require_models
 from ..grammar import Vocabulary
@@ -146,6 +149,7 @@ class LoadedModels:
             profiles = [own[id(m)] for m in self.models]
         self.profiles = list(profiles)
         self._vocabulary: Vocabulary | None = None  # the constraints' view of the vocabulary
+        self._infill: InfillSampler | None = None
         self._vocabulary_lock = threading.Lock()
 
     @classmethod
@@ -173,8 +177,6 @@ class LoadedModels:
         if spec.second_prompt:  # the lead model holds the second prompt's member's sequences too
             from ..backend import read_info
 
-            if any(spec.rpc):
-                raise ConfigError("--negative-prompt: a model on RPC servers decodes one sequence; a second prompt needs two", param="rpc")
             lead = largest([read_info(p, tokens=False).n_params for p in spec.paths])
 
         candidates, rolled = spec.lookahead or (0, 0)
@@ -267,6 +269,16 @@ class LoadedModels:
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.models[0].detokenize(tokens)
+
+    def infill_sampler(self) -> InfillSampler:
+        """llama.cpp's infill sampler over this vocabulary (built once, on first use; any thread)."""
+        with self._vocabulary_lock:
+            if self._infill is None:
+                end = np.zeros(self.n_vocab, dtype=bool)
+                end[sorted(self.end_tokens)] = True
+                first = self.models[0]
+                self._infill = InfillSampler(end, first.piece, first.eot if first.eot >= 0 else first.eos)
+            return self._infill
 
     def vocabulary(self) -> Vocabulary:
         """The vocabulary as constraints see it (built once, on first use; any thread)."""

@@ -9,7 +9,7 @@ runs from the same plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 from collections.abc import Sequence
 
@@ -20,10 +20,13 @@ from ..core.lookup import LookupSettings
 from ..core.sampling import Sampler
 from ..errors import ConfigError, PromptTooLongError
 from ..grammar import Constraint
+from ..infill import Infill, infill_tokens
 from ..core.sizes import largest
 
 if TYPE_CHECKING:
     from .loaded import LoadedModels
+
+Prompt = str | Sequence[int] | Infill  # text, token ids, or what to fill in at a cursor
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,16 @@ class Plan:
     def members(self) -> int:
         return self.combiner.n_models
 
+    @property
+    def evaluated(self) -> tuple[bool, ...]:
+        """The members this request evaluates at all: those r uses and, where models draft, every
+        member (any may propose). A member neither (guidance's negative at scale 1, a model of
+        weight 0 under the ensemble's step) reads nothing, its prompt included, and asks for no
+        row: the calls of the members that share its model are then exactly what they are
+        without it, so the text is theirs alone, not theirs up to llama.cpp's batch noise."""
+        drafts = self.strategy.models_draft
+        return tuple(used or drafts for used in self.combiner.used)
+
 
 def check_token_ids(loaded: LoadedModels, tokens: Sequence[int], param: str = "prompt") -> None:
     """Token ids a caller sent are ids of the shared vocabulary."""
@@ -59,14 +72,20 @@ def check_token_ids(loaded: LoadedModels, tokens: Sequence[int], param: str = "p
         raise ConfigError(f"token id {bad} is outside the shared vocabulary of {loaded.n_vocab}", param=param)
 
 
-def prompt_tokens(loaded: LoadedModels, prompt: str | Sequence[int], param: str = "prompt", phrasing: str = "raw") -> list[int]:
-    """The tokens of a prompt (text, read as `phrasing` says, or token ids, read as they are),
-    checked: not empty, ids of the vocabulary, and shorter than the context (so at least one
-    token can follow)."""
-    if isinstance(prompt, str):
+def prompt_tokens(loaded: LoadedModels, prompt: Prompt, param: str = "prompt", phrasing: str = "raw", lead: int | None = None,
+                  config: GenerationConfig | None = None) -> list[int]:  # fmt: skip
+    """The tokens of a prompt (text, read as `phrasing` says through the chat template of member
+    `lead`, default the largest model; a fill-in-the-middle `Infill`, through that member's FIM
+    tokens under `config`; or token ids, read as they are), checked: not empty, ids of the
+    vocabulary, and shorter than the context (so at least one token can follow)."""
+    if isinstance(prompt, Infill):
+        assert config is not None, "an infill is read under its generation's settings"
+        tokens = infill_tokens(loaded.models[largest(loaded.n_params) if lead is None else lead], prompt, config)
+    elif isinstance(prompt, str):
         from ..phrasing import phrased_tokens
 
-        tokens = phrased_tokens(loaded.loaded, prompt, phrasing, lead=largest([m.n_params for m in loaded.loaded])) if prompt else []
+        model = largest([m.n_params for m in loaded.loaded]) if lead is None else next(j for j, m in enumerate(loaded.loaded) if m is loaded.models[lead])
+        tokens = phrased_tokens(loaded.loaded, prompt, phrasing, lead=model) if prompt else []
     else:
         tokens = [int(t) for t in prompt]
     if not tokens:
@@ -81,7 +100,7 @@ def prompt_tokens(loaded: LoadedModels, prompt: str | Sequence[int], param: str 
 
 def plan(
     loaded: LoadedModels,
-    prompt: str | Sequence[int],
+    prompt: Prompt,
     config: GenerationConfig,
     combiner: Combiner | BoundCombiner | None = None,
     *,
@@ -95,10 +114,14 @@ def plan(
     `param` names the setting at fault (`param` names the prompt)."""
     n_params = loaded.n_params
     has_second = loaded.second_member is not None
-    config = config.for_models(len(n_params))
-    check_for_models(config, len(loaded.loaded), json=True, second_prompt=has_second)
     bound = loaded.combiner if combiner is None else loaded.bind(combiner)
-    tokens = prompt_tokens(loaded, prompt, param, config.phrasing)
+    # the default method counts the members that could draft: not a second prompt's member r does not
+    # use (guidance at scale 1), which as a drafter would be evaluated for nothing but its drafts
+    idle = has_second and not bound.used[loaded.second_member]  # type: ignore[index]
+    config = config.for_models(len(n_params) - idle)
+    check_for_models(config, len(loaded.loaded), json=True, second_prompt=has_second)
+    # phrased as the model that leads reads it (one model's own template where r is that model alone)
+    tokens = prompt_tokens(loaded, prompt, param, config.phrasing, lead=bound.lead_model(n_params), config=config)
     second = None
     if has_second:
         wanted = required_second_prompt(config.negative_prompt if second_prompt is None else second_prompt)
@@ -112,6 +135,9 @@ def plan(
                           + " (give --lookahead when they load: its sequences are made then)", param="lookahead")  # fmt: skip
     assert config.method is not None, "for_models names the method"
     strategy = choose_strategy(config.method, config.gamma, config.proposer, n_params, config.lookahead, config.lookahead_threshold)
+    sampler = config.sampler()
+    if config.samplers is not None and "infill" in config.samplers:
+        sampler = replace(sampler, infill=loaded.infill_sampler())
     lookup = None
     if config.lookup != "off" and strategy.lookup_in_cos:
         lookup = LookupSettings(config.lookup, *config.lookup_ngram, config.lookup_tokens)
@@ -119,7 +145,7 @@ def plan(
         prompt=tuple(tokens),
         config=config,
         combiner=bound,
-        sampler=config.sampler(),
+        sampler=sampler,
         strategy=strategy,
         # every member's sequence fits the context (positions counted in the request's prompt's)
         max_length=len(tokens) + min(config.max_tokens, loaded.n_ctx - max(len(tokens), len(second or ()))),

@@ -1,8 +1,9 @@
 """`localcos serve`: the ensemble behind an OpenAI-compatible HTTP API (FastAPI).
 
-Routes: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions, and the
-tokenizer endpoints vLLM serves and evaluation harnesses probe (GET /tokenizer_info,
-POST /tokenize, POST /detokenize). Errors are OpenAI's shape, with 400 for invalid parameters
+Routes: GET /health, GET /v1/models, POST /v1/completions (with `suffix`: fill-in-the-middle),
+POST /v1/chat/completions, llama-server's POST /infill (editors' completion at the cursor:
+`infill.py`), the tokenizer endpoints vLLM serves and evaluation harnesses probe (GET
+/tokenizer_info, POST /tokenize, POST /detokenize), and Ollama's (`ollama.py`). Errors are OpenAI's shape, with 400 for invalid parameters
 (422 never), 401 for a missing or wrong key, 403 for a foreign Host or Origin, 404 for an unknown
 model or path, 413 for an oversized body, 415 for a body that is not JSON, and 503 (with
 Retry-After) when the queue is full.
@@ -34,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..backend import Model, RemoteModel
 from ..chat import ChatFormatter
 from ..errors import LocalcosError
+from . import infill as infill_route
 from . import ollama, protocol
 from . import responses as out
 from .engine import Engine, Job, QueueFull
@@ -107,6 +109,12 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     s = state(request)
     return await _answer(request, s, await run_in_threadpool(protocol.plan_chat, s.served, body))
+
+
+@routes.post("/infill")
+async def infill(body: infill_route.InfillRequest, request: Request) -> Any:
+    s = state(request)
+    return await _answer_infill(request, s, await run_in_threadpool(infill_route.plan_infill, s.served, body), body.response_fields)
 
 
 def _one_tokenizer(served: ServedEnsemble) -> None:
@@ -248,6 +256,49 @@ async def _answer_ollama(request: Request, s: ServerState, plan: protocol.Reques
                 job.cancel()
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+async def _answer_infill(request: Request, s: ServerState, plan: protocol.Request, fields: list[str] | None) -> Any:
+    """llama-server's answer: one object (a list for several completions), or server-sent events
+    of its pieces and then each completion's last object."""
+    served = s.served
+    if not plan.stream:
+        job = await _finished(request, s, plan)
+        if job.error is not None:
+            raise _api_error(job.error)
+        if job.cancelled:
+            return JSONResponse(APIError(499, "the client closed the request").body(), status_code=499)
+        return infill_route.answer(served, plan, job.result or [], fields)
+    loop = asyncio.get_running_loop()
+    items: asyncio.Queue = asyncio.Queue()
+    counts: dict[int, int] = {}
+
+    def emit(index: int, chunk: Any) -> None:  # in the engine thread
+        counts[index] = counts.get(index, 0) + len(chunk.tokens)
+        if chunk.text:
+            loop.call_soon_threadsafe(items.put_nowait, ("text", index, chunk.text, counts[index]))
+
+    job = _submit(s, plan, lambda: loop.call_soon_threadsafe(items.put_nowait, ("end", 0, "", 0)), emit)
+
+    async def events() -> AsyncIterator[str]:
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+        try:
+            while True:
+                kind, index, text, predicted = await items.get()
+                if kind == "end":
+                    break
+                yield _sse(infill_route.piece(index, text, predicted))
+            if job.error is not None:
+                yield _sse(_api_error(job.error).body())
+            else:
+                for choice in job.result or []:
+                    yield _sse(infill_route.result(served, plan, choice, fields))
+        finally:
+            watcher.cancel()
+            if not job.done.is_set():
+                job.cancel()
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 # --- answering ---------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from ..backend.gguf_file import GGUFInfo, read_info
 from ..chat import ChatFormatter, Message
 from ..errors import ConfigError, param_of
 from ..grammar import Constraint, json_object, json_schema
+from ..infill import FimTokens, Infill
 from . import protocol
 from .protocol import APIError, ServedEnsemble
 from .requests import SettingsFields, _Body, _checked, _integer, _neutral, _option
@@ -171,7 +172,7 @@ class GenerateRequest(OllamaRequest):
     prompt: StrictStr = ""
     system: StrictStr | None = None
     raw: StrictBool = False
-    suffix: Annotated[Any, _refused("fill-in-the-middle is not served", "send the prompt alone")] = None
+    suffix: StrictStr | None = None  # fill-in-the-middle: the text after the one to write (the prompt's is before it)
     template: Annotated[Any, _refused("the model's own chat template is used", "leave template out, or send raw")] = None
     context: Annotated[Any, _refused("the context of an earlier answer is not kept", "send the whole prompt, or use /api/chat")] = None
     images: Annotated[Any, _refused("images are not read: the models are text models", "send text")] = None
@@ -238,8 +239,25 @@ class Described:
                     info.setdefault(key, value)
         formatter = self.served.formatter
         template = formatter.template if isinstance(formatter, ChatFormatter) else ""
+        fim = self.fim
+        if fim is not None:  # Ollama's way of saying a model fills in (a client such as Continue looks for .Suffix), the chat's after it
+            template = f"{{{{- if .Suffix }}}}{fim[0]}{{{{ .Prompt }}}}{fim[1]}{{{{ .Suffix }}}}{fim[2]}{{{{- else }}}}{template or ''}{{{{- end }}}}"
+        capabilities = ["completion", *(["insert"] if fim is not None else [])]
         return {"license": "", "modelfile": "", "parameters": "", "template": template or "", "details": self.details(), "model_info": info,
-                "modified_at": self.modified, "capabilities": ["completion"]}  # fmt: skip
+                "modified_at": self.modified, "capabilities": capabilities}  # fmt: skip
+
+    @cached_property
+    def fim(self) -> tuple[str, str, str] | None:
+        """The texts of the lead model's prefix, suffix and middle tokens, where it has them."""
+        ensemble = self.served.ensemble
+        models = ensemble.loaded
+        lead = max(models, key=lambda m: m.n_params)
+        try:
+            tokens = FimTokens.of(lead)
+        except ConfigError:
+            return None
+        text = [lead.piece(t, special=True).decode("utf-8", errors="replace") for t in (tokens.prefix, tokens.suffix, tokens.middle)]
+        return text[0], text[1], text[2]
 
 
 def parameter_size(n: int) -> str:
@@ -275,13 +293,19 @@ def plan_chat(served: ServedEnsemble, body: ChatRequest) -> protocol.Request:
 
 def plan_generate(served: ServedEnsemble, body: GenerateRequest) -> protocol.Request:
     """POST /api/generate: the prompt (and system message) through the chat template, as Ollama
-    does; raw, or for models without a template, the prompt as it is (`/v1/completions`')."""
+    does; raw, or for models without a template, the prompt as it is (`/v1/completions`'); with a
+    suffix, what to fill in between them, through the models' FIM tokens (raw or not: a FIM
+    prompt reads no chat template)."""
     check_model(served, body.model)
     body.check_context(served)
     max_tokens = body.max_tokens(served)
     settings = protocol.settings_for(served, body, max(max_tokens, 1))
     level = served.decide(settings.generation, needs_tokens=False)
-    if body.raw or served.templates(level) is None:
+    if body.suffix:  # the model's fill-in-the-middle tokens, as Ollama's template for a code model reads .Prompt and .Suffix
+        if body.system is not None:
+            raise APIError(400, "system: fill-in-the-middle reads the prompt and the suffix alone (leave system out)", param="system")
+        plans = protocol.text_plans(served, settings, [Infill(body.prompt, body.suffix)], level)
+    elif body.raw or served.templates(level) is None:
         if body.system is not None:
             raise APIError(400, "system: a raw prompt is read as it is (leave system out, or raw)", param="system")
         plans = protocol.text_plans(served, settings, [body.prompt], level)

@@ -22,10 +22,11 @@ from ..core.combiners import BoundCombiner
 from ..core.level import Level
 from ..errors import Cancelled, LocalcosError, RemoteError
 from ..grammar import Constraint, ToolCallFormat, tool_call_format, tool_grammar
+from ..infill import Infill
 from ..runtime.bytelevel import ByteModels, BytePlan, refuse_byte_options
 from ..runtime.completion import Completion
 from ..runtime.loaded import LoadedModels
-from ..runtime.plan import Plan, check_token_ids, plan
+from ..runtime.plan import Plan, Prompt, check_token_ids, plan
 from ..runtime.scoring import ScoreCache, score_tokens
 from ..stats import GenerationStats
 from . import responses as out
@@ -132,7 +133,7 @@ class Request:
     """A checked request: what to generate from which prompts (one runtime plan each), and how
     to answer."""
 
-    route: Literal["completion", "chat"]
+    route: Literal["completion", "chat", "infill"]
     plans: list[Plan] | list[BytePlan]  # BytePlan: the byte level
     prompt_texts: list[str]
     n: int
@@ -178,7 +179,7 @@ def settings_for(served: ServedEnsemble, request: Any, max_tokens: int, constrai
         raise from_localcos(e) from None
 
 
-def _plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[str | list[int]], param: str, second: list[int] | None = None,
+def _plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[Prompt], param: str, second: list[int] | None = None,
            **tokenize: Any) -> list[Plan]:  # fmt: skip
     """One runtime plan per prompt, the combination bound to the models once for all of them: a
     misfit (weights for another number of models, cd over three, a prompt too long, a second
@@ -208,7 +209,7 @@ def plan_completion(served: ServedEnsemble, request: CompletionRequest) -> Reque
                        param="echo")  # fmt: skip
     if request.echo and settings.generation.phrasing != "raw":
         raise APIError(400, "echo returns the prompt as sent: not with phrasing instruct (a request's, or serve --phrasing)", param="echo")
-    plans = text_plans(served, settings, request.prompt, level, **({"add_bos": False} if request.echo else {}))
+    plans = text_plans(served, settings, request.prompts(), level, **({"add_bos": False} if request.echo else {}))
     texts = [p if isinstance(p, str) else served.token_models.detokenize(p) for p in request.prompt]
     return Request(
         "completion", plans, texts, request.n, request.stream, max_tokens, request.echo, request.logprobs,
@@ -216,14 +217,16 @@ def plan_completion(served: ServedEnsemble, request: CompletionRequest) -> Reque
     )  # fmt: skip
 
 
-def text_plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[str | list[int]], level: Level,
+def text_plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[Prompt], level: Level,
                **tokenize: Any) -> list[Plan] | list[BytePlan]:  # fmt: skip
-    """The plans of text (or token id) prompts read as `settings.generation.phrasing` says, at
-    `level`: at the byte levels each model's own tokens of the text."""
+    """The plans of text (or token id) prompts read as `settings.generation.phrasing` says, or of
+    what to fill in at a cursor (`Infill`), at `level`: at the byte levels each model's own
+    tokens of the text."""
     if not level.in_bytes:
         return _plans(served, settings, prompts, "prompt", **tokenize)
     try:
-        tokens = [served.ensemble.prompts(t, phrasing=settings.generation.phrasing) for t in prompts if isinstance(t, str)]  # type: ignore[union-attr]
+        tokens = [served.ensemble.prompts(t, phrasing=settings.generation.phrasing, config=settings.generation)  # type: ignore[union-attr]
+                  for t in prompts if isinstance(t, (str, Infill))]  # fmt: skip
     except LocalcosError as e:
         raise from_localcos(e, "prompt") from None
     return _byte_plans(served, settings, tokens, "prompt", level)
@@ -349,7 +352,7 @@ def _byte_completion(served: ServedEnsemble, request: CompletionRequest, setting
     _refuse_at_byte_level([(any(not isinstance(p, str) for p in request.prompt), "prompt: token ids (send text)"), (request.echo, "echo"),
                            (request.logprobs is not None, "logprobs"), (request.return_token_ids, "return_token_ids")])  # fmt: skip
     texts = [p for p in request.prompt if isinstance(p, str)]
-    plans = text_plans(served, settings, texts, level)
+    plans = text_plans(served, settings, request.prompts(), level)
     return Request("completion", plans, texts, request.n, request.stream, max_tokens, include_usage=request.include_usage, level=level)
 
 

@@ -22,6 +22,7 @@ from pydantic_core import PydanticCustomError
 
 from ..errors import ConfigError, check_range, param_of
 from ..grammar import Constraint, gbnf, json_object, json_schema
+from ..infill import Infill
 from ..config import OPTIONS
 from ..config.parse import Gamma, parse_int, parse_served_combine
 
@@ -227,7 +228,7 @@ class CompletionRequest(GenerationRequest):
     echo: StrictBool = False
     logprobs: Annotated[int | None, _integer(0, MAX_TOP_LOGPROBS)] = None
     best_of: Annotated[int | None, _neutral(1)] = None
-    suffix: Annotated[str | None, _neutral("")] = None
+    suffix: StrictStr | None = None  # fill-in-the-middle: the text after the one to write (the prompt's is before it)
     phrasing: Annotated[str | None, _option("phrasing")] = None  # how a text prompt is read (a chat's prompt is its own)
 
     @model_validator(mode="after")
@@ -236,7 +237,18 @@ class CompletionRequest(GenerationRequest):
             raise _field_error("stream", "logprobs and echo are not supported with stream")
         if self.max_tokens == 0 and not self.echo:
             raise _field_error("max_tokens", "max_tokens must be >= 1 (0 only with echo)")
+        if self.suffix and self.echo:
+            raise _field_error("suffix", "suffix fills in the middle between the prompt and it: echo returns a prompt as sent, give one of them")
+        if self.suffix and any(not isinstance(p, str) for p in self.prompt):
+            raise _field_error("suffix", "suffix needs a text prompt (the text before the middle), not token ids")
         return self
+
+
+    def prompts(self) -> list[str | list[int] | Infill]:
+        """The prompts as read: each text with the suffix after it is what to fill in between them."""
+        if not self.suffix:
+            return list(self.prompt)
+        return [Infill(p, self.suffix) for p in self.prompt if isinstance(p, str)]
 
 
 class TextPart(_Body):

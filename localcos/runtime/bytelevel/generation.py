@@ -132,6 +132,8 @@ class ByteGeneration:
         max_tokens: int | None = None,
         count_tokens: Callable[[bytes], int] | None = None,
         stop: Sequence[str] = (),
+        n_indent: int = 0,
+        t_max_predict_ms: float = 0.0,
         n_ctx: int | None = None,
         ignore_end: bool = False,
         method: str = "ensemble",
@@ -168,6 +170,8 @@ class ByteGeneration:
         self._count_from = 0  # the text's length in bytes at which its tokens are counted next
         self._taken = (0, 0)  # (bytes, tokens) of the text the lead took as whole tokens, up to its last token step
         self.stop = tuple(s for s in stop if s)
+        self.n_indent = n_indent  # an editor's rules on the text (`core.text.TextAssembler`)
+        self.t_max_predict_ms = t_max_predict_ms
         self.n_ctx = n_ctx
         self.method = method
         self.gamma = gamma
@@ -524,8 +528,8 @@ class ByteGeneration:
             data.append(symbol)
             self.token_bytes += step.whole
             utf8.push(symbol)
-            if text.push(symbol):
-                return "stop"
+            if text.push(symbol):  # a stop string; an editor's indentation or time rule cuts it as a limit would
+                return "stop" if text.ended_by == "word" else "length"
             if step.whole and j == last:  # the lead's whole token is in and the text goes on: the lead takes it
                 assert self.token_gate is not None and self.token_gate.lead is not None and step.token is not None
                 lead = self.token_gate.lead
@@ -587,7 +591,8 @@ class ByteGeneration:
         llama0 = self._llama_seconds()
         utf8 = Utf8State()
         data = bytearray()
-        text = TextAssembler(_one_byte, self.stop)  # the token level's UTF-8 assembly, stop search and hold-back
+        # the token level's UTF-8 assembly, stop search, hold-back and an editor's rules
+        text = TextAssembler.timed(_one_byte, self.stop, self.n_indent, self.t_max_predict_ms, t0)
         finish = ""
         proposer = 0
         passed = False  # the last draft was accepted whole: the next model in turn proposes (CoS)
@@ -619,7 +624,7 @@ class ByteGeneration:
             yield tail
         llama = [now - then for now, then in zip(self._llama_seconds(), llama0)]
         stats = self._stats(data, text, finish, cos, time.perf_counter() - t0, t0 - t_prompt, llama)
-        self.completion = Completion(text.text, finish, stats, data=bytes(data))
+        self.completion = Completion(text.text, finish, stats, data=bytes(data), stopped_by=text.ended_by, stop_word=text.word)
         return self.completion
 
 

@@ -32,6 +32,7 @@ from .results import BytePlan
 
 if TYPE_CHECKING:
     from ...config.specs import LoadSpec
+    from ...infill import Infill
     from ...core.combiners import Combiner
 
 
@@ -148,14 +149,20 @@ class ByteModels:
         end-of-text token (what its training put between documents)."""
         return [[m.bos if m.bos >= 0 else m.eos] for m in self.models]
 
-    def prompts(self, text: str, second: str | None = None, phrasing: str = "raw") -> list[list[int]]:
+    def prompts(self, text: str | Infill, second: str | None = None, phrasing: str = "raw", config: GenerationConfig | None = None) -> list[list[int]]:
         """The prompt text in each model's own tokens as `phrasing` says (raw: each adds BOS as
-        its metadata says; instruct: each model's own chat template), and `second` in the lead's
+        its metadata says; instruct: each model's own chat template), or what to fill in at a
+        cursor through each model's own FIM tokens under `config`, and `second` in the lead's
         for a member reading a second prompt (left out where None: `plan` then reads the
         request's negative_prompt)."""
+        from ...infill import infill_tokens
         from ...phrasing import phrased_tokens
 
-        out = [phrased_tokens([m], text, phrasing) for m in self.loaded]
+        if isinstance(text, str):
+            out = [phrased_tokens([m], text, phrasing) for m in self.loaded]
+        else:
+            assert config is not None, "an infill is read under its generation's settings"
+            out = [infill_tokens(m, text, config) for m in self.loaded]
         if self.second_member is not None and second is not None:
             out.append(self.models[self.second_member].tokenize(second))
         return out
@@ -234,7 +241,8 @@ class ByteModels:
         lead = self.models[plan.combiner.lead_model(self.n_params)]
         return ByteGeneration(self.members, plan.prompts, plan.combiner, config.sampler(), rng, max_tokens=config.max_tokens,
                               count_tokens=lambda data: len(lead.tokenize(data, add_bos=False)),
-                              stop=config.stop, n_ctx=self.n_ctx, ignore_end=config.ignore_eos, method=plan.method,
+                              stop=config.stop, n_indent=config.n_indent, t_max_predict_ms=config.t_max_predict_ms, n_ctx=self.n_ctx,
+                              ignore_end=config.ignore_eos, method=plan.method,
                               gamma=config.byte_gamma, costs=self.costs, cancelled=cancelled, names=self.names,
                               constraint=None if config.constraint is None else Matcher(byte_symbols(), config.constraint),
                               level=plan.level)  # fmt: skip

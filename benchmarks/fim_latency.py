@@ -1,0 +1,218 @@
+"""Editor completion's latency: an editor typing code back into real Python files, side by side with
+llama-server's /infill.
+
+A block of lines is taken out of each file (Python's own standard library, which ships with the
+interpreter) and typed back in, character by character, text inserted at the cursor; every few
+characters the editor asks for a completion with llama.vim's fields (the 256 lines above the
+cursor as `input_prefix`, the cursor's line up to the cursor as `prompt`, the rest of it and the
+64 lines below as `input_suffix`, `n_indent` the line's indentation, n_predict 48, top_k 40, top_p
+0.9, samplers top_k/top_p/infill, t_max_predict_ms 1000) and waits for it, as an editor that shows
+each suggestion does. The same replay runs against each configuration in turn, one server process
+at a time: localcos serving the 1.5B alone, `sd` and `cos --gamma auto` with the 0.5B drafting, the
+1.5B with drafts looked up in the prompt (`--proposer lookup`), and llama-server (built once from
+the llama.cpp localcos runs on) with the same file, threads, context and batch. Printed per
+configuration: the median and p90 milliseconds a completion took (the client's clock), the
+prompt tokens the server evaluated per request (the rest was in its cache) and the tokens it
+generated, each also as a ratio to the 1.5B alone; and how often each suggestion was the 1.5B
+alone's (sampled with one seed: the same draw from the same r wherever the calls' rows agree).
+
+    .venv/bin/python benchmarks/fim_latency.py                      # the packaged pair (localcos models pull coder-we)
+    .venv/bin/python benchmarks/fim_latency.py --every 5 --requests 40 --batch 1024
+    .venv/bin/python benchmarks/fim_latency.py --configs alone,llama-server --suffix-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from localcos.backend import default_threads
+from localcos.models.registry import Registry
+from localcos.testing import llamacpp_sdist
+from localcos.testing.loopback import ServeProcess, free_port
+from localcos.testing.reference import tool_args
+
+FILES = ["json/decoder.py", "textwrap.py", "csv.py", "shlex.py"]  # of the standard library: real code of varied shape
+ABOVE, BELOW = 256, 64  # llama.vim's n_prefix and n_suffix (lines)
+CONFIGS = {
+    "alone": ["--models", "coder-1.5b", "--method", "ensemble"],
+    "sd": ["--models", "coder-0.5b,coder-1.5b", "--combine", "we", "--weights", "0,1", "--method", "sd", "--gamma", "4"],
+    "cos-auto": ["--models", "coder-0.5b,coder-1.5b", "--combine", "we", "--weights", "0,1", "--method", "cos", "--gamma", "auto"],
+    "lookup": ["--models", "coder-1.5b", "--proposer", "lookup"],
+}
+
+
+@dataclass
+class Request:
+    """One completion an editor asks for: llama.vim's fields."""
+
+    prefix: str
+    typed: str
+    suffix: str
+    indent: int
+
+    def body(self, n_predict: int, seed: int, extra: dict) -> dict:
+        return {"input_prefix": self.prefix, "input_suffix": self.suffix, "input_extra": [], "prompt": self.typed, "n_predict": n_predict,
+                "n_indent": self.indent, "top_k": 40, "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"], "stream": False,
+                "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1000, "seed": seed, **extra}  # fmt: skip
+
+
+def typing_replay(path: Path, every: int, block: tuple[int, int]) -> list[Request]:
+    """The requests of typing lines block[0]..block[1] of `path` back in: the block is taken out,
+    then each of its lines typed at the cursor (its indentation at once, as an editor's auto-indent
+    puts it), a request after every `every` characters and at the line's end."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    start, stop = block
+    below = "\n".join(lines[stop : stop + BELOW]) + "\n"
+    out: list[Request] = []
+    for n in range(start, stop):
+        line = lines[n]
+        indent = len(line) - len(line.lstrip(" \t"))
+        above = lines[max(0, n - ABOVE) : n]  # the lines before it: the file's, then those typed already
+        prefix = "\n".join(above) + "\n" if above else ""
+        for k in range(indent + 1, len(line) + 1):
+            if (k - indent) % every == 0 or k == len(line):
+                out.append(Request(prefix, line[:k], "\n" + below, indent))  # nothing after the cursor on its line yet
+    return out
+
+
+@dataclass
+class Result:
+    ms: list[float] = field(default_factory=list)
+    evaluated: list[int] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+
+
+def replay(url: str, requests: list[Request], n_predict: int, extra: dict) -> Result:
+    result = Result()
+    with httpx.Client(timeout=600) as client:
+        client.post(url + "/infill", json=requests[0].body(n_predict, 1, extra))  # warm: the file's first prompt, as an editor opening it
+        for i, r in enumerate(requests):
+            t0 = time.perf_counter()
+            answer = client.post(url + "/infill", json=r.body(n_predict, 1 + i, extra))
+            result.ms.append((time.perf_counter() - t0) * 1000)
+            body = answer.json()
+            if answer.status_code != 200:
+                raise SystemExit(f"{url}/infill answered {answer.status_code}: {body}")
+            result.evaluated.append(int(body["timings"]["prompt_n"]))
+            result.generated.append(int(body["timings"]["predicted_n"]))
+            result.texts.append(body["content"])
+    return result
+
+
+class LlamaServer:
+    """llama-server on 127.0.0.1 and a free port, ready when the constructor returns."""
+
+    def __init__(self, binary: Path, model: Path, threads: int, n_ctx: int, batch: int) -> None:
+        self.url = f"http://127.0.0.1:{(port := free_port())}"
+        cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-tb", str(threads),
+               "-c", str(n_ctx), "-b", str(batch), "-ub", str(batch), "-np", "1", "--no-webui", *tool_args()]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while True:  # bounded: until /health answers, the process exits, or the deadline
+            if self.proc.poll() is not None:
+                raise SystemExit(f"llama-server exited: {self.proc.stderr.read()[-2000:] if self.proc.stderr else ''}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit("llama-server did not answer /health within 120 s")
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def cpu() -> str:
+    """The CPU, as lscpu names it (model name, family, model)."""
+    try:
+        info = dict(line.split(":", 1) for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines() if ":" in line)
+        return f"{info['Model name'].strip()} (family {info['CPU family'].strip()}, model {info['Model'].strip()})"
+    except (OSError, KeyError):
+        return "unknown CPU"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--every", type=int, default=5, help="characters typed between two requests (default 5)")
+    p.add_argument("--requests", type=int, default=30, help="requests per file (default 30)")
+    p.add_argument("--files", default=",".join(FILES), help="standard-library files to type into")
+    p.add_argument("--n-predict", type=int, default=48)
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=1024, help="n_batch of both servers: the prefix's 3/4 and the suffix's 1/4 (llama.vim recommends 1024)")
+    p.add_argument("--suffix-tokens", type=int, default=None, help="localcos's --infill-suffix (default: llama-server's rule)")
+    p.add_argument("--threads", type=int, default=default_threads())
+    p.add_argument("--configs", default=",".join([*CONFIGS, "llama-server"]))
+    p.add_argument("--json", metavar="FILE", help="write every request's figures as JSON")
+    args = p.parse_args()
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    requests: list[Request] = []
+    for name in args.files.split(","):
+        path = stdlib / name
+        lines = path.read_text(encoding="utf-8").splitlines()
+        start = len(lines) // 3  # a block in the middle of the file, typed back in
+        block = typing_replay(path, args.every, (start, min(len(lines), start + 40)))
+        requests += block[: args.requests]
+    registry = Registry.load(user=False)
+    target = registry.resolve("coder-1.5b")
+    wanted = args.configs.split(",")
+    print(f"{len(requests)} requests ({args.requests} per file, one every {args.every} characters) into {args.files}; "
+          f"n_batch {args.batch}, {args.threads} threads; {cpu()}", flush=True)  # fmt: skip
+    results: dict[str, Result] = {}
+    extra = {} if args.suffix_tokens is None else {"infill_suffix": args.suffix_tokens}
+    for name in wanted:
+        if name == "llama-server":
+            print("building llama-server from the llama-cpp-python sdist's llama.cpp (once; minutes) ...", flush=True)
+            binary = llamacpp_sdist.build(["llama-server"]) / "llama-server"
+            server = LlamaServer(binary, target, args.threads, args.ctx, args.batch)
+            try:
+                results[name] = replay(server.url, requests, args.n_predict, {})
+            finally:
+                server.stop()
+        else:
+            serve = ServeProcess([*CONFIGS[name], "--ctx", str(args.ctx), "--batch-size", str(args.batch), "--threads", str(args.threads),
+                                  "--parallel", "1"], env={"OMP_NUM_THREADS": str(args.threads)}, start_timeout=300)  # fmt: skip
+            try:
+                results[name] = replay(serve.url, requests, args.n_predict, extra)
+            finally:
+                serve.stop()
+        r = results[name]
+        print(f"{name}: median {statistics.median(r.ms):.0f} ms, p90 {percentile(r.ms, 0.9):.0f} ms", flush=True)
+    base = results.get("alone")
+    print(f"\n{'configuration':<14}{'median ms':>10}{'p90 ms':>9}{'x alone':>9}{'prompt tokens':>15}{'generated':>11}{'same text':>11}")
+    for name, r in results.items():
+        ratio = statistics.median(r.ms) / statistics.median(base.ms) if base else float("nan")
+        same = sum(a == b for a, b in zip(r.texts, base.texts)) / len(r.texts) if base else float("nan")
+        print(f"{name:<14}{statistics.median(r.ms):>10.0f}{percentile(r.ms, 0.9):>9.0f}{ratio:>8.2f}x{statistics.mean(r.evaluated):>15.0f}"
+              f"{statistics.mean(r.generated):>11.1f}{100 * same:>10.0f}%")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps({name: vars(r) for name, r in results.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,390 @@
+"""Fill-in-the-middle: the FIM prompt as llama.cpp lays it out, where a middle ends, llama.cpp's
+infill sampler, and editor completion served as llama-server (`/infill`, the bodies llama.vim and
+llama.vscode send), Ollama (`suffix`, the `ollama` client) and OpenAI (`suffix`, the `openai`
+client) serve it, through a real server on synthetic models whose vocabulary has the FIM tokens."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zlib
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import numpy as np
+import ollama
+import pytest
+
+from fakes import FakeModel, exact_joint
+from localcos import Ensemble, ExtraChunk, Infill, WeightedEnsemble
+from localcos.backend import Model
+from localcos.core.sampling import InfillSampler, Sampler
+from localcos.core.text import TextAssembler
+from localcos.errors import ConfigError
+from localcos.eval.codetasks import infilling_tasks, load_tasks
+from localcos.eval.sandbox import run_program, Limits
+from localcos.infill import Budget, FimTokens, fim_prompt
+from localcos.testing.invariants import checked
+from statcheck import assert_law
+from test_server import serving
+
+QWEN_FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+PREFIX = "The river flows from the mountains\nand the old mill by the water\n"
+TYPED = "two plus"
+SUFFIX = "\nthe train leaves the station at\nonce upon a time there was\n"
+
+
+def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localcos", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def fim_pair(models) -> list[Path]:
+    return [models["fim"], models["fim_sibling"]]
+
+
+# --- the prompt -----------------------------------------------------------------------------------------
+
+
+def test_the_fim_prompt_is_llama_servers_layout_token_for_token(models):
+    """llama-server's format_prompt_infill: the repository's header and each extra chunk after a
+    file separator, the current file's separator, BOS, then the prefix's last 3/4 of n_batch and the
+    typed part (its tokens after the prefix's), the suffix's first n_batch/4 - 2 - typed, the
+    middle token; the extra chunks the tail of n_ctx - n_batch - 2 n_predict."""
+    m = Model(models["fim"], vocab_only=True)
+    fim = {text: m.tokenize(text, add_bos=False, special=True) for text in QWEN_FIM}
+    assert all(len(ids) == 1 for ids in fim.values())  # single control tokens
+    pre, suf, mid, pad, repo, sep = (fim[t][0] for t in QWEN_FIM)
+    assert FimTokens.of(m) == FimTokens(pre, suf, mid, pad, repo, sep)
+
+    def tok(text: str) -> list[int]:
+        return m.tokenize(text, add_bos=False)
+
+    extra = (ExtraChunk("import os\nimport sys\n", "a.py"), ExtraChunk("def helper():\n    return 1\n", "lib/b.py"))
+    # a budget that cuts the prefix, the suffix and the extra chunks
+    prefix, suffix = PREFIX * 6, SUFFIX * 6
+    window, n_ctx, predict = 48, 160, 40
+    header = [repo, *tok("myproject\n"), sep, *tok("a.py\n"), *tok(extra[0].text), sep, *tok("lib/b.py\n"), *tok(extra[1].text), sep, *tok("filename\n")]
+    typed = m.tokenize(TYPED, add_bos=False, special=True)
+    kept_prefix, kept_suffix = tok(prefix)[-36:], tok(suffix)[: 12 - 2 - len(typed)]
+    n_extra = n_ctx - window - 2 * predict
+    assert 0 < n_extra < len(header) and len(tok(prefix)) > 36 and len(tok(suffix)) > 10  # each part is cut
+    expected = header[-n_extra:] + [m.bos, pre, *kept_prefix, *typed, suf, *kept_suffix, mid]
+    got = fim_prompt(m, Infill(prefix, suffix, TYPED, extra), Budget(window, n_ctx, predict))
+    assert got == expected
+    # no repository context (the makers' prompt, and Ollama's and OpenAI's suffix): BOS, PRE, SUF, MID
+    plain = fim_prompt(m, Infill(PREFIX, SUFFIX), Budget(512, 4096, 64))
+    assert plain == [m.bos, pre, *tok(PREFIX), suf, *tok(SUFFIX), mid]
+    # repository context with nothing to add: llama-server still writes its header and the file's name
+    alone = fim_prompt(m, Infill(PREFIX, SUFFIX, extra=()), Budget(512, 4096, 64))
+    assert alone == [repo, *tok("myproject\n"), sep, *tok("filename\n"), *plain]
+
+
+def test_fim_tokens_come_from_the_header_or_their_text_and_end_a_middle(models):
+    header = Model(models["fim_header"], vocab_only=True)
+    from conftest import SPECS
+
+    ids = SPECS["fim_header"].fim_ids()
+    assert FimTokens.of(header) == FimTokens(ids["pre"], ids["suf"], ids["mid"], ids["pad"], ids["rep"], ids["sep"])
+    with pytest.raises(ConfigError, match="t-base has no fill-in-the-middle prefix, suffix, middle token"):
+        FimTokens.of(Model(models["base"], vocab_only=True))
+    # llama.cpp ends a generation at the FIM pad, repository and file-separator tokens
+    with Ensemble.load([models["fim"]], n_ctx=256) as ens:
+        fim = FimTokens.of(ens.models[0])
+        assert {fim.pad, fim.repo, fim.sep} <= ens.end_tokens
+
+
+# --- where a middle ends -------------------------------------------------------------------------------
+
+
+def _text(pieces: list[str], **rules) -> TextAssembler:
+    text = TextAssembler(lambda i: pieces[i].encode(), **rules)
+    for i in range(len(pieces)):
+        if text.push(i):
+            break
+    text.finish()
+    return text
+
+
+def test_an_editors_rules_end_the_text_as_llama_server_ends_it():
+    # n_indent: the first line after a new line indented by fewer characters ends the text at its
+    # first character (its white space kept); a blank line too; the cursor's own line never
+    t = _text(["x = 1", "\n    y", " = 2\n", "z = 3\n"], indent=4)
+    assert (t.text, t.ended_by) == ("x = 1\n    y = 2\n", "indent")
+    t = _text(["x = 1\n", "  ", " y\n"], indent=4)
+    assert (t.text, t.ended_by) == ("x = 1\n   ", "indent")
+    t = _text(["  x = 1\n", "    y\n", "\n", "    z\n"], indent=4)
+    assert (t.text, t.ended_by) == ("  x = 1\n    y\n", "indent")
+    t = _text(["a", "\nb"], indent=0)
+    assert (t.text, t.ended_by) == ("a\nb", None)
+    # t_max_predict_ms: once late, the next token holding a new line ends the text after it
+    late = iter([False, True, True])
+    t = _text(["a\n", "b", "c\nd", "e"], late=lambda: next(late))
+    assert (t.text, t.ended_by) == ("a\nbc\nd", "time")
+    t = _text(["ab", "cd", "STOPx"], stop=["STOP"])
+    assert (t.text, t.ended_by, t.word) == ("abcd", "word", "STOP")
+
+
+# --- llama.cpp's infill sampler --------------------------------------------------------------------------
+
+
+def _infill_sampler(texts: list[bytes], end: set[int], fallback: int) -> InfillSampler:
+    mask = np.zeros(len(texts), dtype=bool)
+    mask[sorted(end)] = True
+    return InfillSampler(mask, lambda t: texts[t], fallback)
+
+
+def test_the_infill_sampler_is_llama_cpps():
+    texts = [b"", b"ab", b"abc", b"x", b"ret", b"return", b"y"]  # token 0: the end token (no text)
+    s = _infill_sampler(texts, {0}, 0)
+
+    def apply(p: list[float]) -> np.ndarray:
+        row = np.array(p, dtype=np.float32)
+        s.apply(row)
+        return row
+
+    # the end tokens hold enough: only they stay (3 * 0.2 * 3 candidates > 0.8)
+    assert apply([0.2, 0.4, 0.0, 0.4, 0, 0, 0]) == pytest.approx([1, 0, 0, 0, 0, 0, 0])
+    # "ab" begins "abc": the likelier takes both; then the candidates under 0.2, then under 1/(n+1)
+    out = apply([0.01, 0.3, 0.5, 0.19, 0, 0, 0])
+    assert out == pytest.approx([0.01 / 0.81, 0, 0.8 / 0.81, 0, 0, 0, 0], abs=1e-6)
+    out = apply([0.0, 0.0, 0.0, 0.3, 0.23, 0.2, 0.27])  # "ret" + "return" = 0.43; x 0.3; y 0.27: all >= 1/4 after
+    assert out == pytest.approx([0, 0, 0, 0.3, 0.43, 0, 0.27], abs=1e-6)
+    out = apply([0.0, 0.0, 0.0, 0.3, 0.25, 0.21, 0.24])  # y 0.24 passes 0.2, then not 1/4
+    assert out == pytest.approx([0, 0, 0, 0.3 / 0.76, 0.46 / 0.76, 0, 0], abs=1e-6)
+    # no text candidate reaches 0.2: the fallback end token alone
+    letters = _infill_sampler([b"", b"a", b"b", b"c", b"d", b"e", b"f", b"g"], {0}, 0)
+    row = np.array([0.0001, 0.15, 0.15, 0.15, 0.15, 0.15, 0.15, 0.0999], dtype=np.float32)
+    letters.apply(row)
+    assert row == pytest.approx([1, 0, 0, 0, 0, 0, 0, 0])
+
+
+class _Fake(FakeModel):
+    eot = 0  # the infill sampler's fallback token (the fakes' end token lies outside their vocabulary)
+
+
+@pytest.mark.parametrize("method, gamma", [("ensemble", None), ("sd", 3), ("cos", 2)])
+def test_every_method_samples_the_infill_samplers_r_exactly(method, gamma):
+    """The infill sampler is part of r's finalisation: a speculative method's drafts are verified
+    against it, so the joint law of continuations is the transformed r's (chi-square)."""
+    models = [_Fake(seed=40 + i, n_vocab=12, n_params=1000 * (i + 1), sharpness=1.0) for i in range(2)]  # " t1" begins " t10", " t11"
+    ens = Ensemble(models, WeightedEnsemble([0.5, 0.5]))
+    settings = dict(top_k=6, top_p=0.95, samplers=("top_k", "top_p", "infill"))
+    outs = checked(ens).generate_many([1, 2], 3000, method=method, gamma=gamma, max_tokens=3, seed=zlib.crc32(method.encode()), **settings)
+    sampler = replace(Sampler(top_k=6, top_p=0.95), infill=ens.infill_sampler())
+    law = exact_joint(models, ens.combiner, sampler, [1, 2], 3)
+    assert law.keys() != exact_joint(models, ens.combiner, Sampler(top_k=6, top_p=0.95), [1, 2], 3).keys()  # it changes r here
+    assert_law(outs, law, f"{method} with the infill sampler")
+
+
+def test_the_infill_sampler_needs_top_k_and_the_token_level():
+    from localcos import GenerationConfig
+
+    with pytest.raises(ConfigError, match="put top_k before it"):
+        GenerationConfig(samplers=("top_p", "infill"), top_p=0.9)
+    with pytest.raises(ConfigError, match="in the order"):
+        GenerationConfig(samplers=("infill", "top_k"), top_k=40)
+    with pytest.raises(ConfigError, match="'dry' is not a sampler localcos has"):
+        GenerationConfig(samplers=("dry",))
+    # unnamed samplers are off, temperature 1 (llama-server's chain)
+    assert GenerationConfig(samplers=("top_k",), top_k=4, top_p=0.5, temperature=0).sampler() == Sampler(1.0, 4, 1.0, 0.0)
+
+
+# --- served ----------------------------------------------------------------------------------------------
+
+VIM = {  # llama.vim's request (autoload/llama.vim, llama#fim), its fields as it sends them
+    "id_slot": 0, "input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": [{"text": "import os\n", "time": 1.0, "filename": "a.py"}],
+    "prompt": TYPED, "n_predict": 16, "stop": [], "n_indent": 0, "top_k": 40, "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"],
+    "stream": False, "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1000, "model": "",
+    "response_fields": ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms", "timings/prompt_per_second",
+                        "timings/predicted_n", "timings/predicted_ms", "timings/predicted_per_token_ms", "timings/predicted_per_second",
+                        "truncated", "tokens_cached"],
+}  # fmt: skip
+VIM_WARM_UP = {"id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": [{"text": "import os\n", "time": 1.0, "filename": "a.py"}],
+               "prompt": "", "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": False, "cache_prompt": True,
+               "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""]}  # fmt: skip
+VSCODE = {  # llama.vscode's (src/llama-server.ts, createRequestPayload)
+    "id_slot": 0, "input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": [], "prompt": TYPED, "n_predict": 12, "n_cmpl": 3,
+    "top_k": 40, "top_p": 0.99, "stream": False, "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "n_indent": 4,
+    "t_max_prompt_ms": 500, "t_max_predict_ms": 2500,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fim_server(fim_pair):
+    with serving(["--models", ",".join(map(str, fim_pair)), "--ctx", "1024", "--alias", "fim"]) as s:
+        yield s
+
+
+def _infill(server, body: dict) -> httpx.Response:
+    return httpx.post(server.url + "/infill", json=body, timeout=120)
+
+
+def test_editors_infill_requests_are_answered_as_llama_server_answers_them(fim_server, fim_pair):
+    # the warm-up llama.vim sends with its ring buffer's chunks: the prompt's cells, no text
+    warm = _infill(fim_server, VIM_WARM_UP)
+    assert warm.status_code == 200 and warm.json() == {"": None}
+    answer = _infill(fim_server, {**VIM, "seed": 11})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert set(body) == set(VIM["response_fields"]) and body["truncated"] is False and body["timings/predicted_n"] >= 1
+    # one seed, one text: the library's fill of the same fields, with the same sampler chain
+    with Ensemble.load(fim_pair, n_ctx=1024) as ens:
+        own = ens.generate(Infill(PREFIX, SUFFIX, TYPED, (ExtraChunk("import os\n", "a.py"),)), max_tokens=16, seed=11, top_k=40, top_p=0.9,
+                           samplers=("top_k", "top_p", "infill"), t_max_predict_ms=1000)  # fmt: skip
+    assert body["content"] == own.text
+    # the same prompt again: its cells and the row after it are kept, nothing of it is evaluated again
+    again = _infill(fim_server, {**VIM, "seed": 11}).json()
+    assert again["content"] == body["content"] and again["timings/prompt_n"] == 0 < body["timings/prompt_n"]
+    # llama.vscode's: three completions, a list of llama-server's objects
+    three = _infill(fim_server, VSCODE)
+    assert three.status_code == 200, three.text
+    results = three.json()
+    assert isinstance(results, list) and [r["index"] for r in results] == [0, 1, 2]
+    for r in results:
+        assert r["stop"] is True and r["stop_type"] in ("eos", "limit", "word") and r["tokens_evaluated"] > 0 and "prompt_ms" in r["timings"]
+
+
+def test_infill_streams_its_pieces_then_its_last_object(fim_server):
+    greedy = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": TYPED, "n_predict": 12, "temperature": 0}
+    whole = _infill(fim_server, greedy).json()
+    events = []
+    with httpx.stream("POST", fim_server.url + "/infill", json={**greedy, "stream": True}, timeout=120) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    assert events[-1]["stop"] is True and all(e["stop"] is False for e in events[:-1])
+    assert "".join(e["content"] for e in events[:-1]) == whole["content"] == events[-1]["content"]
+
+
+def test_each_stop_rule_ends_a_middle_and_says_which(fim_server):
+    base = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "temperature": 0, "ignore_eos": True}
+    free = _infill(fim_server, {**base, "n_predict": 40}).json()
+    assert free["stop_type"] == "limit" and free["tokens_predicted"] == 40 and free["stopping_word"] == ""
+    text = free["content"]
+    # a stop string: the text before it, stop_type word and the word
+    word = text[5:8]
+    stopped = _infill(fim_server, {**base, "n_predict": 40, "stop": [word]}).json()
+    assert (stopped["content"], stopped["stop_type"], stopped["stopping_word"]) == (text[: text.index(word)], "word", word)
+    # an end token: stop_type eos, before the limit
+    sampled = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 200, "seed": 3, "samplers": ["top_k", "infill"], "top_k": 40}
+    ended = _infill(fim_server, sampled).json()
+    assert ended["stop_type"] in ("eos", "limit") and (ended["stop_type"] == "eos") == (ended["tokens_predicted"] < 200)
+
+
+class _Lines(FakeModel):
+    """A fake whose tokens are a new line, white space and words: text with lines and indents."""
+
+    PIECES = ["\n", "    ", "  ", "x", "y = ", "1", "\n    ", "z"]
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        return self.PIECES[token].encode()
+
+
+@pytest.mark.parametrize("method, gamma", [("ensemble", None), ("cos", 3), ("sd", 2)])
+def test_an_editors_rules_end_every_methods_text_where_they_say(method, gamma):
+    models = [_Lines(seed=60 + i, n_vocab=len(_Lines.PIECES), n_params=1000 * (i + 1), sharpness=0.5) for i in range(2)]
+    ens = Ensemble(models, WeightedEnsemble([0.5, 0.5]))
+    free = ens.generate([3, 4], method=method, gamma=gamma, max_tokens=60, temperature=0)
+    assert free.text.count("\n") >= 2 and free.stopped_by is None
+    for n_indent in (3, 5):
+        cut = checked(ens).generate([3, 4], method=method, gamma=gamma, max_tokens=60, temperature=0, n_indent=n_indent)
+        reference = _text([_Lines.PIECES[t] for t in free.token_ids or []], indent=n_indent)
+        assert (cut.text, cut.stopped_by, cut.finish_reason) == (reference.text, "indent", "length")
+    late = checked(ens).generate([3, 4], method=method, gamma=gamma, max_tokens=60, temperature=0, t_max_predict_ms=0.001)
+    first = next(k for k, t in enumerate(free.token_ids or []) if "\n" in _Lines.PIECES[t])
+    assert (late.text, late.stopped_by) == ("".join(_Lines.PIECES[t] for t in (free.token_ids or [])[: first + 1]), "time")
+
+
+def test_ollama_and_openai_clients_fill_in_the_middle_with_suffix(fim_server, fim_pair):
+    client = ollama.Client(host=fim_server.url)
+    show = client.show("fim")
+    assert ".Suffix" in show.template and "insert" in show.capabilities  # how Continue finds a FIM model
+    got = client.generate("fim", PREFIX, suffix=SUFFIX, options={"temperature": 0, "num_predict": 16})
+    openai_text = fim_server.client().completions.create(model="fim", prompt=PREFIX, suffix=SUFFIX, max_tokens=16, temperature=0).choices[0].text
+    with Ensemble.load(fim_pair, n_ctx=1024) as ens:
+        own = ens.generate(Infill(PREFIX, SUFFIX), max_tokens=16, temperature=0)
+    assert got.response == openai_text == own.text
+    cli = run("generate", "--models", ",".join(map(str, fim_pair)), "--ctx", "1024", "--prompt", PREFIX, "--suffix", SUFFIX,
+              "--temperature", "0", "--max-tokens", "16", "--json")  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["completions"][0]["text"] == own.text
+
+
+def test_bad_infill_input_is_one_line_or_a_400(fim_server, models, tmp_path):
+    bad = [
+        ({"input_prefix": 5, "input_suffix": ""}, "input_prefix"),
+        ({"input_suffix": ""}, "input_prefix"),
+        ({"input_prefix": "", "input_suffix": "", "samplers": ["dry"]}, "samplers"),
+        ({"input_prefix": "", "input_suffix": "", "n_cmpl": 0}, "n_cmpl"),
+        ({"input_prefix": "", "input_suffix": "", "lora": [{"id": 0, "scale": 0.5}]}, "lora"),
+        ({"input_prefix": "", "input_suffix": "", "model": "other"}, "model"),
+    ]
+    for body, param in bad:
+        r = _infill(fim_server, body)
+        assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, (body, r.text)
+    r = httpx.post(fim_server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "suffix": "y"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
+    r = httpx.post(fim_server.url + "/v1/completions", json={"prompt": [1, 2, 3], "suffix": "y"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
+    r = httpx.post(fim_server.url + "/api/generate", json={"model": "fim", "prompt": "x", "suffix": "y", "system": "z"}, timeout=30)
+    assert r.status_code == 400 and "system" in r.json()["error"]
+    # a model without FIM tokens: one line naming it
+    proc = run("generate", "--models", str(models["base"]), "--prompt", "a", "--suffix", "b", "--max-tokens", "2")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "t-base has no fill-in-the-middle" in proc.stderr, proc.stderr
+    for args, message in ((["--suffix", "b", "--chat"], "not a chat"), (["--suffix-file", str(tmp_path / "none.py")], "no such file"),
+                          (["--context-file", str(tmp_path)], "give --suffix")):  # fmt: skip
+        proc = run("generate", "--models", str(models["fim"]), "--prompt", "a", *args)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def test_a_server_without_fim_tokens_answers_infill_with_a_400_naming_the_model(models):
+    with serving(["--models", str(models["base"]), "--ctx", "512"]) as server:
+        r = _infill(server, {"input_prefix": "a", "input_suffix": "b"})
+        assert r.status_code == 400 and "t-base has no fill-in-the-middle" in r.json()["error"]["message"]
+        show = ollama.Client(host=server.url).show(server_model(server))
+        assert ".Suffix" not in (show.template or "") and "insert" not in show.capabilities
+
+
+def server_model(server) -> str:
+    return httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+
+
+# --- eval's infilling tasks -------------------------------------------------------------------------------
+
+
+def test_humaneval_infilling_tasks_are_built_as_released_and_their_canonical_middles_pass():
+    single, multi, spans = (infilling_tasks(k) for k in ("humaneval-single-line", "humaneval-multi-line", "humaneval-random-span"))
+    assert (len(single), len(multi), len(spans)) == (1033, 5815, 1640)
+    first = single[0]
+    assert first.task_id == "SingleLineInfilling/HumanEval/0/L0" and first.prompt.endswith('"""\n\n')  # as human-eval-infilling wrote it
+    assert first.suffix.startswith("        for idx2, elem2 in enumerate(numbers):\n")
+    middle = "    for idx, elem in enumerate(numbers):\n"
+    assert run_program(first.program(middle), Limits(10, 1024), "namespaces").passed
+    assert not run_program(first.program("    for idx, elem in enumerate(numbers[1:]):\n"), Limits(10, 1024), "namespaces").passed
+    assert spans == infilling_tasks("humaneval-random-span")  # seeded: the same draw every time
+
+
+def test_eval_runs_infilling_tasks_through_the_fim_prompt(fim_pair, tmp_path):
+    released = tmp_path / "infill.jsonl"
+    tasks = infilling_tasks("humaneval-single-line")[:2]
+    released.write_text("".join(json.dumps({"task_id": t.task_id, "prompt": t.prompt, "suffix": t.suffix, "canonical_solution": "",
+                                            "test": t.test, "entry_point": t.entry_point}) + "\n" for t in tasks))  # fmt: skip
+    assert load_tasks(str(released))[1] == tasks
+    results = tmp_path / "r.jsonl"
+    proc = run("eval", "--models", ",".join(map(str, fim_pair)), "--task", str(released), "--run-code", "--timeout", "2", "--max-tokens", "8",
+               "--results", str(results), "--variant", "alone=--weights 0,1 --method ensemble",
+               "--variant", "sd=--weights 0,1 --method sd --gamma 2")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in results.read_text().splitlines()[1:]]
+    assert len(records) == 4 and {r["config"] for r in records} == {"alone", "sd"}
+    by = {(r["config"], r["task_id"]): r["completion"] for r in records}
+    with Ensemble.load(fim_pair, n_ctx=4096) as ens:
+        for t in tasks:
+            own = ens.generate(Infill(t.prompt, t.suffix), combiner=WeightedEnsemble([0, 1]), method="ensemble", temperature=0, max_tokens=8)
+            assert by[("alone", t.task_id)] == by[("sd", t.task_id)] == own.text  # synthetic F32: sd's greedy text is the model's
+    refused = run("eval", "--models", str(fim_pair[0]), "--task", str(released), "--run-code", "--variant", "x=--phrasing instruct")
+    assert refused.returncode == 2 and "FIM tokens" in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
