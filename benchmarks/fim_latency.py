@@ -4,17 +4,18 @@ llama-server's /infill.
 A block of lines is taken out of each file (Python's own standard library, which ships with the
 interpreter) and typed back in, character by character, text inserted at the cursor; every few
 characters the editor asks for a completion with llama.vim's fields (the 256 lines above the
-cursor as `input_prefix`, the cursor's line up to the cursor as `prompt`, the rest of it and the
-64 lines below as `input_suffix`, `n_indent` the line's indentation, n_predict 48, top_k 40, top_p
-0.9, samplers top_k/top_p/infill, t_max_predict_ms 1000) and waits for it, as an editor that shows
-each suggestion does. The same replay runs against each configuration in turn, one server process
-at a time: localcos serving the 1.5B alone, `sd` and `cos --gamma auto` with the 0.5B drafting, the
+cursor as `input_prefix`, the cursor's line up to the cursor as `prompt`, the 64 lines below as
+`input_suffix`, `n_indent` the line's indentation, n_predict 48, top_k 40, top_p 0.9, samplers
+top_k/top_p/infill, t_max_predict_ms 1000, cache_prompt) and waits for it, as an editor that
+shows each suggestion does. Every configuration is a server of its own, all loaded before the
+replay: localcos serving the 1.5B alone, `sd` and `cos --gamma auto` with the 0.5B drafting, the
 1.5B with drafts looked up in the prompt (`--proposer lookup`), and llama-server (built once from
-the llama.cpp localcos runs on) with the same file, threads, context and batch. Printed per
-configuration: the median and p90 milliseconds a completion took (the client's clock), the
-prompt tokens the server evaluated per request (the rest was in its cache) and the tokens it
-generated, each also as a ratio to the 1.5B alone; and how often each suggestion was the 1.5B
-alone's (sampled with one seed: the same draw from the same r wherever the calls' rows agree).
+the llama.cpp localcos runs on) with the same file, threads, context and batch. Each request goes
+to every server in turn, one server computing at a time, the order rotating, so the machine's
+drift falls on all of them alike. Printed per configuration: the median and p90 milliseconds a
+completion took (the client's clock), each as a ratio to the 1.5B alone's and to llama-server's,
+the prompt tokens the server evaluated per request (the rest was in its cache) and the tokens it
+generated; and how often its suggestion was the 1.5B alone's (sampled with one seed a request).
 
     .venv/bin/python benchmarks/fim_latency.py                      # the packaged pair (localcos models pull coder-we)
     .venv/bin/python benchmarks/fim_latency.py --every 5 --requests 40 --batch 1024
@@ -28,7 +29,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import sysconfig
 import time
 from dataclasses import dataclass, field
@@ -91,24 +91,44 @@ class Result:
     ms: list[float] = field(default_factory=list)
     evaluated: list[int] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
+    prompt_ms: list[float] = field(default_factory=list)  # the server's own timings
+    predicted_ms: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
 
 
-def replay(url: str, requests: list[Request], n_predict: int, extra: dict) -> Result:
-    result = Result()
+def replay(servers: dict[str, str], files: list[list[Request]], n_predict: int, extra: dict) -> dict[str, Result]:
+    """Each file's requests, its first one as the editor opens it (not counted), each sent to
+    every server in turn (the order rotating by one each request), the next once it has answered:
+    one server computes at a time."""
+    results = {name: Result() for name in servers}
+    names = list(servers)
+
+    def send(client: httpx.Client, name: str, r: Request, seed: int) -> dict:
+        answer = client.post(servers[name] + "/infill", json=r.body(n_predict, seed, extra if name != "llama-server" else {}))
+        if answer.status_code != 200:
+            raise SystemExit(f"{name}: /infill answered {answer.status_code}: {answer.text}")
+        return answer.json()
+
+    done = 0
     with httpx.Client(timeout=600) as client:
-        client.post(url + "/infill", json=requests[0].body(n_predict, 1, extra))  # warm: the file's first prompt, as an editor opening it
-        for i, r in enumerate(requests):
-            t0 = time.perf_counter()
-            answer = client.post(url + "/infill", json=r.body(n_predict, 1 + i, extra))
-            result.ms.append((time.perf_counter() - t0) * 1000)
-            body = answer.json()
-            if answer.status_code != 200:
-                raise SystemExit(f"{url}/infill answered {answer.status_code}: {body}")
-            result.evaluated.append(int(body["timings"]["prompt_n"]))
-            result.generated.append(int(body["timings"]["predicted_n"]))
-            result.texts.append(body["content"])
-    return result
+        for requests in files:
+            for name in names:
+                send(client, name, requests[0], 1)
+            for r in requests[1:]:
+                done += 1
+                for name in names[done % len(names) :] + names[: done % len(names)]:
+                    t0 = time.perf_counter()
+                    body = send(client, name, r, done)
+                    result = results[name]
+                    result.ms.append((time.perf_counter() - t0) * 1000)
+                    result.evaluated.append(int(body["timings"]["prompt_n"]))
+                    result.generated.append(int(body["timings"]["predicted_n"]))
+                    result.prompt_ms.append(float(body["timings"]["prompt_ms"]))
+                    result.predicted_ms.append(float(body["timings"]["predicted_ms"]))
+                    result.texts.append(body["content"])
+                if done % 10 == 0:
+                    print(f"  {done}: " + ", ".join(f"{n} {statistics.median(results[n].ms):.0f} ms" for n in names), flush=True)
+    return results
 
 
 class LlamaServer:
@@ -170,49 +190,53 @@ def main() -> None:
     args = p.parse_args()
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    requests: list[Request] = []
+    files: list[list[Request]] = []
     for name in args.files.split(","):
         path = stdlib / name
         lines = path.read_text(encoding="utf-8").splitlines()
         start = len(lines) // 3  # a block in the middle of the file, typed back in
-        block = typing_replay(path, args.every, (start, min(len(lines), start + 40)))
-        requests += block[: args.requests]
+        files.append(typing_replay(path, args.every, (start, min(len(lines), start + 40)))[: args.requests + 1])
+    n_requests = sum(len(f) - 1 for f in files)
     registry = Registry.load(user=False)
     target = registry.resolve("coder-1.5b")
     wanted = args.configs.split(",")
-    print(f"{len(requests)} requests ({args.requests} per file, one every {args.every} characters) into {args.files}; "
+    print(f"{n_requests} requests ({args.requests} per file, one every {args.every} characters) into {args.files}; "
           f"n_batch {args.batch}, {args.threads} threads; {cpu()}", flush=True)  # fmt: skip
-    results: dict[str, Result] = {}
     extra = {} if args.suffix_tokens is None else {"infill_suffix": args.suffix_tokens}
-    for name in wanted:
-        if name == "llama-server":
-            print("building llama-server from the llama-cpp-python sdist's llama.cpp (once; minutes) ...", flush=True)
-            binary = llamacpp_sdist.build(["llama-server"]) / "llama-server"
-            server = LlamaServer(binary, target, args.threads, args.ctx, args.batch)
-            try:
-                results[name] = replay(server.url, requests, args.n_predict, {})
-            finally:
-                server.stop()
-        else:
-            serve = ServeProcess([*CONFIGS[name], "--ctx", str(args.ctx), "--batch-size", str(args.batch), "--threads", str(args.threads),
-                                  "--parallel", "1"], env={"OMP_NUM_THREADS": str(args.threads)}, start_timeout=300)  # fmt: skip
-            try:
-                results[name] = replay(serve.url, requests, args.n_predict, extra)
-            finally:
-                serve.stop()
-        r = results[name]
-        print(f"{name}: median {statistics.median(r.ms):.0f} ms, p90 {percentile(r.ms, 0.9):.0f} ms", flush=True)
-    base = results.get("alone")
-    print(f"\n{'configuration':<14}{'median ms':>10}{'p90 ms':>9}{'x alone':>9}{'prompt tokens':>15}{'generated':>11}{'same text':>11}")
+    servers: dict[str, str] = {}
+    stoppers: list = []
+    try:
+        for name in wanted:  # every server loaded first: then one computes at a time
+            if name == "llama-server":
+                print("building llama-server from the llama-cpp-python sdist's llama.cpp (once; minutes) ...", flush=True)
+                binary = llamacpp_sdist.build(["llama-server"]) / "llama-server"
+                server = LlamaServer(binary, target, args.threads, args.ctx, args.batch)
+                servers[name] = server.url
+                stoppers.append(server.stop)
+            else:
+                serve = ServeProcess([*CONFIGS[name], "--ctx", str(args.ctx), "--batch-size", str(args.batch), "--threads", str(args.threads),
+                                      "--parallel", "1"], start_timeout=300)  # fmt: skip
+                servers[name] = serve.url
+                stoppers.append(serve.stop)
+        results = replay(servers, files, args.n_predict, extra)
+    finally:
+        for stop in stoppers:
+            stop()
+    base, peer = results.get("alone"), results.get("llama-server")
+    print(f"\n{'configuration':<14}{'median ms':>10}{'p90 ms':>9}{'x alone':>9}{'x llama-server':>16}{'prompt tokens':>15}{'ms/token':>10}"
+          f"{'generated':>11}{'ms/token':>10}{'same text':>11}")  # fmt: skip
     for name, r in results.items():
         ratio = statistics.median(r.ms) / statistics.median(base.ms) if base else float("nan")
+        vs_peer = statistics.median(r.ms) / statistics.median(peer.ms) if peer else float("nan")
         same = sum(a == b for a, b in zip(r.texts, base.texts)) / len(r.texts) if base else float("nan")
-        print(f"{name:<14}{statistics.median(r.ms):>10.0f}{percentile(r.ms, 0.9):>9.0f}{ratio:>8.2f}x{statistics.mean(r.evaluated):>15.0f}"
-              f"{statistics.mean(r.generated):>11.1f}{100 * same:>10.0f}%")  # fmt: skip
+        prompt_rate = sum(r.prompt_ms) / max(1, sum(r.evaluated))
+        predicted_rate = sum(r.predicted_ms) / max(1, sum(r.generated))
+        print(f"{name:<14}{statistics.median(r.ms):>10.0f}{percentile(r.ms, 0.9):>9.0f}{ratio:>8.2f}x{vs_peer:>15.2f}x{statistics.mean(r.evaluated):>15.0f}"
+              f"{prompt_rate:>10.1f}{statistics.mean(r.generated):>11.1f}{predicted_rate:>10.1f}{100 * same:>10.0f}%")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps({name: vars(r) for name, r in results.items()}, indent=1))
 
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())
+    main()

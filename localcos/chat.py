@@ -211,13 +211,21 @@ class Conversation:
         Raises `PromptTooLongError` if even the newest message alone does not fit.
         """
         self.messages.append(Message("user", user_text))
+        try:
+            return self.fit(reply_tokens)
+        except PromptTooLongError:
+            self.messages.pop()
+            raise
+
+    def fit(self, reply_tokens: int) -> tuple[Any, int]:
+        """The prompt for a reply to the messages as they are (the last one the user's), the
+        oldest turns dropped until it fits: (prompt tokens, messages dropped)."""
         dropped = 0
         while True:
             tokens = self.formatter.tokens(self._all())
             if self.formatter.size(tokens) + min(reply_tokens, max(1, self.n_ctx // 4)) <= self.n_ctx:
                 return tokens, dropped
             if len(self.messages) <= 1:
-                self.messages.pop()
                 raise PromptTooLongError(
                     f"the message has {self.formatter.size(tokens)} tokens with the chat template; the context holds {self.n_ctx}"
                 )

@@ -28,6 +28,19 @@ def config_dir() -> Path:
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "localcos"
 
 
+def data_dir() -> Path:
+    """The user data directory (kept conversations, the chat's remembered settings): $LOCALCOS_DATA,
+    else $XDG_DATA_HOME/localcos (or the platform's)."""
+    env = os.environ.get("LOCALCOS_DATA")
+    if env:
+        return Path(env).expanduser()
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / "localcos"
+    if os.name == "nt":
+        return Path(os.environ.get("LOCALAPPDATA", Path.home())) / "localcos" / "data"
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "localcos"
+
+
 def env_switch(name: str) -> bool | None:
     """The on/off environment variable `name`: None when unset; off for 0, false, no, off or empty."""
     value = os.environ.get(name)

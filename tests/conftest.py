@@ -13,6 +13,7 @@ quick inner loop: fakes and synthetic models, no real tokenizer, no trained mode
 from __future__ import annotations
 
 import os
+import tempfile
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +28,10 @@ from localcos.backend import Model
 from localcos.testing import llamacpp_sdist
 from localcos.testing.loopback import RpcServerProcess, free_port  # noqa: F401  (free_port: for the tests)
 from localcos.models.writer import CHAT_TEMPLATE, ModelSpec, cached_model
+
+# the chat's kept conversations and remembered settings go to a folder of the test run's own, never
+# the user's (a test that checks them gives its own)
+os.environ.setdefault("LOCALCOS_DATA", tempfile.mkdtemp(prefix="localcos-test-data-"))
 
 # Small and fast: a 1024-token vocabulary, 2 layers of width 64. Peaked distributions with a
 # mean entropy of about 2-3 nats, like a language model.

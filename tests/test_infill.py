@@ -388,3 +388,61 @@ def test_eval_runs_infilling_tasks_through_the_fim_prompt(fim_pair, tmp_path):
             assert by[("alone", t.task_id)] == by[("sd", t.task_id)] == own.text  # synthetic F32: sd's greedy text is the model's
     refused = run("eval", "--models", str(fim_pair[0]), "--task", str(released), "--run-code", "--variant", "x=--phrasing instruct")
     assert refused.returncode == 2 and "FIM tokens" in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
+
+
+# --- the trained pair ------------------------------------------------------------------------------------
+
+
+@pytest.mark.real
+def test_sd_with_the_0_5b_drafting_fills_in_the_1_5bs_middle(trained):
+    """The 0.5B drafting for the 1.5B (weights 0,1: r is the 1.5B's own distribution) writes the
+    1.5B's greedy middle, up to llama.cpp's batch noise: where the two part, the 1.5B's top two
+    were within the band the rows of the two runs measured apart."""
+    from test_trained import r_scores, score_gap_bound
+
+    from localcos import GenerationConfig
+    from localcos.infill import infill_tokens
+    from localcos.testing.rows import RowLog
+
+    pair = [trained("coder-0.5b"), trained("coder-1.5b")]
+    tasks = infilling_tasks("humaneval-single-line")[3:6]  # of problem 0 (the choosing split)
+    rows, partings = RowLog(), []
+    with Ensemble.load(pair, WeightedEnsemble([0, 1]), n_ctx=1024) as ens:
+        for t in tasks:
+            with rows.recording(f"alone {t.task_id}"):
+                alone = ens.generate(t.infill, method="ensemble", temperature=0, max_tokens=16)
+            with rows.recording(f"sd {t.task_id}"):
+                sd = checked(ens).generate(t.infill, method="sd", gamma=4, temperature=0, max_tokens=16)
+            assert sd.stats.proposed > 0 and alone.stats.models[0].calls == 0  # the 0.5B drafts in sd, and is never run alone
+            if sd.token_ids != alone.token_ids:
+                i = next((j for j, (a, b) in enumerate(zip(sd.token_ids, alone.token_ids)) if a != b), min(len(sd.token_ids), len(alone.token_ids)))
+                partings.append((t, i, alone.token_ids, sd.token_ids, infill_tokens(ens.models[1], t.infill, GenerationConfig(max_tokens=16))))
+    for t, i, want, got, prompt in partings:
+        noise = rows.noise(f"alone {t.task_id}", f"sd {t.task_id}")
+        scores = r_scores(pair[1:], WeightedEnsemble([1]).bind(1, [1]), prompt + want[:i])
+        gap = float(scores[want[i]] - scores[got[i]])
+        assert abs(gap) <= score_gap_bound("we", [noise.get(str(pair[1]), 0.0)]), (t.task_id, i, gap, noise)
+    assert len(partings) <= 1, [p[0].task_id for p in partings]
+
+
+@pytest.mark.real
+def test_llama_vims_request_on_the_trained_model_ends_its_middle_as_llama_server_would(trained):
+    """A llama.vim request inside a function body: the middle keeps to the cursor's block
+    (n_indent), and says why it ended."""
+    prefix = "import math\n\n\ndef circle_area(radius):\n"
+    suffix = "\n\ndef square_area(side):\n    return side * side\n"
+    with serving(["--models", str(trained("coder-1.5b")), "--ctx", "1024"]) as server:
+        body = {**VIM, "input_prefix": prefix, "prompt": "    ", "input_suffix": suffix, "input_extra": [], "n_indent": 4, "n_predict": 48,
+                "seed": 1, "response_fields": None}  # fmt: skip
+        answer = _infill(server, body).json()
+        assert answer["stop_type"] in ("eos", "limit") and answer["content"].strip()
+        lines = answer["content"].split("\n")
+        assert all(line == "" or line.startswith("    ") or line.startswith("\t") for line in lines[1:]), answer["content"]
+        # greedy: after llama-server's repository header the 1.5B writes on past the middle (docs/editors.md),
+        # and n_indent cuts it at the first line outside the function's body; the makers' plain FIM prompt
+        # (OpenAI's suffix) ends it with the model's own end token
+        cut = _infill(server, {"input_prefix": prefix, "prompt": "    ", "input_suffix": suffix, "temperature": 0, "n_predict": 48,
+                               "n_indent": 4}).json()  # fmt: skip
+        assert cut["stop_type"] == "limit" and cut["content"].startswith("return math.pi") and cut["content"].count("\n") == 1, cut
+        plain = server.client().completions.create(model=server_model(server), prompt=prefix + "    ", suffix=suffix, max_tokens=48, temperature=0)
+        assert plain.choices[0].text.startswith(cut["content"].rstrip("\n")) and plain.choices[0].finish_reason == "stop", plain

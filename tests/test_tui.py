@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+from textual import events
+
 import pytest
 
 from conftest import RpcServer
@@ -16,7 +18,7 @@ from localcos.ensemble import Ensemble
 from localcos.errors import ModelFileError
 from localcos.config import resolve
 from localcos.tui.app import ChatApp
-from localcos.tui.screens import SettingsScreen
+from localcos.tui.screens import ConversationsScreen, ModelsScreen, SettingsScreen, TextScreen
 from localcos.tui.widgets import Legend, MessageView, StatsPanel
 
 
@@ -83,13 +85,14 @@ def test_colouring_toggles(chat_paths):
             await until(pilot, lambda: replies(app) and replies(app)[0].complete)
             view = replies(app)[0]
             tokens, markdown = view.query_one(".tokens"), view.query_one("Markdown")
-            assert tokens.display and not markdown.display  # coloured tokens
-            await pilot.press("ctrl+t")
-            assert app.colouring is False
-            assert markdown.display and not tokens.display  # plain Markdown
+            assert markdown.display and not tokens.display  # rendered Markdown
             assert "off" in str(app.query_one(Legend).render())
             await pilot.press("ctrl+t")
-            assert tokens.display and app.colouring
+            assert app.colouring is True
+            assert tokens.display and not markdown.display  # coloured tokens
+            assert any(span.style for span in view.tokens.spans)
+            await pilot.press("ctrl+t")
+            assert markdown.display and not app.colouring
 
     asyncio.run(scenario())
 
@@ -159,7 +162,10 @@ def test_transcript_saves(chat_paths, tmp_path):
             await send(pilot, app, "Hello river")
             await until(pilot, lambda: replies(app) and replies(app)[0].complete)
             await pilot.press("ctrl+s")
-            await pilot.pause(0.1)
+            await until(pilot, lambda: isinstance(app.screen, TextScreen))
+            assert app.screen.query_one("#text-value").value == str(tmp_path)  # the folder, to change or take
+            await pilot.press("enter")
+            await until(pilot, lambda: list(tmp_path.glob("localcos-chat-*.json")))
         md = list(tmp_path.glob("localcos-chat-*.md"))
         js = list(tmp_path.glob("localcos-chat-*.json"))
         assert len(md) == 1 and len(js) == 1
@@ -321,3 +327,260 @@ def test_chat_command_refuses_bad_options_in_one_line(chat_paths, capsys):
         assert cli.main(["chat", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("localcos: error:") and fragment in err[0], (argv, err)
+
+
+# --- the chat as a daily tool: kept, pasted, rendered, retried ------------------------------------------
+
+
+def test_a_pasted_block_is_sent_whole_and_earlier_messages_come_back_with_up(chat_paths):
+    block = "Explain this code:\ndef add(a, b):\n    return a + b\nprint(add(1, 2))"
+
+    async def scenario():
+        app = ChatApp(chat_settings(chat_paths, max_tokens=4))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.ensemble is not None)
+            prompt = app.query_one("#prompt")
+            app.post_message(events.Paste(block))  # as a terminal delivers it: to the app, which hands it to the focused prompt
+            await pilot.pause(0.1)
+            assert prompt.value == block
+            await pilot.press("enter")
+            await until(pilot, lambda: replies(app) and replies(app)[0].complete)
+            assert app.conversation.messages[0].content == block and prompt.value == ""
+            await pilot.press("a", "ctrl+j", "b")  # Ctrl+J: a new line, not a send
+            assert prompt.value == "a\nb" and len(app.conversation.messages) == 2
+            prompt.value = ""
+            await pilot.press("up")
+            assert prompt.value == block
+
+    asyncio.run(scenario())
+
+
+def test_enter_in_a_settings_field_applies_the_form_and_sends_nothing(chat_paths):
+    async def scenario():
+        app = ChatApp(chat_settings(chat_paths, max_tokens=4))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.ensemble is not None)
+            await pilot.press("f2")
+            await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+            app.screen.query_one("#seed").focus()
+            await pilot.press("4", "2", "4", "2", "enter")
+            await until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+            await pilot.pause(0.2)
+            assert app.settings.generation.seed == 4242
+            assert not list(app.query(MessageView)) and app.conversation.messages == []
+
+    asyncio.run(scenario())
+
+
+def test_a_code_block_renders_while_the_reply_streams(chat_paths):
+    from textual.widgets._markdown import MarkdownFence
+
+    from localcos.core.decoding import Origin
+    from localcos.tui.app import TokensArrived
+
+    async def scenario():
+        app = ChatApp(chat_settings(chat_paths, max_tokens=4))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.ensemble is not None)
+            view = app.reply_view = app._add_message("assistant")
+            await pilot.pause(0.05)
+            pieces = ["Here:", "\n\n```", "python\n", "def add(a, b):\n", "    return a + b\n"]
+            app.post_message(TokensArrived([(p, Origin("sample")) for p in pieces], 0.1))
+            await until(pilot, lambda: list(view.query(MarkdownFence)))
+            assert not view.complete and "return a + b" in view.query_one(MarkdownFence).code
+            assert view.query_one("Markdown").display and not view.query_one(".tokens").display
+
+    asyncio.run(scenario())
+
+
+def test_the_side_panel_draws_every_row_and_a_new_chat_empties_it(chat_paths, models):
+    async def scenario(paths, several):
+        app = ChatApp(chat_settings(paths, max_tokens=8))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.ensemble is not None)
+            prompt = app.query_one("#prompt")
+            assert ("ensemble" in prompt.placeholder) == several and ("t-chat" in prompt.placeholder) != several
+            await send(pilot, app, "Hello")
+            await until(pilot, lambda: replies(app) and replies(app)[0].complete)
+            await pilot.pause(0.2)
+            for widget in (app.query_one(StatsPanel), app.query_one(Legend)):
+                lines = widget.render().plain.rstrip("\n").split("\n")
+                assert widget.size.height >= len(lines), (type(widget).__name__, widget.size.height, lines)
+            legend = app.query_one(Legend).render().plain
+            assert ("draft of" in legend) == several and "sampled" in legend
+            assert "calls per model" in app.query_one(StatsPanel).render().plain
+            await pilot.press("ctrl+n")
+            await pilot.pause(0.1)
+            panel = app.query_one(StatsPanel)
+            assert panel.stats is None and panel.context == "-"
+
+    asyncio.run(scenario(chat_paths, True))
+    asyncio.run(scenario(chat_paths[:1], False))
+
+
+def test_conversations_are_kept_reopened_renamed_deleted_and_switched(chat_paths, tmp_path):
+    from localcos.conversations import ConversationStore
+
+    store_path = tmp_path / "kept.sqlite"
+
+    async def first():
+        app = ChatApp(chat_settings(chat_paths, max_tokens=6), store=ConversationStore(store_path))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.ensemble is not None)
+            for text in ("Where does the river go?", "And the mill?"):
+                await send(pilot, app, text)
+                await until(pilot, lambda t=text: replies(app) and replies(app)[-1].complete and app.conversation.messages[-2].content == t)
+            await pilot.press("ctrl+n")  # a second conversation; the first stays kept
+            await send(pilot, app, "Another topic")
+            await until(pilot, lambda: len(replies(app)) == 1 and replies(app)[0].complete)
+        return [(m.role, m.content) for m in app.conversation.messages]
+
+    asyncio.run(first())  # ... and quit
+    store = ConversationStore(store_path)
+    kept = store.conversations()
+    assert [k.title for k in kept] == ["Another topic", "Where does the river go?"] and [k.count for k in kept] == [2, 4]
+    earlier = kept[1]
+    assert store.get(earlier.id).turns[1].stats["tokens"] > 0 and earlier.models == [str(p) for p in chat_paths]
+
+    async def reopened():
+        app = ChatApp(chat_settings(chat_paths, max_tokens=6), store=ConversationStore(store_path), open_id=earlier.id)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: len(list(app.query(MessageView))) == 4)
+            assert [m.content for m in app.conversation.messages][::2] == ["Where does the river go?", "And the mill?"]
+            await send(pilot, app, "Go on")  # goes on with the kept conversation
+            await until(pilot, lambda: len(replies(app)) == 3 and replies(app)[-1].complete)
+            # Ctrl+O: the list; r renames, Enter on the other one switches to it
+            await pilot.press("ctrl+o")
+            await until(pilot, lambda: isinstance(app.screen, ConversationsScreen))
+            await pilot.press("down")  # the other conversation (the latest first: this one, just updated)
+            await pilot.press("r")
+            await until(pilot, lambda: isinstance(app.screen, TextScreen))
+            app.screen.query_one("#text-value").value = "Topics"
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, ConversationsScreen))
+            await pilot.press("enter")
+            await until(pilot, lambda: not isinstance(app.screen, ConversationsScreen))
+            await until(pilot, lambda: [m.content for m in app.conversation.messages][:1] == ["Another topic"])
+            assert app.sub_title == "Topics"
+            await pilot.press("ctrl+o")
+            await until(pilot, lambda: isinstance(app.screen, ConversationsScreen))
+            app.screen.query_one("#search").value = "mill"  # search: titles and messages
+            await pilot.pause(0.1)
+            assert app.screen.query_one("#conversation-list").option_count == 1
+            app.screen.query_one("#conversation-list").focus()
+            await pilot.press("d")  # delete the one found (not the one on screen)
+            await pilot.press("escape")
+
+    asyncio.run(reopened())
+    assert [k.title for k in ConversationStore(store_path).conversations()] == ["Topics"]
+
+
+def test_regenerate_and_edit_the_last_message(chat_paths, tmp_path):
+    from localcos.conversations import ConversationStore
+
+    async def scenario():
+        store = ConversationStore(tmp_path / "kept.sqlite")
+        app = ChatApp(chat_settings(chat_paths, max_tokens=8, temperature=1.0), store=store)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.ensemble is not None)
+            await send(pilot, app, "Tell me about the river")
+            await until(pilot, lambda: replies(app) and replies(app)[0].complete)
+            first = replies(app)[0].text
+            await pilot.press("ctrl+r")
+            await until(pilot, lambda: len(replies(app)) == 1 and replies(app)[0].complete and replies(app)[0] is not None and app.stream is None
+                        and len(app.replies) == 2)  # fmt: skip
+            assert [m.role for m in app.conversation.messages] == ["user", "assistant"]
+            assert app.conversation.messages[1].content == replies(app)[0].text and len(store.get(app.kept_id).turns) == 2
+            assert first is not None  # (a sampled reply: it may or may not differ)
+            await pilot.press("ctrl+l")
+            await pilot.pause(0.1)
+            assert app.query_one("#prompt").value == "Tell me about the river" and app.conversation.messages == []
+            assert store.get(app.kept_id).turns == [] and not list(app.query(MessageView))
+            app.query_one("#prompt").value = "Tell me about the mill"
+            await pilot.press("enter")
+            await until(pilot, lambda: replies(app) and replies(app)[0].complete)
+            assert [t.content for t in store.get(app.kept_id).turns][:1] == ["Tell me about the mill"]
+
+    asyncio.run(scenario())
+
+
+def test_other_models_load_for_the_conversation_and_keep_it(chat_paths, models):
+    async def scenario():
+        app = ChatApp(chat_settings(chat_paths, max_tokens=6))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.ensemble is not None)
+            await send(pilot, app, "Hello")
+            await until(pilot, lambda: replies(app) and replies(app)[0].complete)
+            old = app.ensemble
+            await pilot.press("f4")
+            await until(pilot, lambda: isinstance(app.screen, ModelsScreen))
+            app.screen.query_one("#model-refs").value = str(chat_paths[1])
+            app.screen.query_one("#model-refs").focus()
+            await pilot.press("enter")
+            await until(pilot, lambda: app.ensemble is not None and app.ensemble is not old and not app.query_one("#prompt").disabled)
+            assert app.ensemble.names == ["t-chat2"] and [m.content for m in app.conversation.messages][0] == "Hello"
+            await send(pilot, app, "And now?")
+            await until(pilot, lambda: len(replies(app)) == 2 and replies(app)[1].complete)
+            assert app.query_one(StatsPanel).stats.names == [chat_paths[1].name] and len(app.conversation.messages) == 4
+
+    asyncio.run(scenario())
+
+
+def test_settings_theme_and_view_are_remembered(chat_paths, tmp_path):
+    from localcos.tui.prefs import Prefs
+
+    path = tmp_path / "chat.json"
+
+    async def first():
+        app = ChatApp(chat_settings(chat_paths, max_tokens=6), prefs=Prefs.load(path))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.ensemble is not None)
+            await pilot.press("f2")
+            await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+            app.screen.query_one("#top_k").value = "7"
+            await pilot.click("#apply")
+            await until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+            app.theme = "nord"
+            await pilot.press("ctrl+t")
+
+    asyncio.run(first())
+
+    async def again():
+        app = ChatApp(chat_settings(chat_paths, max_tokens=6), prefs=Prefs.load(path))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.ensemble is not None)
+            assert app.settings.generation.top_k == 7 and app.theme == "nord" and app.colouring
+        given = ChatApp(chat_settings(chat_paths, top_k=3), prefs=Prefs.load(path))  # the command line wins
+        assert given.settings.generation.top_k == 3
+
+    asyncio.run(again())
+
+
+def test_chat_continue_and_list_and_a_failed_load_exits_non_zero(chat_paths, models, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LOCALCOS_DATA", str(tmp_path))
+    seen = []
+
+    def headless(self, *args, **kwargs):
+        async def scenario():
+            async with self.run_test(size=(120, 40)) as pilot:
+                await until(pilot, lambda: self.ensemble is not None or self.load_error is not None)
+                if self.ensemble is not None and not self.conversation.messages:
+                    await until(pilot, lambda: self.conversation.messages or self._open_on_load is None)
+                    if not self.conversation.messages:
+                        await send(pilot, self, "Keep this")
+                        await until(pilot, lambda: replies(self) and replies(self)[0].complete)
+                seen.append([m.content for m in self.conversation.messages] if self.conversation else None)
+
+        asyncio.run(scenario())
+
+    monkeypatch.setattr(ChatApp, "run", headless)
+    paths = ",".join(str(p) for p in chat_paths)
+    assert cli.main(["chat", "--models", paths, "--max-tokens", "4"]) == 0
+    assert cli.main(["chat", "--continue"]) == 0  # with the conversation's own models
+    assert seen[1][0] == "Keep this" and len(seen[1]) == 2
+    capsys.readouterr()
+    assert cli.main(["chat", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "Keep this" in out and chat_paths[0].name in out
+    # a model without a chat template: the load fails in the app, and the command says so
+    assert cli.main(["chat", "--models", str(models["base"])]) == 1

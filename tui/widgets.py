@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import Markdown, Static
@@ -37,17 +39,28 @@ def origin_style(origin: Origin) -> str:
 NOTES = {"cancelled": "stopped", "error": "failed", "length": "cut at the length limit: --max-tokens"}
 
 
-class MessageView(Vertical):
-    """One message. An assistant reply streams in as coloured tokens and becomes Markdown when
-    it is complete (the colours stay available through the colouring toggle)."""
+FENCE = re.compile(r"```[^\n]*\n(.*?)(?:```|\Z)", re.S)
 
-    def __init__(self, role: str, text: str = "", *, colouring: bool = True, speaker: str = "ensemble") -> None:
+
+def code_blocks(text: str) -> list[str]:
+    """The fenced code blocks of a Markdown text, in order (the last one may still be open)."""
+    return [block.rstrip("\n") + "\n" for block in FENCE.findall(text)]
+
+
+class MessageView(Vertical, can_focus=True):
+    """One message. A reply is rendered as Markdown while it streams (code blocks highlighted as
+    they come); the token colours (which model drafted what) are a second view of it, which
+    `set_colouring` switches to. Focused, `c` copies the message and `b` its last code block."""
+
+    BINDINGS = [Binding("c", "copy", "Copy"), Binding("b", "copy_code", "Copy code")]
+
+    def __init__(self, role: str, text: str = "", *, colouring: bool = False, speaker: str = "ensemble") -> None:
         super().__init__(classes=f"message {role}")
         self.role = role
         self.speaker = speaker  # who an assistant's reply is from: the ensemble, or its one model
         self.text = text
         self.tokens = Text()
-        self.complete = role != "assistant"
+        self.complete = role != "assistant" or bool(text)
         self.colouring = colouring
         self.finish_reason: str | None = None
         self.n_tokens = 0
@@ -55,23 +68,30 @@ class MessageView(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(self._label(), classes="role")
         yield Static(self.text if self.role != "assistant" else "", classes="body tokens", markup=False)
-        yield Markdown(self.text if self.complete else "", classes="body markdown")
+        yield Markdown(self.text if self.role == "assistant" else "", classes="body markdown")
 
     def _label(self) -> str:
         return {"user": "you", "assistant": self.speaker, "system": "system", "notice": "notice"}.get(self.role, self.role)
 
     def on_mount(self) -> None:
+        if self.role == "assistant" and self.text:
+            self.tokens = Text(self.text)
+            self._render_tokens()
         self._show()
 
-    def add_tokens(self, pieces: list[tuple[str, Origin]]) -> None:
-        """Append streamed tokens (text and origin)."""
+    async def add_tokens(self, pieces: list[tuple[str, Origin]]) -> None:
+        """Append streamed tokens (text and origin): to the Markdown and to the coloured view."""
+        added = "".join(piece for piece, _ in pieces)
         for piece, origin in pieces:
             self.tokens.append(piece, style=origin_style(origin))
         self.n_tokens += len(pieces)
+        self.text += added
         self._render_tokens()
+        if added:
+            await self.query_one(Markdown).append(added)
 
     def finish(self, text: str, finish_reason: str) -> None:
-        """The reply is complete (or was stopped): show it as Markdown."""
+        """The reply is complete (or was stopped)."""
         self.text = text
         self.complete = True
         self.finish_reason = finish_reason
@@ -88,6 +108,18 @@ class MessageView(Vertical):
             self._render_tokens()
             self._show()
 
+    def action_copy(self) -> None:
+        self.app.copy_to_clipboard(self.text)
+        self.app.notify("Message copied.", timeout=2)
+
+    def action_copy_code(self) -> None:
+        blocks = code_blocks(self.text)
+        if not blocks:
+            self.app.notify("This message has no code block.", severity="warning", timeout=3)
+            return
+        self.app.copy_to_clipboard(blocks[-1])
+        self.app.notify("Code block copied.", timeout=2)
+
     def _render_tokens(self) -> None:
         # the spans keep their styles; without colouring only the plain text is shown
         self.query_one(".tokens", Static).update(self.tokens if self.colouring else self.tokens.plain)
@@ -97,8 +129,7 @@ class MessageView(Vertical):
         if self.role != "assistant":
             tokens.display, markdown.display = True, False
             return
-        show_markdown = self.complete and not self.colouring
-        tokens.display, markdown.display = not show_markdown, show_markdown
+        tokens.display, markdown.display = self.colouring, not self.colouring
 
 
 @dataclass(frozen=True)
@@ -114,11 +145,12 @@ class LiveReply:
 
 class StatsPanel(Static):
     """The last reply's `GenerationStats`, or the running reply's progress, and context use: one
-    panel at every level (tokens at the token level, characters at the byte and mixed levels)."""
+    panel at every level (tokens at the token level, characters at the byte and mixed levels).
+    Its height follows its lines (a change lays the panel out again)."""
 
-    stats: reactive[GenerationStats | None] = reactive(None)
-    live: reactive[LiveReply | None] = reactive(None)
-    context: reactive[str] = reactive("-")
+    stats: reactive[GenerationStats | None] = reactive(None, layout=True)
+    live: reactive[LiveReply | None] = reactive(None, layout=True)
+    context: reactive[str] = reactive("-", layout=True)
 
     def render(self) -> Text:
         s, live = self.stats, self.live
@@ -176,10 +208,10 @@ def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
 
 
 class Legend(Static):
-    """What the token colours mean."""
+    """What the token colours mean (with one model, nothing drafts but the context)."""
 
-    model_names: reactive[tuple[str, ...]] = reactive(())
-    colouring: reactive[bool] = reactive(True)
+    model_names: reactive[tuple[str, ...]] = reactive((), layout=True)
+    colouring: reactive[bool] = reactive(False, layout=True)
 
     def __init__(self) -> None:
         super().__init__(classes="legend")
@@ -187,16 +219,18 @@ class Legend(Static):
     def render(self) -> Text:
         text = Text()
         text.append("Colours", style="bold")
-        text.append("  on\n" if self.colouring else "  off (ctrl+t)\n", style="dim")
-        for i, name in enumerate(self.model_names):
-            text.append("■ ", style=MODEL_STYLES[i % len(MODEL_STYLES)])
-            text.append(f"draft of {name[:20]}\n")
-        text.append("■ ", style=BONUS_STYLE)
-        text.append("bonus token\n")
+        text.append("  on (ctrl+t)\n" if self.colouring else "  off (ctrl+t)\n", style="dim")
+        several = len(self.model_names) > 1
+        if several:
+            for i, name in enumerate(self.model_names):
+                text.append("■ ", style=MODEL_STYLES[i % len(MODEL_STYLES)])
+                text.append(f"draft of {name[:20]}\n")
+            text.append("■ ", style=BONUS_STYLE)
+            text.append("bonus token\n")
         text.append("■ ", style=LOOKUP_STYLE)
         text.append("looked up in the context\n")
         text.append("■ ", style=RESAMPLE_STYLE)
         text.append("resampled after a rejection\n")
         text.append("■ ", style="white")
-        text.append("sampled from r (no draft)\n")
+        text.append("sampled from r (no draft)\n" if several else "sampled from the model\n")
         return text

@@ -281,6 +281,11 @@ _OPTIONS = [
     _option("t_max_predict_ms", "--t-max-predict-ms", "output", "generation", lambda v, what: max(parse_float(v, what), 0.0),
             "after MS milliseconds of generating, the next new line ends the text (an editor's latency budget, as llama-server's "
             "t_max_predict_ms; the text then depends on this machine's speed); 0 or less = off", default=0.0, metavar="MS"),
+    _option("cache_prompt", "--cache-prompt", "output", "generation", parse_bool,
+            "a prompt reuses the cells the models hold of it from an earlier request and is evaluated from where it differs, "
+            "as llama-server's cache_prompt (its /infill's default): faster for an editor's requests, but its text may then "
+            "depend on what ran before, as llama.cpp rounds calls of other shapes differently (default: each prompt is "
+            "evaluated as a fresh process evaluates it, so one seed gives one text)", default=False, switch=True),
     _option("infill_suffix", "--infill-suffix", "output", "generation", _at_least(0),
             "fill-in-the-middle: the most tokens of the suffix read after the cursor (default: llama-server's: a quarter of "
             "--batch-size less 2 and the typed part's tokens; the prefix's last three quarters of --batch-size are read)",

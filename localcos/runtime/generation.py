@@ -158,8 +158,10 @@ class Generation:
         of them."""
         wanted = [i for i, needed in enumerate(self.plan.evaluated) if needed]
         # every model's cache emptied before any call (once: a model's second member shares what
-        # its first holds of its prompt): a sequence admitted beside this one goes after
-        fresh = {i: self.fresh and all(slots[j].model is not slots[i].model for j in wanted if j < i) for i in wanted}
+        # its first holds of its prompt): a sequence admitted beside this one goes after; with
+        # cache_prompt the cells held of the prompt are kept instead, whatever made them
+        alone = self.fresh and not self.plan.config.cache_prompt
+        fresh = {i: alone and all(slots[j].model is not slots[i].model for j in wanted if j < i) for i in wanted}
         rows: list[np.ndarray | None] = [None] * len(slots)
         for i in wanted:
             rows[i] = slots[i].model.restore_prompt(slots[i], prompts[i]) if fresh[i] else slots[i].known_row(prompts[i])

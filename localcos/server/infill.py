@@ -11,11 +11,13 @@ tokens the models evaluated, the rest kept from an earlier request; predicted_n.
 `tokens_cached`, `tokens_evaluated`, `truncated`, with `response_fields` picking fields as
 llama-server does; streamed as server-sent events of the same objects.
 
-Fields of llama-server's that change nothing here are taken and do nothing, as they do in the
-llama-server localcos pins or because localcos always does it: `cache_prompt` (the cells of an
-earlier request's prompt are always kept and reused), `id_slot` (a request goes to the sequence
-holding the most of its prompt), `t_max_prompt_ms` (not read by that llama-server either). One it
-does not implement (`lora`...) is refused.
+`cache_prompt`, true by default here as on llama-server, reuses the cells the models hold of the
+prompt from an earlier request, evaluated from where it differs (the editor's next keystroke
+costs its suffix, not its prefix); its text may then depend on what ran before, as llama.cpp is
+not batch-invariant. Fields of llama-server's that change nothing here are taken and do nothing,
+as they do in the llama-server localcos pins or because localcos always does it: `id_slot` (a
+request goes to the sequence holding the most of its prompt), `t_max_prompt_ms` (not read by that
+llama-server either). One it does not implement (`lora`...) is refused.
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ class InfillRequest(SettingsFields):
     infill_suffix: Annotated[int | None, _option("infill_suffix")] = None
     return_tokens: StrictBool = False
     response_fields: list[StrictStr] | None = None
+    cache_prompt: Annotated[bool, _option("cache_prompt")] = True  # llama-server's default here: the cells of an earlier prompt reused
     # llama-server's fields that change nothing here (see the module's docstring)
-    cache_prompt: StrictBool = True
     id_slot: int | None = None
     t_max_prompt_ms: float | None = None
     # llama-server's fields localcos does not implement: refused unless neutral
@@ -75,8 +77,9 @@ class InfillRequest(SettingsFields):
     frequency_penalty: Annotated[float | None, _neutral(0, 0.0)] = None
 
     def settings_values(self) -> dict[str, Any]:
-        """The settings-layer options this request sets, parsed (for `Settings.with_values`)."""
-        return {name: getattr(self, name) for name in self.model_fields_set if name in OPTIONS}
+        """The settings-layer options this request sets, parsed (for `Settings.with_values`);
+        cache_prompt always (llama-server's default on this route is to reuse the cells)."""
+        return {"cache_prompt": self.cache_prompt, **{name: getattr(self, name) for name in self.model_fields_set if name in OPTIONS}}
 
     @property
     def infill(self) -> Infill:
