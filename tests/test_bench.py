@@ -341,7 +341,9 @@ def test_bench_sequences_reports_aggregate_throughput_per_level(models, tmp_path
     for r in rows:
         assert r["tokens"] == 8 * r["sequences"] and r["seconds"] > 0
     # sequences decoded together share calls: the ensemble's one call per model and token is
-    # divided among them (a prompt's call aside), cos's fall too
+    # divided among them, each further sequence adding at most its prompt's call (prompts may go
+    # in calls of their own where this machine's call profile prices them so); cos's fall too
+    calls = {(r["method"], r["sequences"]): r["calls"] for r in rows}
     for k in (2, 4):
-        assert per_token[("ensemble", k)] <= per_token[("ensemble", 1)] / (0.8 * k), per_token
+        assert all(c <= c1 + k - 1 for c, c1 in zip(calls[("ensemble", k)], calls[("ensemble", 1)])), calls
     assert per_token[("cos", 4)] < per_token[("cos", 2)] < per_token[("cos", 1)], per_token

@@ -31,7 +31,7 @@ from localcos.files import write_text
 from localcos.runtime import Completion, Stream
 from localcos.runtime.bytelevel import ByteModels, ByteStream, decoding_level
 
-from .prefs import Prefs
+from .prefs import CHAT_DEFAULTS, Prefs
 from .prompt import PromptArea
 from .screens import FORM, ConversationsScreen, HelpScreen, ModelsScreen, SettingsScreen, TextScreen
 from .transcript import Transcript
@@ -83,7 +83,8 @@ def conversation_settings(settings: Settings) -> dict[str, str]:
     and each combination and generation option not at its default, as text (what
     `localcos chat --continue` resolves again)."""
     values = {o.name: o.format(settings.value(o.name)) for o in OPTIONS.values() if o.target in ("combine", "generation")}
-    return {"models": ",".join(settings.load.labels), **{k: v for k, v in values.items() if v != OPTIONS[k].format(OPTIONS[k].default)}}
+    source = {"synthetic": settings.name} if "synthetic" in settings.given else {"models": ",".join(settings.load.labels)}
+    return {**source, **{k: v for k, v in values.items() if v != OPTIONS[k].format(OPTIONS[k].default)}}
 
 
 class ChatApp(App):
@@ -542,13 +543,12 @@ class ChatApp(App):
         """Load another ensemble for this conversation, in the background; the conversation is kept."""
         if not values:
             return
-        from localcos.cli.chat import DEFAULTS
         from localcos.config import resolve
 
         # the sampling and length settings go along; how to combine and draft is the new models' own
         generation = {o.name: self.settings.value(o.name) for o in OPTIONS.values() if o.target == "generation" and o.name in FORM and not o.combines}
         try:
-            settings = resolve({**values}, defaults={**DEFAULTS, **{k: v for k, v in generation.items() if v is not None}})
+            settings = resolve({**values}, defaults={**CHAT_DEFAULTS, **{k: v for k, v in generation.items() if v is not None}})
         except LocalcosError as e:
             self.notify(str(e), title="Cannot load", severity="error")
             return

@@ -12,6 +12,11 @@ from localcos.files import write_text
 from localcos.paths import data_dir
 
 
+# where the chat starts before the command line and the remembered form: a reply of moderate
+# length, sampled
+CHAT_DEFAULTS: dict[str, Any] = {"temperature": 0.7, "max_tokens": 512}
+
+
 def prefs_path() -> Path:
     return data_dir() / "chat.json"
 

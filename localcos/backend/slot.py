@@ -182,12 +182,19 @@ class Slot:
     def known_row(self, prompt: Sequence[int]) -> np.ndarray | None:
         """Prepare a prefill of `prompt`: the sequence keeps (or shares) the longest prefix of it
         it can, but never the whole prompt (its last token is evaluated for the row after it);
-        returns that row instead when it is still known from the last prefill of this prompt."""
+        returns that row instead when it is still known from the last prefill of this prompt,
+        in this slot or in another that still holds it (whose cells it then shares: a request
+        repeated lands in whichever slot is free)."""
         key = tuple(prompt)
-        keep = common_prefix(self.tokens, prompt)
-        if keep == len(prompt) and self._prefill_row is not None and self._prefill_row[0] == key:
-            self.truncate(keep)
-            return self._prefill_row[1]
+        for holder in (self, *(other for other in self.model.slots if other is not self)):
+            known = holder._prefill_row
+            if known is not None and known[0] == key and common_prefix(holder.tokens, prompt) == len(prompt):
+                if holder is self:
+                    self.truncate(len(prompt))
+                else:
+                    self.hold(holder, len(prompt))
+                    self._prefill_row = known
+                return known[1]
         self.share_prefix(prompt)
         self.truncate(min(common_prefix(self.tokens, prompt), len(prompt) - 1))
         return None

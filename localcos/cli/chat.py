@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, LocalcosError
+from ..tui.prefs import CHAT_DEFAULTS
 from .options import add_options, resolve
 
 if TYPE_CHECKING:
     from ..config import Settings
     from ..conversations import ConversationStore
-
-DEFAULTS = {"temperature": 0.7, "max_tokens": 512}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_options(
         p,
         ["models", "hardware", "combination", "method", "level", "sampling", "output", "chat"],
-        defaults=DEFAULTS,
+        defaults=CHAT_DEFAULTS,
         exclude={"synthetic", "synthetic_dtype"},
     )
     p.set_defaults(func=run)
@@ -47,14 +46,14 @@ def settings_for(args: argparse.Namespace, held: dict[str, Any] | None = None) -
         raise ConfigError("give --demo or --models/--preset, not both", param="demo")
     from ..runtime.bytelevel import decoding_level
 
-    if held and not (args.demo or args.models or args.preset):
+    if held and not (args.demo or args.models or args.preset):  # (held: models, or the synthetic set of --demo)
         given = {k: v for k, v in vars(args).items() if v not in (None, False, [])}
         try:
-            settings = resolve(argparse.Namespace(**{**held, **given}), DEFAULTS)
+            settings = resolve(argparse.Namespace(**{**held, **given}), CHAT_DEFAULTS)
         except LocalcosError as e:
-            raise ConfigError(f"this conversation was held with {held.get('models')}: {e}", param="models") from None
+            raise ConfigError(f"this conversation was held with {held.get('models') or held.get('synthetic')}: {e}", param="models") from None
     else:
-        settings = resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
+        settings = resolve(args, {**CHAT_DEFAULTS, "synthetic": "demo"} if args.demo else CHAT_DEFAULTS)
     decoding_level(settings)  # an option the level chosen would not read is refused here
     return settings
 
