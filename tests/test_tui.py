@@ -78,7 +78,7 @@ def test_message_streams_and_completes_with_stats(chat_paths, tmp_path):
 
 def test_colouring_toggles(chat_paths):
     async def scenario():
-        app = ChatApp(chat_settings(chat_paths, max_tokens=12))
+        app = ChatApp(chat_settings(chat_paths, max_tokens=12, ignore_eos=True))  # a reply of tokens to colour, whatever is drawn
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: app.ensemble is not None)
             await send(pilot, app, "Hello")
