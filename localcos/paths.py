@@ -7,16 +7,22 @@ import sys
 from pathlib import Path
 
 
-def cache_dir() -> Path:
-    """The user cache directory: $LOCALCOS_CACHE, else the platform's cache folder + localcos."""
-    env = os.environ.get("LOCALCOS_CACHE")
+def _user_dir(override: str, mac: str, windows: str, xdg: str, xdg_default: str) -> Path:
+    """$`override`, else the platform's folder of its kind + localcos: ~/Library/`mac` on macOS,
+    %LOCALAPPDATA%/localcos/`windows` on Windows, $`xdg` (else ~/`xdg_default`) elsewhere."""
+    env = os.environ.get(override)
     if env:
         return Path(env).expanduser()
     if sys.platform == "darwin":
-        return Path.home() / "Library" / "Caches" / "localcos"
+        return Path.home() / "Library" / mac / "localcos"
     if os.name == "nt":
-        return Path(os.environ.get("LOCALAPPDATA", Path.home())) / "localcos" / "cache"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "localcos"
+        return Path(os.environ.get("LOCALAPPDATA", Path.home())) / "localcos" / windows
+    return Path(os.environ.get(xdg) or Path.home() / xdg_default) / "localcos"
+
+
+def cache_dir() -> Path:
+    """The user cache directory: $LOCALCOS_CACHE, else the platform's cache folder + localcos."""
+    return _user_dir("LOCALCOS_CACHE", "Caches", "cache", "XDG_CACHE_HOME", ".cache")
 
 
 def config_dir() -> Path:
@@ -31,14 +37,7 @@ def config_dir() -> Path:
 def data_dir() -> Path:
     """The user data directory (kept conversations, the chat's remembered settings): $LOCALCOS_DATA,
     else $XDG_DATA_HOME/localcos (or the platform's)."""
-    env = os.environ.get("LOCALCOS_DATA")
-    if env:
-        return Path(env).expanduser()
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Application Support" / "localcos"
-    if os.name == "nt":
-        return Path(os.environ.get("LOCALAPPDATA", Path.home())) / "localcos" / "data"
-    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "localcos"
+    return _user_dir("LOCALCOS_DATA", "Application Support", "data", "XDG_DATA_HOME", ".local/share")
 
 
 def env_switch(name: str) -> bool | None:
