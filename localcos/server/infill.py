@@ -16,7 +16,8 @@ prompt from an earlier request, evaluated from where it differs (the editor's ne
 costs its suffix, not its prefix); its text may then depend on what ran before, as llama.cpp is
 not batch-invariant. Fields of llama-server's that change nothing here are taken and do nothing,
 as they do in the llama-server localcos pins or because localcos always does it: `id_slot` (a
-request goes to the sequence holding the most of its prompt), `t_max_prompt_ms` (not read by that
+request shares the cells, and the row after them, of whichever sequence holds the most of its
+prompt), `t_max_prompt_ms` (not read by that
 llama-server either). One it does not implement (`lora`...) is refused.
 """
 
