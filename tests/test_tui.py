@@ -584,3 +584,18 @@ def test_chat_continue_and_list_and_a_failed_load_exits_non_zero(chat_paths, mod
     assert "Keep this" in out and chat_paths[0].name in out
     # a model without a chat template: the load fails in the app, and the command says so
     assert cli.main(["chat", "--models", str(models["base"])]) == 1
+
+
+def test_a_demo_conversation_is_held_with_the_demo_pair_and_reopens_with_it():
+    """--demo's conversation is kept with the synthetic set it ran (not the paths of its written
+    files), so `chat --continue` resolves the demo pair again."""
+    import argparse
+
+    from localcos.cli.chat import settings_for
+    from localcos.tui.app import conversation_settings
+
+    demo = settings_for(argparse.Namespace(demo=True, models=None, preset=None))
+    held = conversation_settings(demo)
+    assert held.get("synthetic") == "demo" and "models" not in held
+    again = settings_for(argparse.Namespace(demo=False, models=None, preset=None), held)
+    assert again.name == demo.name and again.load.labels == demo.load.labels
