@@ -78,7 +78,8 @@ def test_message_streams_and_completes_with_stats(chat_paths, tmp_path):
 
 def test_colouring_toggles(chat_paths):
     async def scenario():
-        app = ChatApp(chat_settings(chat_paths, max_tokens=12, ignore_eos=True))  # a reply of tokens to colour, whatever is drawn
+        # a reply long enough for drafts to be kept in it (twelve tokens sometimes had none)
+        app = ChatApp(chat_settings(chat_paths, max_tokens=40, temperature=1.0, ignore_eos=True))
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: app.ensemble is not None)
             await send(pilot, app, "Hello")
