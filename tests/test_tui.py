@@ -51,7 +51,9 @@ def chat_paths(models):
 
 def test_message_streams_and_completes_with_stats(chat_paths, tmp_path):
     async def scenario():
-        app = ChatApp(chat_settings(chat_paths, max_tokens=40, temperature=1.0), save_dir=tmp_path)
+        # a fixed gamma: under auto, a machine whose measured call costs say drafts do not pay
+        # (a busy one) drafts nothing, and no token would be coloured
+        app = ChatApp(chat_settings(chat_paths, max_tokens=40, temperature=1.0, gamma=3), save_dir=tmp_path)
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: app.ensemble is not None)
             assert not app.query_one("#prompt").disabled
@@ -78,8 +80,9 @@ def test_message_streams_and_completes_with_stats(chat_paths, tmp_path):
 
 def test_colouring_toggles(chat_paths):
     async def scenario():
-        # a reply long enough for drafts to be kept in it (twelve tokens sometimes had none)
-        app = ChatApp(chat_settings(chat_paths, max_tokens=40, temperature=1.0, ignore_eos=True))
+        # drafts at a fixed gamma, so that every round leaves a coloured token (draft, bonus or
+        # resample); under auto, call costs measured on a busy machine may plan no draft at all
+        app = ChatApp(chat_settings(chat_paths, max_tokens=12, temperature=1.0, ignore_eos=True, gamma=3))
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: app.ensemble is not None)
             await send(pilot, app, "Hello")

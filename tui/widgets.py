@@ -59,7 +59,9 @@ class MessageView(Vertical, can_focus=True):
         self.role = role
         self.speaker = speaker  # who an assistant's reply is from: the ensemble, or its one model
         self.text = text
-        self.tokens = Text()
+        # a kept reply's text, uncoloured (its origins are not kept); set here, not on mount: a
+        # reply's first tokens may arrive before the view is mounted
+        self.tokens = Text(text if role == "assistant" else "")
         self.complete = role != "assistant" or bool(text)
         self.colouring = colouring
         self.finish_reason: str | None = None
@@ -74,8 +76,7 @@ class MessageView(Vertical, can_focus=True):
         return {"user": "you", "assistant": self.speaker, "system": "system", "notice": "notice"}.get(self.role, self.role)
 
     def on_mount(self) -> None:
-        if self.role == "assistant" and self.text:
-            self.tokens = Text(self.text)
+        if self.role == "assistant":
             self._render_tokens()
         self._show()
 
