@@ -178,6 +178,41 @@ HOSTILE = {
         "    raise OSError(ctypes.get_errno(), 'clone')"
     ),
     "changes the times of /dev/null": "import os\nopen('/dev/null', 'w').write('x')\nos.utime('/dev/null', (0, 0))",
+    # the kernel's upcalls, and kernel objects the host's root would pay for (round 4)
+    "asks the kernel for an absent key": (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "if libc.syscall(249 if os.uname().machine == 'x86_64' else 218, b'user', b'localcos-absent', b'x', 0) < 0:\n"
+        "    raise OSError(ctypes.get_errno(), 'request_key')"
+    ),
+    "watches files with inotify": (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "if libc.inotify_init1(0) < 0:\n    raise OSError(ctypes.get_errno(), 'inotify_init1')"
+    ),
+    "takes a fanotify group": (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "if libc.fanotify_init(0, 0) < 0:\n    raise OSError(ctypes.get_errno(), 'fanotify_init')"
+    ),
+    "locks a file the host reads": "import fcntl, os\nfcntl.flock(open(os.__file__), fcntl.LOCK_SH | fcntl.LOCK_NB)",
+    "takes a read lock on a file the host reads": "import fcntl, os\nfcntl.lockf(open(os.__file__), fcntl.LOCK_SH | fcntl.LOCK_NB)",
+    "queues real-time signals": (
+        "import os, signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])\n"
+        "for _ in range(1000):\n    os.kill(os.getpid(), signal.SIGRTMIN)\n"
+        "n = 0\nwhile signal.sigtimedwait([signal.SIGRTMIN], 0) is not None:\n    n += 1\nraise RuntimeError('queued %d' % n)"
+    ),
+    "calls what a container's default profile refuses": (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nx86 = os.uname().machine == 'x86_64'\n"
+        "calls = dict(perf_event_open=(298, 241), userfaultfd=(323, 282), personality=(135, 92), sync=(162, 81),\n"
+        "             syncfs=(306, 267), name_to_handle_at=(303, 264), open_by_handle_at=(304, 265), add_key=(248, 217),\n"
+        "             keyctl=(250, 219))\n"
+        "allowed = [n for n, (a, b) in calls.items() if libc.syscall(a if x86 else b, 0, 0, 0, 0, 0) >= 0 or ctypes.get_errno() != 1]\n"
+        "if x86 and (libc.syscall(154, 0, 0, 0) >= 0 or ctypes.get_errno() != 1):\n    allowed.append('modify_ldt')\n"
+        "assert not allowed, allowed\nraise PermissionError('every one refused')"
+    ),
+    "raises its core file limit": (
+        "import resource\nlimit = resource.getrlimit(resource.RLIMIT_CORE)\ntry:\n"
+        "    resource.setrlimit(resource.RLIMIT_CORE, (1 << 20, 1 << 20))\nexcept ValueError:\n"
+        "    raise ValueError('core limit %r, not raised' % (limit,))"
+    ),
     # the launcher's channel: the program cannot reach it, whatever descriptor it writes to
     "forges a setup failure": (
         "import os\nfor fd in range(3, 256):\n    try:\n        os.write(fd, b'setup: anything\\n')\n    except OSError:\n        pass\nos._exit(125)"
@@ -235,6 +270,16 @@ SAYS = {
     "mounts a file system in a user namespace of its own": "PermissionError: [Errno 1] unshare",
     "forks into a namespace of its own": "PermissionError: [Errno 1] clone",
     "changes the times of /dev/null": "Read-only file system",
+    "asks the kernel for an absent key": "PermissionError: [Errno 1] request_key",
+    "watches files with inotify": "PermissionError: [Errno 1] inotify_init1",
+    "takes a fanotify group": "PermissionError: [Errno 1] fanotify_init",
+    "locks a file the host reads": "PermissionError: [Errno 1] Operation not permitted",
+    "takes a read lock on a file the host reads": "PermissionError: [Errno 1] Operation not permitted",
+    # its own queue stops at its own small limit: the host's root, whom the kernel charges, keeps the rest
+    "queues real-time signals": "RuntimeError: queued 64",
+    "calls what a container's default profile refuses": "PermissionError: every one refused",
+    # a core file limit of 1 (a hard one): no core_pattern helper is started for a crash
+    "raises its core file limit": "ValueError: core limit (1, 1), not raised",
     "forges a setup failure": "exited with status 125 before its last statement returned",
     "signals a process outside": "ProcessLookupError",
     "reads /etc/shadow": "FileNotFoundError: [Errno 2] No such file or directory: '/etc/shadow'",

@@ -60,20 +60,41 @@ SETUP_FAILED = 125  # P's exit status when the boundary could not be built
 # elsewhere the contained sandbox refuses to run (the harness says so before any model loads)
 _NAMES = ("socket", "socketpair", "clone", "clone3", "unshare", "setns", "shmget", "msgget", "semget", "mq_open",
           "memfd_create", "io_uring_setup", "pivot_root", "keyctl", "setsockopt", "fcntl", "ptrace", "process_vm_readv",
-          "process_vm_writev", "pidfd_getfd")  # fmt: skip
-_GENERIC = (198, 199, 220, 435, 97, 268, 194, 186, 190, 180, 279, 425, 41, 219, 208, 25, 117, 270, 271, 438)  # asm-generic/unistd.h
+          "process_vm_writev", "pidfd_getfd", "add_key", "request_key", "perf_event_open", "userfaultfd", "fanotify_init",
+          "inotify_init1", "name_to_handle_at", "open_by_handle_at", "personality", "sync", "syncfs", "flock",
+          "inotify_init", "modify_ldt")  # fmt: skip
+_GENERIC = (198, 199, 220, 435, 97, 268, 194, 186, 190, 180, 279, 425, 41, 219, 208, 25, 117, 270, 271, 438,
+            217, 218, 241, 282, 262, 26, 264, 265, 92, 81, 267, 32)  # asm-generic/unistd.h (no inotify_init, no modify_ldt)
+_X86_64 = (41, 53, 56, 435, 272, 308, 29, 68, 64, 240, 319, 425, 155, 250, 54, 72, 101, 310, 311, 438,
+           248, 249, 298, 323, 300, 294, 303, 304, 135, 162, 306, 73, 253, 154)  # asm/unistd_64.h
 ARCHITECTURES: dict[str, tuple[int, dict[str, int]]] = {
-    "x86_64": (0xC000003E, dict(zip(_NAMES, (41, 53, 56, 435, 272, 308, 29, 68, 64, 240, 319, 425, 155, 250, 54, 72, 101, 310, 311, 438)))),
+    "x86_64": (0xC000003E, dict(zip(_NAMES, _X86_64))),
     "aarch64": (0xC00000B7, dict(zip(_NAMES, _GENERIC))),
     "arm64": (0xC00000B7, dict(zip(_NAMES, _GENERIC))),
     "riscv64": (0xC00000F3, dict(zip(_NAMES, _GENERIC))),
 }
+# refused outright: besides round 3's (memory held outside the address space, namespaces, reaching
+# around the filter or into another process), round 4's: the key calls (request_key starts
+# /sbin/request-key as root in the host's namespaces), the calls a container's default profile
+# refuses (perf_event_open, userfaultfd, modify_ldt, file handles, personality, sync), and what
+# watches or locks the host's live files bound read-only into the box (inotify, fanotify, flock;
+# POSIX locks in `fcntl`): its instances, watches and groups would also count against the
+# host's root, whom the kernel charges for the box's user
+_DENIED = ("shmget", "msgget", "semget", "mq_open", "memfd_create", "io_uring_setup", "unshare", "setns", "ptrace",
+           "process_vm_readv", "process_vm_writev", "pidfd_getfd", "keyctl", "add_key", "request_key", "perf_event_open",
+           "userfaultfd", "modify_ldt", "fanotify_init", "inotify_init", "inotify_init1", "name_to_handle_at",
+           "open_by_handle_at", "personality", "sync", "syncfs", "flock")  # fmt: skip
 _X32_BIT = 0x40000000  # x86_64: the x32 ABI's calls, refused as a whole
 _AF_UNIX = 1
 _CLONE_NEW = 0x7E020080  # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME
 # SOL_SOCKET's SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE (the same on every architecture above)
 _SOL_SOCKET, _BUFFER_SIZES = 1, (7, 8, 32, 33)
 _F_SETPIPE_SZ = 1031
+_F_LOCKS = (6, 7, 37, 38)  # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW (the same on every architecture above)
+_SIGNALS_PENDING = 64  # real-time signals and POSIX timers a program may hold queued
+# no core file: a limit of 1, not 0, since where core_pattern pipes a crash to a helper (apport,
+# systemd-coredump) the kernel starts it as root on the host whatever the limit, unless it is 1
+_NO_CORE = (1, 1)
 _EPERM, _ENOSYS = 1, 38
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -92,16 +113,16 @@ def seccomp_filter(machine: str) -> bytes:
     (System V shared memory, message queues and semaphores, POSIX message queues, memfd, socket
     buffers or pipes grown past the system's defaults), reach around the filter (io_uring) or
     into another process of its namespace (ptrace, process_vm_*, pidfd_getfd: eval's init runs
-    there). clone3 says ENOSYS, so the C library falls back to clone, whose flags the filter can
-    read; every other refusal is EPERM. Calls of another ABI (i386 on x86_64, x32) are refused as
-    a whole."""
+    there), start the kernel's helpers (the key calls), or watch or lock the host's files it
+    reads (inotify, fanotify, flock, POSIX locks); nor the calls a container's default profile
+    refuses (`_DENIED`). clone3 says ENOSYS, so the C library falls back to clone, whose flags the
+    filter can read; every other refusal is EPERM. Calls of another ABI (i386 on x86_64, x32)
+    are refused as a whole."""
     arch, nr = ARCHITECTURES[machine]
-    deny = ["shmget", "msgget", "semget", "mq_open", "memfd_create", "io_uring_setup", "unshare", "setns", "ptrace",
-            "process_vm_readv", "process_vm_writev", "pidfd_getfd"]  # fmt: skip
     code: list[tuple[int, Any, Any, int]] = [(_LD_W_ABS, 0, 0, 4), (_JEQ, 0, "deny", arch), (_LD_W_ABS, 0, 0, 0)]
     if machine == "x86_64":
         code.append((_JGE, "deny", 0, _X32_BIT))
-    code += [(_JEQ, "deny", 0, nr[name]) for name in deny]
+    code += [(_JEQ, "deny", 0, nr[name]) for name in _DENIED if name in nr]
     code += [(_JEQ, "enosys", 0, nr["clone3"]), (_JEQ, "socket", 0, nr["socket"]), (_JEQ, "socket", 0, nr["socketpair"]),
              (_JEQ, "clone", 0, nr["clone"]), (_JEQ, "setsockopt", 0, nr["setsockopt"]), (_JEQ, "fcntl", 0, nr["fcntl"]),
              (_RET, 0, 0, _RET_ALLOW)]  # fmt: skip
@@ -113,7 +134,8 @@ def seccomp_filter(machine: str) -> bytes:
     code += [(_LD_W_ABS, 0, 0, _arg(1)), (_JEQ, 0, "allow", _SOL_SOCKET), (_LD_W_ABS, 0, 0, _arg(2))]
     code += [(_JEQ, "deny", 0, size) for size in _BUFFER_SIZES] + [(_RET, 0, 0, _RET_ALLOW)]
     labels["fcntl"] = len(code)
-    code += [(_LD_W_ABS, 0, 0, _arg(1)), (_JEQ, "deny", "allow", _F_SETPIPE_SZ)]
+    code += [(_LD_W_ABS, 0, 0, _arg(1))] + [(_JEQ, "deny", 0, command) for command in (_F_SETPIPE_SZ, *_F_LOCKS)]
+    code.append((_RET, 0, 0, _RET_ALLOW))
     labels.update(allow=len(code), deny=len(code) + 1, enosys=len(code) + 2)
     code += [(_RET, 0, 0, _RET_ALLOW), (_RET, 0, 0, _RET_ERRNO | _EPERM), (_RET, 0, 0, _RET_ERRNO | _ENOSYS)]
 
@@ -158,7 +180,7 @@ class Launcher:
 
     def main(self) -> NoReturn:
         try:
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            resource.setrlimit(resource.RLIMIT_CORE, _NO_CORE)
             self.die_with_parent(self.cfg["harness"])
             if self.cfg["cgroup"] is not None:  # before any fork: every process of the run is counted there
                 try:
@@ -382,7 +404,10 @@ class Launcher:
             (resource.RLIMIT_NPROC, cfg["processes"], cfg["processes"]),
             (resource.RLIMIT_MSGQUEUE, 0, 0),
             (resource.RLIMIT_MEMLOCK, 0, 0),
-            (resource.RLIMIT_CORE, 0, 0),
+            (resource.RLIMIT_CORE, *_NO_CORE),
+            # the kernel charges queued signals to the box's user and to the host's root above it:
+            # bounded here, a program takes at most this many of root's
+            (resource.RLIMIT_SIGPENDING, _SIGNALS_PENDING, _SIGNALS_PENDING),
         ):
             resource.setrlimit(what, (soft, hard))
 
