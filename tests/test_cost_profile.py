@@ -80,6 +80,35 @@ def test_speculation_backs_off_beside_other_sequences(models):
         assert all(c.stats.proposed > 0 for c in run_completions(ens, request, 4))
 
 
+def test_a_drafter_r_does_not_use_reads_its_prompt_only_where_drafts_repay_it(models):
+    """sd with a drafter of weight 0 under --gamma auto: the drafter, cheap per draft but dear on
+    a long prompt, reads nothing (not even its prompt: no call at all) where the few tokens that
+    may follow cannot repay its prompt, and drafts where many can; at a fixed gamma it reads its
+    prompt first. The text is the other model's alone every time (greedy)."""
+    from localcos.core.speedmodel import AutoGamma, Costs
+
+    cheap = CallProfile({k: 0.1 * t for k, t in KNEE.seconds.items()})
+    with Ensemble.load([models["sibling"], models["base"]], WeightedEnsemble([0.0, 1.0]), n_ctx=1024) as ens:
+        ens.profiles = [cheap, KNEE]
+        prompt = "The river runs " * 40
+
+        def run(max_tokens: int, gamma: int | str):
+            return ens.generate(prompt, method="sd", gamma=gamma, max_tokens=max_tokens, temperature=0.0, ignore_eos=True, lookup="off")
+
+        alone = [ens.generate(prompt, method="ensemble", max_tokens=n, temperature=0.0, ignore_eos=True).token_ids for n in (6, 120)]
+        short, long = run(6, "auto"), run(120, "auto")
+        assert short.stats.models[0].calls == 0 and short.stats.proposed == 0
+        assert long.stats.models[0].calls > 0 and long.stats.proposed > 0
+        fixed = run(6, 3)
+        assert fixed.stats.models[0].calls > 0 and fixed.stats.proposed > 0
+        assert [short.token_ids, long.token_ids] == alone and fixed.token_ids == alone[0]
+    # the plan itself: the same drafter and acceptance, the prompt's lag priced against what may follow
+    plan_of = AutoGamma(Costs([cheap, KNEE]), used=(False, True))
+    assert plan_of.choose("sd", [0])[1] > 0  # nothing to catch up: drafts pay
+    assert AutoGamma(Costs([cheap, KNEE]), used=(False, True)).choose("sd", [0], lag=[300, 0], remaining=6)[1] == 0
+    assert AutoGamma(Costs([cheap, KNEE]), used=(False, True)).choose("sd", [0], lag=[300, 0], remaining=3000)[1] > 0
+
+
 def test_requests_are_grouped_into_the_calls_that_cost_least():
     """One call for every request that fits where calls batch well (or cost their rows: no split
     is cheaper); where two rows cost more than two calls, a pair goes in two calls while four

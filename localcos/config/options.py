@@ -227,7 +227,8 @@ _OPTIONS = [
     _option("gamma", "--gamma", "method", "generation", parse_gamma,
             "proposal length: auto (the default): before each draft, the proposer and length that the models' call costs "
             "(measured once when they load, and cached) and the acceptance seen so far in this generation say are fastest, "
-            "or no draft where drafts would not pay; it depends on nothing timed during the run, so a seed gives one text. "
+            "or no draft where drafts would not pay (a drafter the combination does not use reads its prompt only once "
+            "its drafts are expected to repay it); it depends on nothing timed during the run, so a seed gives one text. "
             "Or a fixed length: one value (the proposer's; others 1), or one per model",
             default="auto", metavar="G", combines=True),
     _option("proposer", "--proposer", "method", "generation", parse_proposer,

@@ -572,6 +572,13 @@ class Decoder:
             return 1.0
         return sum(self.costs(i, 1) for i, used in enumerate(self.used) if used)
 
+    def lags(self) -> list[int]:
+        """The tokens of the sequence each member r does not use lacks (0 for the others): what a
+        plan that sets it to work must first evaluate (under --gamma auto such a member reads
+        nothing, its prompt included, until a draft of its own is planned)."""
+        seq = len(self.committed) + len(self.pending)
+        return [0 if used else seq - len(slot.tokens) for slot, used in zip(self.slots, self.used)]
+
     def draft_room(self) -> int:
         """How many more draft tokens are worth proposing (none after an end token)."""
         if self.pending and self.is_end(self.pending[-1].token):

@@ -349,10 +349,15 @@ class AutoGamma:
                 break
         return tokens / seconds if seconds > 0 else math.inf
 
-    def choose(self, method: str, proposers: list[int] | None = None, others: int = 0) -> tuple[int, int]:
+    def choose(
+        self, method: str, proposers: list[int] | None = None, others: int = 0, lag: Sequence[int] = (), remaining: int = 0
+    ) -> tuple[int, int]:
         """The (proposer, gamma) with the best expected speed; proposers default to all models.
         gamma 0 means: no draft this time, the ensemble's own step. `others`: the rows other
-        sequences put into each call of every model (0: this sequence decodes alone).
+        sequences put into each call of every model (0: this sequence decodes alone). `lag`: the
+        tokens each model r does not use lacks (one that has read nothing lacks its prompt);
+        a choice that sets such a model to work pays its catch-up once, beyond the one-row call
+        a round prices, which the drafts must repay over the `remaining` tokens at most.
 
         A choice is kept until `rechoose_every` more draft tokens have been judged: the estimates
         move slowly, and evaluating every candidate costs about as much as a small model's call.
@@ -364,9 +369,21 @@ class AutoGamma:
         candidates = proposers if proposers is not None else list(range(self.n_models))
         costs = self.costs.under_load([others] * self.n_models) if others else self.costs
         cost = functools.cache(costs.__call__)
-        best = max(
-            (self.tokens_per_second(method, p, g, cost), -g, p) for p in candidates for g in range(1, self.gamma_max + 1)
-        )
+
+        def catch_up(proposer: int) -> float:
+            """The one-off cost of the lagging models a choice of `proposer` sets to work (cos:
+            every model takes turns; otherwise the proposer alone of those r does not use)."""
+            working = range(len(lag)) if method == "cos" else [proposer] if proposer < len(lag) else []
+            return sum(cost(i, lag[i]) - cost(i, 1) for i in working if lag[i] > 1)
+
+        def speed(proposer: int, gamma: int) -> float:
+            tokens_per_second = self.tokens_per_second(method, proposer, gamma, cost)
+            once = catch_up(proposer)
+            if once <= 0:
+                return tokens_per_second
+            return remaining / (remaining / tokens_per_second + once) if remaining > 0 else 0.0
+
+        best = max((speed(p, g), -g, p) for p in candidates for g in range(1, self.gamma_max + 1))
         choice = (best[2], -best[1])
         if self.ensemble_tokens_per_second(cost) * (1 + self.margin) >= best[0]:
             choice = (best[2], 0)

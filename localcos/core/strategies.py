@@ -84,8 +84,9 @@ class _DrafterStrategy(Strategy):
 
     def choose(self) -> bool:
         """Pick drafter and gamma (--gamma auto); False when this round is an ensemble step."""
-        if self.auto and self.dec.observer is not None:
-            self.drafter, self.gamma = self.dec.observer.choose(self.name, others=self.dec.others())
+        dec = self.dec
+        if self.auto and dec.observer is not None:
+            self.drafter, self.gamma = dec.observer.choose(self.name, others=dec.others(), lag=dec.lags(), remaining=dec.budget())
             if self.gamma == 0:
                 return False
         return True
@@ -156,7 +157,7 @@ class CoS(Strategy):
         dec = self.dec
         n = len(dec.slots)
         if self.auto and self.turn == 0 and not dec.pending and dec.observer is not None:
-            proposer, gamma = dec.observer.choose("cos", others=dec.others())
+            proposer, gamma = dec.observer.choose("cos", others=dec.others(), lag=dec.lags(), remaining=dec.budget())
             if gamma == 0:
                 yield from ensemble_step(dec)
                 return

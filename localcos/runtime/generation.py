@@ -165,8 +165,10 @@ class Generation:
         rows: list[np.ndarray | None] = [None] * len(slots)
         for i in wanted:
             rows[i] = slots[i].model.restore_prompt(slots[i], prompts[i]) if fresh[i] else slots[i].known_row(prompts[i])
-        for i in set(range(len(slots))) - set(wanted):  # what it holds stays a prefix of its prompt: nothing it reads
-            slots[i].truncate(common_prefix(slots[i].tokens, prompts[i]))
+        # the others read nothing now: what one holds stays a prefix of its prompt, short of its last
+        # token, whose row it evaluates if it drafts (under --gamma auto: `Plan.evaluated`)
+        for i in set(range(len(slots))) - set(wanted):
+            slots[i].truncate(min(common_prefix(slots[i].tokens, prompts[i]), len(prompts[i]) - 1))
         evaluated = [i for i in wanted if rows[i] is None]
         self.prompt_evaluated = max((len(prompts[i]) - len(slots[i].tokens) for i in evaluated), default=0)
         calls = {i: iter(prompt_calls(prompts[i], len(slots[i].tokens), slots[i].model.prompt_chunk)) for i in evaluated}

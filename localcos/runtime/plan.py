@@ -56,12 +56,15 @@ class Plan:
 
     @property
     def evaluated(self) -> tuple[bool, ...]:
-        """The members this request evaluates at all: those r uses and, where models draft, every
-        member (any may propose). A member neither (guidance's negative at scale 1, a model of
-        weight 0 under the ensemble's step) reads nothing, its prompt included, and asks for no
-        row: the calls of the members that share its model are then exactly what they are
-        without it, so the text is theirs alone, not theirs up to llama.cpp's batch noise."""
-        drafts = self.strategy.models_draft
+        """The members whose prompt this request evaluates before it decodes: those r uses and,
+        where models draft at a fixed gamma, every member (any may propose). Under --gamma auto a
+        member r does not use (a drafter of weight 0) reads its prompt only when the plan first
+        has it draft, the prompt then priced as part of that choice (`AutoGamma.choose`): where
+        drafts would not repay it, it reads nothing. A member that reads nothing (guidance's
+        negative at scale 1, a model of weight 0 under the ensemble's step) asks for no row:
+        the calls of the members that share its model are then exactly what they are without
+        it, so the text is theirs alone, not theirs up to llama.cpp's batch noise."""
+        drafts = self.strategy.models_draft and not self.strategy.auto
         return tuple(used or drafts for used in self.combiner.used)
 
 
