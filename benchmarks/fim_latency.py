@@ -9,7 +9,8 @@ cursor as `input_prefix`, the cursor's line up to the cursor as `prompt`, the 64
 top_k/top_p/infill, t_max_predict_ms 1000, cache_prompt) and waits for it, as an editor that
 shows each suggestion does. Every configuration is a server of its own, all loaded before the
 replay: localcos serving the 1.5B alone, `sd` and `cos --gamma auto` with the 0.5B drafting, the
-1.5B with drafts looked up in the prompt (`--proposer lookup`), and llama-server (built once from
+1.5B with drafts looked up in the prompt (`--proposer lookup`), the 1.5B reading the suffix's
+first 64 tokens only (`--infill-suffix 64`), and llama-server (built once from
 the llama.cpp localcos runs on) with the same file, threads, context and batch. Each request goes
 to every server in turn, one server computing at a time, the order rotating, so the machine's
 drift falls on all of them alike. Printed per configuration: the median and p90 milliseconds a
@@ -49,6 +50,9 @@ CONFIGS = {
     "sd": ["--models", "coder-0.5b,coder-1.5b", "--combine", "we", "--weights", "0,1", "--method", "sd", "--gamma", "4"],
     "cos-auto": ["--models", "coder-0.5b,coder-1.5b", "--combine", "we", "--weights", "0,1", "--method", "cos", "--gamma", "auto"],
     "lookup": ["--models", "coder-1.5b", "--proposer", "lookup"],
+    # the 1.5B alone reading a quarter of the suffix llama-server reads at -b 1024: what a keystroke
+    # saves, and how often its suggestion is still the whole suffix's ("same text")
+    "suffix-64": ["--models", "coder-1.5b", "--method", "ensemble", "--infill-suffix", "64"],
 }
 
 
