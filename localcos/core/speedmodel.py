@@ -373,7 +373,7 @@ class AutoGamma:
         def catch_up(proposer: int) -> float:
             """The one-off cost of the lagging models a choice of `proposer` sets to work (cos:
             every model takes turns; otherwise the proposer alone of those r does not use)."""
-            working = range(len(lag)) if method == "cos" else [proposer] if proposer < len(lag) else []
+            working = range(len(lag)) if method == "cos" else (proposer,) if lag else ()
             return sum(cost(i, lag[i]) - cost(i, 1) for i in working if lag[i] > 1)
 
         def speed(proposer: int, gamma: int) -> float:
