@@ -104,6 +104,7 @@ def main() -> None:
     path = Registry.load(user=False).resolve(args.model)
     vocab = Model(path, vocab_only=True)
     window, ctx = 512, 4096
+    budget = Budget(window, ctx, N_PREDICT)  # /infill's, at the server's batch and context
     threads = ["--threads", str(args.threads)] if args.threads else []
     print(f"{len(chosen)} problems, {path.name}, greedy, n_predict {N_PREDICT}; {cpu_name()}", flush=True)
     serve = ServeProcess(["--models", str(path), "--ctx", str(ctx), "--batch-size", str(window), "--parallel", "1", *threads], start_timeout=300)
@@ -118,8 +119,8 @@ def main() -> None:
                 in_prefix = answer.json()["content"]
                 # the same prompt with the typed tokens moved after the middle token (the suffix cut as /infill cut it)
                 typed = vocab.tokenize(c.typed, add_bos=False, special=True)
-                budget = Budget(window, ctx, N_PREDICT)
-                tokens = fim_prompt(vocab, Infill(c.above, c.rest), Budget(window, ctx, N_PREDICT, budget.suffix_tokens(len(typed)))) + typed
+                cut = Budget(window, ctx, N_PREDICT, budget.suffix_tokens(len(typed)))
+                tokens = fim_prompt(vocab, Infill(c.above, c.rest), cut) + typed
                 answer = client.post("/v1/completions", json={"prompt": tokens, "max_tokens": N_PREDICT, "temperature": 0})
                 answer.raise_for_status()
                 after_middle = answer.json()["choices"][0]["text"]
