@@ -101,6 +101,30 @@ def test_colouring_toggles(chat_paths):
     asyncio.run(scenario())
 
 
+def test_a_replys_first_tokens_keep_their_colours_whenever_its_view_mounts():
+    """Tokens may reach a reply's view between its compose and its Mount event (the first batch
+    of a fast reply): mounting must not turn the coloured tokens into plain text. A kept reply's
+    text is shown uncoloured."""
+    from textual.app import App
+
+    from localcos.core.decoding import Origin
+
+    class One(App):
+        def compose(self):
+            yield MessageView("assistant", colouring=True)
+            yield MessageView("assistant", "kept text", colouring=True)
+
+    async def scenario():
+        async with One().run_test() as pilot:
+            streaming, kept = pilot.app.query(MessageView)
+            await streaming.add_tokens([("a", Origin("draft", 0)), ("b", Origin("resample"))])
+            streaming.on_mount()  # as when the Mount event comes after the tokens
+            assert streaming.tokens.plain == "ab" and [span.style for span in streaming.tokens.spans] == ["green", "bold red"]
+            assert kept.tokens.plain == "kept text" and not kept.tokens.spans and kept.complete
+
+    asyncio.run(scenario())
+
+
 def test_escape_stops_a_long_reply_and_keeps_it(chat_paths):
     # The reply must still be running when Escape arrives: the tiny models generate thousands of
     # tokens a second and may sample an end token at any moment, so this reply ignores them.
