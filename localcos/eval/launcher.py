@@ -3,7 +3,7 @@
 standard library only (it imports nothing of localcos, nothing outside the Python installation,
 and little of it: its start is part of every program's cost).
 
-Four processes, each unable to outlive the one before it:
+Five processes, each unable to outlive the one that forked it:
 - P, the launcher itself, a child of the harness (a parent-death signal, checked after it is
   set, so a parent that died first is seen). Where the harness made a memory cgroup for the run,
   P joins it first, so everything of the run is counted there. It forks C and, for a contained
@@ -14,25 +14,29 @@ Four processes, each unable to outlive the one before it:
 - I, eval's init: process 1 of the new PID namespace (when it ends, the kernel kills every
   process of the namespace), dying with C (its parent-death signal is its own: no program can
   clear it). It sends the harness a pidfd of itself, so the harness can end the namespace and
-  wait until it is gone; forks the program's process G, reaps every process of the namespace,
-  and once G has ended reports G's wait status, the CPU it used and whether G itself (never a
-  process it forked) finished the program (`watch`).
+  wait until it is gone; forks the program's process G, then the judge's process J, reaps every
+  process of the namespace, and once the verdict is known reports it (`watch`).
 - G becomes the unprivileged user with no capabilities and no new privileges, installs a
-  seccomp filter (`seccomp_filter`) and executes the driver: a process like any other, which a
-  signal it sends itself ends.
+  seccomp filter (`seccomp_filter`) and executes the program's driver (crossing.serve): a
+  process like any other, which a signal it sends itself ends.
+- J, forked from I after G, becomes the same user under the same limits and filter and runs the
+  test there (crossing.judge), without a new interpreter: the test calls the program's
+  functions through a stream socket pair whose other end G holds, plain data each way.
 
 CONTROL_FD is a Unix socket (SOCK_SEQPACKET) to the harness, the launcher's one channel:
 "setup: WHY" where the boundary could not be built, "program" with the pidfd whose end ends the
-program, and "ended STATUS CPU_SECONDS RETURNED" once G has ended. G closes it as the driver
-starts, so nothing the program does can speak on it.
+program, and "ended G_STATUS G_CPU J_STATUS J_CPU PASSED" (then J's line, where the test failed)
+once the verdict is known. G and J close it as they start, so nothing the program does can speak
+on it.
 
-The verdict: I leaves a per-run nonce in a socket pair's buffer whose other end G inherits (the
-driver's only secret, and not in its memory: it is read, without being taken, only after the
-program's last statement returned) and reads, once G has ended, what came back with the
-kernel's word for who sent it (SCM_CREDENTIALS): RETURNED is 1 when the nonce came back from G's
-own process id, and G then exited with status 0.
+The verdict: J alone holds the verdict channel (a socket pair whose other end I keeps; G never
+has it, nor J's memory: no ptrace, process_vm_*, pidfd_getfd or /proc in the box). Once the
+test's last statement returned, J sends the per-run nonce and exits 0; where it failed, "failed
+LINE". I reads what came with the kernel's word for who sent it (SCM_CREDENTIALS): PASSED is 1
+when the nonce came from J's own process id and J exited with status 0. Where J says nothing
+(G ended first, or broke the channel), I waits for G too, and G's end says why.
 
-Uncontained (`--sandbox none`), P is the one that forks and watches G, with the same limits, no
+Uncontained (`--sandbox none`), P is the one that forks G and J and watches them, with the same limits, no
 namespaces and no filter.
 """
 
@@ -62,11 +66,11 @@ _NAMES = ("socket", "socketpair", "clone", "clone3", "unshare", "setns", "shmget
           "memfd_create", "io_uring_setup", "pivot_root", "keyctl", "setsockopt", "fcntl", "ptrace", "process_vm_readv",
           "process_vm_writev", "pidfd_getfd", "add_key", "request_key", "perf_event_open", "userfaultfd", "fanotify_init",
           "inotify_init1", "name_to_handle_at", "open_by_handle_at", "personality", "sync", "syncfs", "flock",
-          "inotify_init", "modify_ldt")  # fmt: skip
+          "fadvise64", "preadv2", "pwritev2", "mincore", "readahead", "cachestat", "inotify_init", "modify_ldt")  # fmt: skip
 _GENERIC = (198, 199, 220, 435, 97, 268, 194, 186, 190, 180, 279, 425, 41, 219, 208, 25, 117, 270, 271, 438,
-            217, 218, 241, 282, 262, 26, 264, 265, 92, 81, 267, 32)  # asm-generic/unistd.h (no inotify_init, no modify_ldt)
+            217, 218, 241, 282, 262, 26, 264, 265, 92, 81, 267, 32, 223, 286, 287, 232, 213, 451)  # asm-generic/unistd.h (no inotify_init, no modify_ldt)
 _X86_64 = (41, 53, 56, 435, 272, 308, 29, 68, 64, 240, 319, 425, 155, 250, 54, 72, 101, 310, 311, 438,
-           248, 249, 298, 323, 300, 294, 303, 304, 135, 162, 306, 73, 253, 154)  # asm/unistd_64.h
+           248, 249, 298, 323, 300, 294, 303, 304, 135, 162, 306, 73, 221, 327, 328, 27, 187, 451, 253, 154)  # asm/unistd_64.h
 ARCHITECTURES: dict[str, tuple[int, dict[str, int]]] = {
     "x86_64": (0xC000003E, dict(zip(_NAMES, _X86_64))),
     "aarch64": (0xC00000B7, dict(zip(_NAMES, _GENERIC))),
@@ -79,11 +83,14 @@ ARCHITECTURES: dict[str, tuple[int, dict[str, int]]] = {
 # refuses (perf_event_open, userfaultfd, modify_ldt, file handles, personality, sync), and what
 # watches or locks the host's live files bound read-only into the box (inotify, fanotify, flock;
 # POSIX locks in `fcntl`): its instances, watches and groups would also count against the
-# host's root, whom the kernel charges for the box's user
+# host's root, whom the kernel charges for the box's user; and what probes or evicts the page
+# cache of those files (fadvise, preadv2/pwritev2 with RWF_NOWAIT, mincore, readahead,
+# cachestat): which of the host's files were used lately
 _DENIED = ("shmget", "msgget", "semget", "mq_open", "memfd_create", "io_uring_setup", "unshare", "setns", "ptrace",
            "process_vm_readv", "process_vm_writev", "pidfd_getfd", "keyctl", "add_key", "request_key", "perf_event_open",
            "userfaultfd", "modify_ldt", "fanotify_init", "inotify_init", "inotify_init1", "name_to_handle_at",
-           "open_by_handle_at", "personality", "sync", "syncfs", "flock")  # fmt: skip
+           "open_by_handle_at", "personality", "sync", "syncfs", "flock", "fadvise64", "preadv2", "pwritev2", "mincore", "readahead",
+           "cachestat")  # fmt: skip
 _X32_BIT = 0x40000000  # x86_64: the x32 ABI's calls, refused as a whole
 _AF_UNIX = 1
 _CLONE_NEW = 0x7E020080  # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME
@@ -113,8 +120,9 @@ def seccomp_filter(machine: str) -> bytes:
     (System V shared memory, message queues and semaphores, POSIX message queues, memfd, socket
     buffers or pipes grown past the system's defaults), reach around the filter (io_uring) or
     into another process of its namespace (ptrace, process_vm_*, pidfd_getfd: eval's init runs
-    there), start the kernel's helpers (the key calls), or watch or lock the host's files it
-    reads (inotify, fanotify, flock, POSIX locks); nor the calls a container's default profile
+    there), start the kernel's helpers (the key calls), or watch, lock or probe the page cache of the
+    host's files it reads (inotify, fanotify, flock, POSIX locks; fadvise, preadv2, mincore,
+    readahead, cachestat); nor the calls a container's default profile
     refuses (`_DENIED`). clone3 says ENOSYS, so the C library falls back to clone, whose flags the
     filter can read; every other refusal is EPERM. Calls of another ABI (i386 on x86_64, x32)
     are refused as a whole."""
@@ -158,6 +166,7 @@ _MNT_DETACH = 2
 _KEYCTL_JOIN_SESSION_KEYRING = 1
 _UCRED = struct.Struct("3i")  # pid, uid, gid: SCM_CREDENTIALS' data
 _MESSAGES = 64  # the most messages read from the verdict channel
+_SAID = 4096  # the longest word of J's read
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -171,6 +180,8 @@ class Launcher:
         self.cfg = cfg
         self.control = _socket.socket(fileno=control)
         self.machine = os.uname().machine
+        self.crossing = ""  # crossing.py's source: G's driver, and J's
+        self.judged: dict[str, Any] = {}  # the test, the task's own code and the entry point (harness's judge.marshal)
 
     def say(self, text: str, fds: tuple[int, ...] = ()) -> None:
         rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))] if fds else []
@@ -182,6 +193,7 @@ class Launcher:
         try:
             resource.setrlimit(resource.RLIMIT_CORE, _NO_CORE)
             self.die_with_parent(self.cfg["harness"])
+            self.read_inputs()
             if self.cfg["cgroup"] is not None:  # before any fork: every process of the run is counted there
                 try:
                     with open(os.path.join(self.cfg["cgroup"], "cgroup.procs"), "w") as f:
@@ -196,6 +208,15 @@ class Launcher:
         except BaseException as e:  # whatever failed: one line, as a setup failure
             self.fail(e)
         os._exit(0)
+
+    def read_inputs(self) -> None:
+        """crossing.py's source, and what J judges with (read, then deleted: never in the program's reach)."""
+        with open(self.cfg["crossing"], encoding="utf-8") as f:
+            self.crossing = f.read()
+        path = os.path.join(self.cfg["folder"], "judge.marshal")
+        with open(path, "rb") as f:
+            self.judged = marshal.loads(f.read())
+        os.unlink(path)
 
     def fail(self, e: BaseException) -> NoReturn:
         why = str(e) if isinstance(e, _Fail) else f"{type(e).__name__}: {e}"
@@ -320,18 +341,27 @@ class Launcher:
     # -- I (P where uncontained) --
 
     def init(self, source: bytes | None) -> NoReturn:
-        """Fork G, reap every process until G has ended, and report how G ended (`watch`)."""
-        verdict, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+        """Fork G, then J, reap every process until the verdict is known, and report it (`watch`)."""
+        verdict, verdict_judge = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
         verdict.setsockopt(_socket.SOL_SOCKET, _socket.SO_PASSCRED, 1)  # every message then says who sent it
-        verdict.send(self.cfg["nonce"].encode())  # waits in G's end until the driver reads it
+        calls, calls_program = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
         me = os.getpid()
         program = os.fork()
         if program == 0:
-            verdict.close()
+            for end in (verdict, verdict_judge, calls):
+                end.close()
             if source is None:
                 self.die_with_parent(me)
-            self.program(source, theirs.fileno())
-        theirs.close()
+            self.program(source, calls_program.fileno())
+        judge = os.fork()
+        if judge == 0:
+            verdict.close()
+            calls_program.close()
+            if source is None:
+                self.die_with_parent(me)
+            self.judge(source is not None, calls.fileno(), verdict_judge, program)
+        for end in (verdict_judge, calls, calls_program):
+            end.close()
         try:  # the harness ends the run by this pidfd: I's end ends the namespace; uncontained, G's
             pidfd = os.pidfd_open(program if source is None else me)
         except (AttributeError, OSError):  # kernels before 5.3: the parent-death signals alone
@@ -339,59 +369,104 @@ class Launcher:
         if pidfd is not None:
             self.say("program", (pidfd,))
             os.close(pidfd)
-        self.watch(program, verdict)
+        self.watch(program, judge, verdict)
         os._exit(0)
 
-    def watch(self, program: int, verdict: _socket.socket) -> None:
-        """Reap every process that ends (as process 1 must: orphans are its children) until
-        `program` has; then report its wait status, its CPU seconds, and whether the nonce came
-        back from `program` itself: a process it forked that ran the driver to its end too is
-        not the program."""
-        while True:
-            pid, status, usage = os.wait4(-1, 0)
-            if pid == program:
-                break
-        returned = False
-        verdict.setblocking(False)
+    def watch(self, program: int, judge: int, verdict: _socket.socket) -> None:
+        """Reap every process that ends (as process 1 must: orphans are its children) until J
+        has ended, and G too unless J decided (passed, or a failure of the test's); then report
+        how G and J ended, whether J passed (the nonce, from J's own process id, and J's exit
+        status 0), and J's line where the test failed."""
         nonce = self.cfg["nonce"].encode()
-        for _ in range(_MESSAGES):  # bounded: a process G left may still be writing
+        ended: dict[int, tuple[int, float]] = {}
+        said = b""
+        while judge not in ended or (program not in ended and said != nonce and not said.startswith(b"failed ")):
+            pid, status, usage = os.wait4(-1, 0)
+            if pid in (program, judge):
+                ended[pid] = (status, usage.ru_utime + usage.ru_stime)
+            if pid == judge:
+                said = self.hear(verdict, judge)
+        g_status, g_cpu = ended.get(program, ("-", 0.0))
+        j_status, j_cpu = ended[judge]
+        returned = said == nonce and os.WIFEXITED(j_status) and os.WEXITSTATUS(j_status) == 0
+        line = said[7:].decode("utf-8", "replace") if said.startswith(b"failed ") else ""
+        self.say(f"ended {g_status} {g_cpu:.3f} {j_status} {j_cpu:.3f} {int(returned)}\n{line}")
+
+    @staticmethod
+    def hear(verdict: _socket.socket, judge: int) -> bytes:
+        """J's word (its first message from its own process id), or b"" if it said none."""
+        verdict.setblocking(False)
+        for _ in range(_MESSAGES):  # bounded
             try:
-                data, ancillary, _, _ = verdict.recvmsg(64, _socket.CMSG_SPACE(_UCRED.size))
-            except ConnectionResetError:  # G ended with the nonce unread in its end (only peeked): said once, then its messages
+                data, ancillary, _, _ = verdict.recvmsg(_SAID, _socket.CMSG_SPACE(_UCRED.size))
+            except ConnectionResetError:
                 continue
             except (BlockingIOError, InterruptedError):
                 break
             sender = next((_UCRED.unpack(d)[0] for level, kind, d in ancillary
                            if level == _socket.SOL_SOCKET and kind == _socket.SCM_CREDENTIALS and len(d) == _UCRED.size), None)  # fmt: skip
-            returned |= sender == program and data == nonce
-        self.say(f"ended {status} {usage.ru_utime + usage.ru_stime:.3f} {int(returned)}")
+            if sender == judge:
+                return data
+        return b""
 
-    # -- G --
+    # -- G and J --
 
-    def program(self, source: bytes | None, verdict: int) -> NoReturn:
-        """G: the unprivileged user, the limits, the filter, then the driver (never returns)."""
+    def program(self, source: bytes | None, channel: int) -> NoReturn:
+        """G: the unprivileged user, the limits, the filter, then the program's driver
+        (crossing.serve; never returns)."""
         try:
-            cfg = self.cfg
             if source is not None:
-                if cfg["root"]:
-                    os.setgroups([])
-                os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
-                os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
-                self.check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no new privileges)")
-                if libc.syscall(ARCHITECTURES[self.machine][1]["keyctl"], _KEYCTL_JOIN_SESSION_KEYRING, None) < 0 and ctypes.get_errno() != _ENOSYS:
-                    raise _Fail("a keyring of its own: " + os.strerror(ctypes.get_errno()))
-                os.chdir("/sandbox")
+                self.unprivileged()
                 with open("program.py", "wb") as f:
                     f.write(source)
-            self.limit()
-            if source is not None:
-                self.install_filter()
+            self.confine(source is not None)
             # closed as the driver starts: nothing the program does can speak on the launcher's channel
             os.set_inheritable(self.control.fileno(), False)
-            os.set_inheritable(verdict, True)
-            os.execve(cfg["python"], [cfg["python"], "-I", "-X", "utf8", "-c", cfg["driver"], str(verdict)], cfg["env"])
+            os.set_inheritable(channel, True)
+            driver = self.crossing + "\nserve(int(sys.argv[1]))\n"
+            os.execve(self.cfg["python"], [self.cfg["python"], "-I", "-X", "utf8", "-c", driver, str(channel)], self.cfg["env"])
         except BaseException as e:
             self.fail(e)
+
+    def judge(self, contained: bool, channel: int, verdict: _socket.socket, program: int) -> NoReturn:
+        """J: the unprivileged user, the limits and the filter too (the test is a file's, not
+        localcos's), then the test, run here against G's answers (crossing.judge); its word to I
+        is the nonce where the test's last statement returned, else "failed LINE" (or nothing:
+        G ended first, and G's end says why)."""
+        try:
+            if contained:
+                self.unprivileged()
+            self.confine(contained)
+            self.control.close()
+            crossing: dict[str, Any] = {"__name__": "crossing"}
+            exec(compile(self.crossing, "crossing.py", "exec"), crossing)
+            judged = self.judged
+            said = crossing["judge"](channel, judged["test"], judged["context"], judged["entry_point"], program)
+        except BaseException as e:
+            said = f"the judge: {type(e).__name__}: {e}"
+        if said is None:
+            verdict.send(self.cfg["nonce"].encode())
+            os._exit(0)
+        if said != "ended":
+            verdict.send(("failed " + said.replace("\n", " ")).encode("utf-8", "replace")[:_SAID])
+        os._exit(1)
+
+    def unprivileged(self) -> None:
+        """The box's user, no capabilities, no new privileges, a keyring of its own, in the program's folder."""
+        cfg = self.cfg
+        if cfg["root"]:
+            os.setgroups([])
+        os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
+        os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+        self.check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no new privileges)")
+        if libc.syscall(ARCHITECTURES[self.machine][1]["keyctl"], _KEYCTL_JOIN_SESSION_KEYRING, None) < 0 and ctypes.get_errno() != _ENOSYS:
+            raise _Fail("a keyring of its own: " + os.strerror(ctypes.get_errno()))
+        os.chdir("/sandbox")
+
+    def confine(self, contained: bool) -> None:
+        self.limit()
+        if contained:
+            self.install_filter()
 
     def limit(self) -> None:
         cfg, mb = self.cfg, 1 << 20

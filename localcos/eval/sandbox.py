@@ -40,17 +40,17 @@ the timeout; without a cgroup, memory for the processes as a whole (see docs/eva
 `UNCONTAINED` ("--sandbox none", asked for by name) runs the program with the same limits and
 timeout but without the namespaces: it can read, write and connect wherever its user can.
 
-The verdict is judged outside the program's reach: a program passes when its own process (not
-a process it forked, whose end is never the program's) ran its last statement to the end (for a
-code task: `check(candidate)`) and exited, as eval's init sees it (launcher.py: a nonce handed
-back from the program's process id, which the kernel vouches for). Exiting early in any form
+The verdict is judged outside the program's process: the program runs in a process of its own
+and answers calls; its test runs in another, the judge's, forked by eval's init (the same
+boundary), with the task's own code, and calls the program's functions with plain data, taking
+plain data back (`crossing`: no object of the program's reaches the test). A program passes
+when the test's last statement returned in the judge's process, as eval's init hears from that
+process id, which the kernel vouches for (launcher.py). Exiting early in any form
 (`sys.exit(0)`, `os._exit(0)`, `unittest.main()`, a thread or an atexit hook that exits) is a
-failure with its reason. The nonce is no name the program can reach: it waits in a socket's
-buffer, read only after the last statement returned. A program written to forge a pass (by
-reading that socket, or by changing what `check` does) is out of scope: it is the boundary, not
-the verdict, that holds against hostile code. The program's output reaches the harness only
-through pipes the harness owns: standard output is discarded, the last `_KEPT_OUTPUT` bytes of
-standard error are kept for the one line that says why it failed.
+failure with its reason; an always-equal value, a swapped `check`, a helper defined again or the
+verdict's channel sought by descriptor decide nothing. The program's output reaches the harness
+only through pipes the harness owns: standard output is discarded, the last `_KEPT_OUTPUT` bytes
+of standard error are kept for the one line that says why it failed where the judge did not say.
 """
 
 from __future__ import annotations
@@ -86,33 +86,8 @@ _SCRATCH_PREFIX = "localcos-eval-"  # then this process's id: what a killed eval
 _SCRATCH = re.compile(re.escape(_SCRATCH_PREFIX) + r"(\d+)-")
 
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")  # run by path: see its docstring
+_CROSSING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crossing.py")  # read by the launcher
 _WAIT_FOR_END = 10.0  # seconds the harness waits for a killed program's namespace to be gone
-
-# Runs the program (./program.py) as __main__ and, once its last statement has returned, hands back
-# the nonce eval's init left on the verdict channel (read only then, and not taken: a process the
-# program forked that ran to its end too finds it and sends it from its own process id, which is
-# not the program's) and ends at once (no atexit hook or thread can change that). It keeps no
-# name of its own: the program's globals are a dict of their own, and this module holds `main`.
-_DRIVER = r"""
-def main():
-    import os, sys, _socket
-    channel = int(sys.argv[1])
-    del sys.argv[1:]
-    sys.argv[0] = "program.py"
-    with open("program.py", encoding="utf-8") as f:
-        code = compile(f.read(), "program.py", "exec")
-    try:
-        exec(code, {"__name__": "__main__", "__file__": "program.py", "__builtins__": __builtins__})
-    except SystemExit as e:
-        sys.stderr.write("SystemExit: the program exited (%r) before its last statement returned\n" % (e.code,))
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    end = _socket.socket(fileno=channel)
-    end.send(end.recv(64, _socket.MSG_PEEK))
-    os._exit(0)
-main()
-"""
 
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc/ld.so.cache")
@@ -138,6 +113,21 @@ class Limits:
     def cpu(self) -> int:
         """The CPU seconds at which a process gets SIGXCPU (SIGKILL one second later)."""
         return self.cpu_seconds if self.cpu_seconds is not None else int(self.seconds) + 1
+
+
+@dataclass(frozen=True)
+class Program:
+    """What runs: the model's code (`source`, in a process of its own) and, judging it from
+    another (`crossing`), the test: it passes when the test's last statement returns. `context`
+    is the task's own code the test may use (its prompt: helpers the test calls), run by the
+    judge, never taken from the program; every other name the test reads and does not define
+    is the program's, the entry point always. Without a test, a program passes when its last
+    statement returned."""
+
+    source: str
+    test: str | None = None
+    context: str = ""
+    entry_point: str | None = None
 
 
 @dataclass(frozen=True)
@@ -171,7 +161,7 @@ def unavailable(sandbox: str = CONTAINED) -> str | None:
     if platform.machine() not in ARCHITECTURES:
         return f"the sandbox's system-call filter does not know this processor architecture ({platform.machine()})"
     try:
-        outcome = _run_checked("pass\n", Limits(seconds=10.0), sandbox)
+        outcome = _run_checked(Program("pass\n"), Limits(seconds=10.0), sandbox)
     except _SetupFailed as e:
         return str(e)
     return None if outcome.passed else f"a trivial program did not pass in the sandbox ({outcome.result})"
@@ -190,20 +180,22 @@ def require(sandbox: str) -> None:
         )
 
 
-def run_program(source: str, limits: Limits = Limits(), sandbox: str = CONTAINED) -> Outcome:
-    """Run `source` as a Python program in a temporary folder of its own, inside `sandbox` (see
+def run_program(program: Program | str, limits: Limits = Limits(), sandbox: str = CONTAINED) -> Outcome:
+    """Run `program` (a Program, or the source of one with no test) in a temporary folder of its own, inside `sandbox` (see
     the module's docstring); the folder is deleted afterwards, and no process of the program is
     left when this returns. Refuses with SandboxUnavailable where the boundary cannot be built.
     Building it for one program is tried twice (a fork or a mount can fail for a moment on a
     loaded machine); failing twice, it is the system's failure, not the program's: raised."""
     require(sandbox)
     _sweep()
+    if isinstance(program, str):
+        program = Program(program)
     try:
-        return _run_checked(source, limits, sandbox)
+        return _run_checked(program, limits, sandbox)
     except _SetupFailed:
         pass
     try:
-        return _run_checked(source, limits, sandbox)
+        return _run_checked(program, limits, sandbox)
     except _SetupFailed as e:  # it worked for the first program: say so, do not score it
         raise SandboxUnavailable(f"the sandbox could not be built for a program, twice: {e}", param="sandbox") from None
 
@@ -242,7 +234,7 @@ def _sweep() -> None:
     memcg.sweep()
 
 
-def _run_checked(source: str, limits: Limits, sandbox: str) -> Outcome:
+def _run_checked(program: Program, limits: Limits, sandbox: str) -> Outcome:
     scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
     group = None
     try:
@@ -251,7 +243,9 @@ def _run_checked(source: str, limits: Limits, sandbox: str) -> Outcome:
         os.mkdir(folder, 0o700)
         os.mkdir(new_root, 0o700)
         with open(os.path.join(folder, "program.py"), "w", encoding="utf-8") as f:
-            f.write(source)
+            f.write(program.source)
+        with open(os.path.join(folder, "judge.marshal"), "wb") as f:
+            f.write(marshal.dumps({"test": program.test, "context": program.context, "entry_point": program.entry_point}))
         try:
             group = memcg.make(limits.memory_mb << 20)
         except OSError as e:
@@ -266,15 +260,21 @@ def _run_checked(source: str, limits: Limits, sandbox: str) -> Outcome:
 @dataclass
 class _Heard:
     """What came back from one program: the end of its stderr, and on the launcher's channel a
-    setup failure, the pidfd whose end ends the program, the program's wait status, the CPU
-    seconds it used and whether it finished (its last statement returned, see launcher.py)."""
+    setup failure, the pidfd whose end ends the program, and once the verdict is known (see
+    launcher.py) how the program's process and the judge's ended (wait status and CPU seconds;
+    the program's None where it had not), whether the test passed, and the judge's line where
+    the test failed."""
 
     stderr: bytearray = field(default_factory=bytearray)
     setup: str | None = None
     pidfd: int | None = None
+    ended: bool = False
     status: int | None = None
     cpu: float = 0.0
+    judge_status: int = 0
+    judge_cpu: float = 0.0
     returned: bool = False
+    failed: str = ""
     timed_out: bool = False
 
 
@@ -287,7 +287,7 @@ def _run(folder: str, new_root: str, limits: Limits, sandbox: str, root: bool, g
         "uid": _NOBODY if root else os.geteuid(), "gid": _NOBODY if root else os.getegid(),
         "read_only": [*_SYSTEM, *prefixes], "devices": list(_DEVICES), "cgroup": None if group is None else group.folder,
         "memory_mb": limits.memory_mb, "folder_mb": limits.folder_mb, "cpu_seconds": limits.cpu, "file_mb": limits.file_mb,
-        "open_files": limits.open_files, "processes": limits.processes, "driver": _DRIVER, "nonce": secrets.token_hex(16),
+        "open_files": limits.open_files, "processes": limits.processes, "crossing": _CROSSING, "nonce": secrets.token_hex(16),
         "env": {"PATH": "/usr/bin:/bin", "HOME": inside, "TMPDIR": inside, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
     }  # fmt: skip
     heard = _Heard()
@@ -313,14 +313,18 @@ def _run(folder: str, new_root: str, limits: Limits, sandbox: str, root: bool, g
     seconds = time.monotonic() - t0
     if heard.setup is not None:
         raise _SetupFailed(heard.setup)
-    if heard.returned and heard.status is not None and os.WIFEXITED(heard.status) and os.WEXITSTATUS(heard.status) == 0:
+    if heard.returned:
         return Outcome(True, "passed", seconds)
     if heard.timed_out:
         return Outcome(False, f"timed out after {limits.seconds:g}s", seconds)
     if group is not None and group.out_of_memory():
         return Outcome(False, f"out of memory (its processes held more than {limits.memory_mb} MiB in all)", seconds)
-    if heard.status is None:  # the launcher ended without a word: its own exit status is all there is
+    if not heard.ended:  # the launcher ended without a word: its own exit status is all there is
         return Outcome(False, f"the sandbox's launcher ended with status {proc.returncode} before the program did", seconds)
+    if heard.failed:  # the test failed, in the judge's words
+        return Outcome(False, _said(heard.failed, limits), seconds)
+    if heard.status is None or (os.WIFSIGNALED(heard.judge_status) and not os.WIFSIGNALED(heard.status)):
+        return Outcome(False, _why(heard.judge_status, heard.judge_cpu, "", limits, "the test"), seconds)
     return Outcome(False, _why(heard.status, heard.cpu, heard.stderr.decode("utf-8", errors="replace"), limits), seconds)
 
 
@@ -335,7 +339,7 @@ def _collect(proc: subprocess.Popen, control: socket.socket, deadline: float, he
         while sel.get_map():
             left = deadline - time.monotonic()
             if left <= 0:
-                heard.timed_out = proc.poll() is None or heard.status is None
+                heard.timed_out = proc.poll() is None or not heard.ended
                 return
             for key, _ in sel.select(min(left, 0.5)):
                 if key.fd == control.fileno():
@@ -366,8 +370,11 @@ def _hear(control: socket.socket, heard: _Heard) -> bool:
     if text.startswith("setup: ") and heard.setup is None:
         heard.setup = text[7:].strip()
     elif text.startswith("ended "):
-        status, cpu, returned = text.split()[1:4]
-        heard.status, heard.cpu, heard.returned = int(status), float(cpu), returned == "1"
+        first, _, heard.failed = text.partition("\n")
+        status, cpu, judge_status, judge_cpu, returned = first.split()[1:6]
+        heard.status = None if status == "-" else int(status)
+        heard.cpu, heard.judge_status, heard.judge_cpu = float(cpu), int(judge_status), float(judge_cpu)
+        heard.returned, heard.ended = returned == "1", True
     return True
 
 
@@ -376,7 +383,7 @@ def _end(proc: subprocess.Popen, control: socket.socket, heard: _Heard) -> None:
     process 1 of the program's PID namespace: the kernel kills the rest of the namespace with it),
     then the launcher's process group; and wait until that process is gone, so nothing of the
     program runs once this returns."""
-    if heard.pidfd is None and heard.status is None and proc.poll() is None:
+    if heard.pidfd is None and not heard.ended and proc.poll() is None:
         # the pidfd may be on its way: a program started just before the deadline
         control.settimeout(0.05)
         try:
@@ -396,9 +403,9 @@ def _end(proc: subprocess.Popen, control: socket.socket, heard: _Heard) -> None:
         select.select([heard.pidfd], [], [], _WAIT_FOR_END)
 
 
-def _why(status: int, cpu: float, stderr: str, limits: Limits) -> str:
-    """One line for a program whose last statement did not return, from its wait status, the CPU
-    seconds it used and the end of its stderr."""
+def _why(status: int, cpu: float, stderr: str, limits: Limits, whose: str = "its last statement") -> str:
+    """One line for a program whose last statement (or test: `whose`) did not return, from its
+    wait status, the CPU seconds it used and the end of its stderr."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         name = signal.Signals(sig).name if sig in signal.valid_signals() else f"signal {sig}"
@@ -411,9 +418,13 @@ def _why(status: int, cpu: float, stderr: str, limits: Limits) -> str:
     code = os.waitstatus_to_exitcode(status)
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     if not lines:
-        return f"exited with status {code} before its last statement returned"
-    last = lines[-1]
+        return f"exited with status {code} before {whose} returned"
+    return _said(lines[-1], limits)
+
+
+def _said(last: str, limits: Limits) -> str:
+    """One line for a program that failed, from the line that says why (a traceback's last)."""
     if last.startswith("MemoryError"):
         return f"out of memory (more than {limits.memory_mb} MiB)"
-    last = "".join(c if c.isprintable() else "?" for c in last)
+    last = "".join(c if c.isprintable() else "?" for c in last.strip())
     return "failed: " + (last[:200] + "..." if len(last) > 200 else last)
