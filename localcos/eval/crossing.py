@@ -213,7 +213,7 @@ def _answer(namespace: dict[str, Any], request: Any) -> list[Any]:
     try:
         function = namespace[name]
     except KeyError:
-        return ["raise", "NameError", [name], f"name {name!r} is not defined"]
+        return ["raise", "NameError", ["l", f"name {name!r} is not defined"], f"name {name!r} is not defined"]
     arguments, keywords = decode(args), decode(kwargs)
     try:
         result = function(*arguments, **keywords)

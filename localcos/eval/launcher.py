@@ -437,8 +437,11 @@ class Launcher:
             if contained:
                 self.unprivileged()
             self.confine(contained)
-            self.control.close()
-            crossing: dict[str, Any] = {"__name__": "crossing"}
+        except BaseException as e:
+            self.fail(e)
+        self.control.close()
+        crossing: dict[str, Any] = {"__name__": "crossing"}
+        try:
             exec(compile(self.crossing, "crossing.py", "exec"), crossing)
             judged = self.judged
             said = crossing["judge"](channel, judged["test"], judged["context"], judged["entry_point"], program)
@@ -447,7 +450,7 @@ class Launcher:
         if said is None:
             verdict.send(self.cfg["nonce"].encode())
             os._exit(0)
-        if said != "ended":
+        if said != crossing.get("ENDED"):
             verdict.send(("failed " + said.replace("\n", " ")).encode("utf-8", "replace")[:_SAID])
         os._exit(1)
 
