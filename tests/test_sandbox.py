@@ -215,6 +215,13 @@ HOSTILE = {
         "allowed = [n for n, (a, b) in calls.items() if libc.syscall(a if x86 else b, fd, 0, 0, 0, 0) >= 0 or ctypes.get_errno() != 1]\n"
         "assert not allowed, allowed\nraise PermissionError('every one refused')"
     ),
+    "calls what the allow list leaves out": (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nx86 = os.uname().machine == 'x86_64'\n"
+        "calls = dict(mount=(165, 40), bpf=(321, 280), kexec_load=(246, 104), acct=(163, 89), swapon=(167, 224), chroot=(161, 51),\n"
+        "             syslog=(103, 116), io_uring_enter=(426, 426), init_module=(175, 105), shmat=(30, 196))\n"
+        "said = {{n: ctypes.get_errno() if libc.syscall(a if x86 else b, 0, 0, 0, 0, 0) < 0 else 0 for n, (a, b) in calls.items()}}\n"
+        "assert set(said.values()) == {{38}}, said\nraise OSError(38, 'none of them exists here')"
+    ),
     "raises its core file limit": (
         "import resource\nlimit = resource.getrlimit(resource.RLIMIT_CORE)\ntry:\n"
         "    resource.setrlimit(resource.RLIMIT_CORE, (1 << 20, 1 << 20))\nexcept ValueError:\n"
@@ -286,6 +293,8 @@ SAYS = {
     "queues real-time signals": "RuntimeError: queued 64",
     "calls what a container's default profile refuses": "PermissionError: every one refused",
     "probes the page cache of the host's files": "PermissionError: every one refused",
+    # not on the allow list: as if the kernel had no such call
+    "calls what the allow list leaves out": "OSError: [Errno 38] none of them exists here",
     # a core file limit of 1 (a hard one): no core_pattern helper is started for a crash
     "raises its core file limit": "ValueError: core limit (1, 1), not raised",
     "forges a setup failure": "exited with status 125 before its last statement returned",
@@ -314,6 +323,17 @@ def test_nothing_changes_after_a_grace_period_for_late_writers(world):
     outcome = run_program(hostile("leaves a process behind with setsid", world), LIMITS)
     time.sleep(2.0)  # the process it left would have written at 1.5 s
     assert_contained(world, before, outcome, "late writer")
+
+
+def test_the_filter_allows_by_name_and_refuses_nothing_it_allows():
+    from localcos.eval import launcher
+
+    assert not set(launcher._ALLOWED) & set(launcher._DENIED)
+    assert all(name in launcher._NUMBERS for name in (*launcher._ALLOWED, *launcher._DENIED))
+    for machine, (_, numbers) in launcher.ARCHITECTURES.items():
+        assert len(set(numbers.values())) == len(numbers), machine  # no two names share a number
+        program = launcher.seccomp_filter(machine)
+        assert len(program) % 8 == 0 and len(program) // 8 < 4096, machine
 
 
 def test_a_program_may_use_its_own_folder_and_print_anything():

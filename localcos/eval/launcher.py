@@ -60,23 +60,103 @@ SETUP_FAILED = 125  # P's exit status when the boundary could not be built
 
 # -- seccomp: system calls a program is refused ------------------------------------------------------
 
-# (AUDIT_ARCH_*, the numbers of the calls below) for each processor architecture the filter knows;
+# Every system call the filter names: (its number on x86_64, in asm-generic/unistd.h: aarch64's
+# and riscv64's), None where that ABI has none (read from the kernel's headers; riscv64's own
+# riscv_hwprobe and riscv_flush_icache are no call on aarch64, where the kernel says ENOSYS)
+_NUMBERS: dict[str, tuple[int | None, int | None]] = {
+    "read": (0, 63), "write": (1, 64), "open": (2, None), "close": (3, 57), "stat": (4, None), "fstat": (5, 80), "lstat": (6, None),
+    "poll": (7, None), "lseek": (8, 62), "mmap": (9, 222), "mprotect": (10, 226), "munmap": (11, 215), "brk": (12, 214), "rt_sigaction": (13, 134),
+    "rt_sigprocmask": (14, 135), "rt_sigreturn": (15, 139), "ioctl": (16, 29), "pread64": (17, 67), "pwrite64": (18, 68), "readv": (19, 65),
+    "writev": (20, 66), "access": (21, None), "pipe": (22, None), "select": (23, None), "sched_yield": (24, 124), "mremap": (25, 216),
+    "msync": (26, 227), "madvise": (28, 233), "dup": (32, 23), "dup2": (33, None), "pause": (34, None), "nanosleep": (35, 101),
+    "getitimer": (36, 102), "alarm": (37, None), "setitimer": (38, 103), "getpid": (39, 172), "sendfile": (40, 71), "connect": (42, 203),
+    "accept": (43, 202), "sendto": (44, 206), "recvfrom": (45, 207), "sendmsg": (46, 211), "recvmsg": (47, 212), "shutdown": (48, 210),
+    "bind": (49, 200), "listen": (50, 201), "getsockname": (51, 204), "getpeername": (52, 205), "getsockopt": (55, 209), "fork": (57, None),
+    "vfork": (58, None), "execve": (59, 221), "exit": (60, 93), "wait4": (61, 260), "kill": (62, 129), "uname": (63, 160), "fsync": (74, 82),
+    "fdatasync": (75, 83), "truncate": (76, 45), "ftruncate": (77, 46), "getdents": (78, None), "getcwd": (79, 17), "chdir": (80, 49),
+    "fchdir": (81, 50), "rename": (82, None), "mkdir": (83, None), "rmdir": (84, None), "creat": (85, None), "link": (86, None),
+    "unlink": (87, None), "symlink": (88, None), "readlink": (89, None), "chmod": (90, None), "fchmod": (91, 52), "chown": (92, None),
+    "fchown": (93, 55), "lchown": (94, None), "umask": (95, 166), "gettimeofday": (96, 169), "getrlimit": (97, 163), "getrusage": (98, 165),
+    "sysinfo": (99, 179), "times": (100, 153), "getuid": (102, 174), "getgid": (104, 176), "setuid": (105, 146), "setgid": (106, 144),
+    "geteuid": (107, 175), "getegid": (108, 177), "setpgid": (109, 154), "getppid": (110, 173), "getpgrp": (111, None), "setsid": (112, 157),
+    "setreuid": (113, 145), "setregid": (114, 143), "getgroups": (115, 158), "setgroups": (116, 159), "setresuid": (117, 147),
+    "getresuid": (118, 148), "setresgid": (119, 149), "getresgid": (120, 150), "getpgid": (121, 155), "setfsuid": (122, 151), "setfsgid": (123, 152),
+    "getsid": (124, 156), "capget": (125, 90), "capset": (126, 91), "rt_sigpending": (127, 136), "rt_sigtimedwait": (128, 137),
+    "rt_sigqueueinfo": (129, 138), "rt_sigsuspend": (130, 133), "sigaltstack": (131, 132), "utime": (132, None), "mknod": (133, None),
+    "statfs": (137, 43), "fstatfs": (138, 44), "getpriority": (140, 141), "setpriority": (141, 140), "sched_setparam": (142, 118),
+    "sched_getparam": (143, 121), "sched_setscheduler": (144, 119), "sched_getscheduler": (145, 120), "sched_get_priority_max": (146, 125),
+    "sched_get_priority_min": (147, 126), "sched_rr_get_interval": (148, 127), "mlock": (149, 228), "munlock": (150, 229), "mlockall": (151, 230),
+    "munlockall": (152, 231), "prctl": (157, 167), "arch_prctl": (158, None), "adjtimex": (159, 171), "setrlimit": (160, 164), "gettid": (186, 178),
+    "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7), "getxattr": (191, 8), "lgetxattr": (192, 9), "fgetxattr": (193, 10),
+    "listxattr": (194, 11), "llistxattr": (195, 12), "flistxattr": (196, 13), "removexattr": (197, 14), "lremovexattr": (198, 15),
+    "fremovexattr": (199, 16), "tkill": (200, 130), "time": (201, None), "futex": (202, 98), "sched_setaffinity": (203, 122),
+    "sched_getaffinity": (204, 123), "set_thread_area": (205, None), "io_setup": (206, 0), "io_destroy": (207, 1), "io_getevents": (208, 4),
+    "io_submit": (209, 2), "io_cancel": (210, 3), "get_thread_area": (211, None), "epoll_create": (213, None), "epoll_ctl_old": (214, None),
+    "epoll_wait_old": (215, None), "remap_file_pages": (216, 234), "getdents64": (217, 61), "set_tid_address": (218, 96),
+    "restart_syscall": (219, 128), "timer_create": (222, 107), "timer_settime": (223, 110), "timer_gettime": (224, 108),
+    "timer_getoverrun": (225, 109), "timer_delete": (226, 111), "clock_gettime": (228, 113), "clock_getres": (229, 114),
+    "clock_nanosleep": (230, 115), "exit_group": (231, 94), "epoll_wait": (232, None), "epoll_ctl": (233, 21), "tgkill": (234, 131),
+    "utimes": (235, None), "waitid": (247, 95), "ioprio_set": (251, 30), "ioprio_get": (252, 31), "openat": (257, 56), "mkdirat": (258, 34),
+    "mknodat": (259, 33), "fchownat": (260, 54), "futimesat": (261, None), "newfstatat": (262, 79), "unlinkat": (263, 35), "renameat": (264, 38),
+    "linkat": (265, 37), "symlinkat": (266, 36), "readlinkat": (267, 78), "fchmodat": (268, 53), "faccessat": (269, 48), "pselect6": (270, 72),
+    "ppoll": (271, 73), "set_robust_list": (273, 99), "get_robust_list": (274, 100), "splice": (275, 76), "tee": (276, 77),
+    "sync_file_range": (277, 84), "vmsplice": (278, 75), "utimensat": (280, 88), "epoll_pwait": (281, 22), "signalfd": (282, None),
+    "timerfd_create": (283, 85), "eventfd": (284, None), "fallocate": (285, 47), "timerfd_settime": (286, 86), "timerfd_gettime": (287, 87),
+    "accept4": (288, 242), "signalfd4": (289, 74), "eventfd2": (290, 19), "epoll_create1": (291, 20), "dup3": (292, 24), "pipe2": (293, 59),
+    "preadv": (295, 69), "pwritev": (296, 70), "rt_tgsigqueueinfo": (297, 240), "recvmmsg": (299, 243), "prlimit64": (302, 261),
+    "clock_adjtime": (305, 266), "sendmmsg": (307, 269), "getcpu": (309, 168), "sched_setattr": (314, 274), "sched_getattr": (315, 275),
+    "renameat2": (316, 276), "seccomp": (317, 277), "getrandom": (318, 278), "execveat": (322, 281), "membarrier": (324, 283), "mlock2": (325, 284),
+    "copy_file_range": (326, 285), "statx": (332, 291), "io_pgetevents": (333, 292), "rseq": (334, 293), "pidfd_send_signal": (424, 424),
+    "pidfd_open": (434, 434), "close_range": (436, 436), "openat2": (437, 437), "faccessat2": (439, 439), "epoll_pwait2": (441, 441),
+    "landlock_create_ruleset": (444, 444), "landlock_add_rule": (445, 445), "landlock_restrict_self": (446, 446), "process_mrelease": (448, 448),
+    "futex_waitv": (449, 449), "riscv_hwprobe": (None, 258), "riscv_flush_icache": (None, 259), "socket": (41, 198), "socketpair": (53, 199),
+    "clone": (56, 220), "clone3": (435, 435), "unshare": (272, 97), "setns": (308, 268), "shmget": (29, 194), "msgget": (68, 186),
+    "semget": (64, 190), "mq_open": (240, 180), "memfd_create": (319, 279), "io_uring_setup": (425, 425), "pivot_root": (155, 41),
+    "keyctl": (250, 219), "setsockopt": (54, 208), "fcntl": (72, 25), "ptrace": (101, 117), "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271), "pidfd_getfd": (438, 438), "add_key": (248, 217), "request_key": (249, 218), "perf_event_open": (298, 241),
+    "userfaultfd": (323, 282), "fanotify_init": (300, 262), "inotify_init1": (294, 26), "name_to_handle_at": (303, 264),
+    "open_by_handle_at": (304, 265), "personality": (135, 92), "sync": (162, 81), "syncfs": (306, 267), "flock": (73, 32), "fadvise64": (221, 223),
+    "preadv2": (327, 286), "pwritev2": (328, 287), "mincore": (27, 232), "readahead": (187, 213), "cachestat": (451, 451),
+    "inotify_init": (253, None), "modify_ldt": (154, None),
+}  # fmt: skip
+# (AUDIT_ARCH_*, the column of `_NUMBERS`) for each processor architecture the filter knows;
 # elsewhere the contained sandbox refuses to run (the harness says so before any model loads)
-_NAMES = ("socket", "socketpair", "clone", "clone3", "unshare", "setns", "shmget", "msgget", "semget", "mq_open",
-          "memfd_create", "io_uring_setup", "pivot_root", "keyctl", "setsockopt", "fcntl", "ptrace", "process_vm_readv",
-          "process_vm_writev", "pidfd_getfd", "add_key", "request_key", "perf_event_open", "userfaultfd", "fanotify_init",
-          "inotify_init1", "name_to_handle_at", "open_by_handle_at", "personality", "sync", "syncfs", "flock",
-          "fadvise64", "preadv2", "pwritev2", "mincore", "readahead", "cachestat", "inotify_init", "modify_ldt")  # fmt: skip
-_GENERIC = (198, 199, 220, 435, 97, 268, 194, 186, 190, 180, 279, 425, 41, 219, 208, 25, 117, 270, 271, 438,
-            217, 218, 241, 282, 262, 26, 264, 265, 92, 81, 267, 32, 223, 286, 287, 232, 213, 451)  # asm-generic/unistd.h (no inotify_init, no modify_ldt)
-_X86_64 = (41, 53, 56, 435, 272, 308, 29, 68, 64, 240, 319, 425, 155, 250, 54, 72, 101, 310, 311, 438,
-           248, 249, 298, 323, 300, 294, 303, 304, 135, 162, 306, 73, 221, 327, 328, 27, 187, 451, 253, 154)  # asm/unistd_64.h
+_AUDIT = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1), "arm64": (0xC00000B7, 1), "riscv64": (0xC00000F3, 1)}
 ARCHITECTURES: dict[str, tuple[int, dict[str, int]]] = {
-    "x86_64": (0xC000003E, dict(zip(_NAMES, _X86_64))),
-    "aarch64": (0xC00000B7, dict(zip(_NAMES, _GENERIC))),
-    "arm64": (0xC00000B7, dict(zip(_NAMES, _GENERIC))),
-    "riscv64": (0xC00000F3, dict(zip(_NAMES, _GENERIC))),
+    machine: (audit, {name: number for name, pair in _NUMBERS.items() if (number := pair[column]) is not None})
+    for machine, (audit, column) in _AUDIT.items()
 }
+# what a program may call besides the calls `seccomp_filter` reads the arguments of: Docker's
+# default profile for a process with no capabilities, less what is refused outright (`_DENIED`)
+# and the rest of those families (System V and POSIX IPC, io_uring, inotify, fanotify,
+# memfd_secret); any other call says ENOSYS, as a call the kernel lacks, so the C library falls
+# back where it can
+_ALLOWED = (
+    "read", "write", "open", "close", "stat", "fstat", "lstat", "poll", "lseek", "mmap", "mprotect", "munmap", "brk", "rt_sigaction",
+    "rt_sigprocmask", "rt_sigreturn", "ioctl", "pread64", "pwrite64", "readv", "writev", "access", "pipe", "select", "sched_yield", "mremap",
+    "msync", "madvise", "dup", "dup2", "pause", "nanosleep", "getitimer", "alarm", "setitimer", "getpid", "sendfile", "connect", "accept", "sendto",
+    "recvfrom", "sendmsg", "recvmsg", "shutdown", "bind", "listen", "getsockname", "getpeername", "getsockopt", "fork", "vfork", "execve", "exit",
+    "wait4", "kill", "uname", "fsync", "fdatasync", "truncate", "ftruncate", "getdents", "getcwd", "chdir", "fchdir", "rename", "mkdir", "rmdir",
+    "creat", "link", "unlink", "symlink", "readlink", "chmod", "fchmod", "chown", "fchown", "lchown", "umask", "gettimeofday", "getrlimit",
+    "getrusage", "sysinfo", "times", "getuid", "getgid", "setuid", "setgid", "geteuid", "getegid", "setpgid", "getppid", "getpgrp", "setsid",
+    "setreuid", "setregid", "getgroups", "setgroups", "setresuid", "getresuid", "setresgid", "getresgid", "getpgid", "setfsuid", "setfsgid",
+    "getsid", "capget", "capset", "rt_sigpending", "rt_sigtimedwait", "rt_sigqueueinfo", "rt_sigsuspend", "sigaltstack", "utime", "mknod", "statfs",
+    "fstatfs", "getpriority", "setpriority", "sched_setparam", "sched_getparam", "sched_setscheduler", "sched_getscheduler",
+    "sched_get_priority_max", "sched_get_priority_min", "sched_rr_get_interval", "mlock", "munlock", "mlockall", "munlockall", "prctl", "arch_prctl",
+    "adjtimex", "setrlimit", "gettid", "setxattr", "lsetxattr", "fsetxattr", "getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr",
+    "flistxattr", "removexattr", "lremovexattr", "fremovexattr", "tkill", "time", "futex", "sched_setaffinity", "sched_getaffinity",
+    "set_thread_area", "io_setup", "io_destroy", "io_getevents", "io_submit", "io_cancel", "get_thread_area", "epoll_create", "epoll_ctl_old",
+    "epoll_wait_old", "remap_file_pages", "getdents64", "set_tid_address", "restart_syscall", "timer_create", "timer_settime", "timer_gettime",
+    "timer_getoverrun", "timer_delete", "clock_gettime", "clock_getres", "clock_nanosleep", "exit_group", "epoll_wait", "epoll_ctl", "tgkill",
+    "utimes", "waitid", "ioprio_set", "ioprio_get", "openat", "mkdirat", "mknodat", "fchownat", "futimesat", "newfstatat", "unlinkat", "renameat",
+    "linkat", "symlinkat", "readlinkat", "fchmodat", "faccessat", "pselect6", "ppoll", "set_robust_list", "get_robust_list", "splice", "tee",
+    "sync_file_range", "vmsplice", "utimensat", "epoll_pwait", "signalfd", "timerfd_create", "eventfd", "fallocate", "timerfd_settime",
+    "timerfd_gettime", "accept4", "signalfd4", "eventfd2", "epoll_create1", "dup3", "pipe2", "preadv", "pwritev", "rt_tgsigqueueinfo", "recvmmsg",
+    "prlimit64", "clock_adjtime", "sendmmsg", "getcpu", "sched_setattr", "sched_getattr", "renameat2", "seccomp", "getrandom", "execveat",
+    "membarrier", "mlock2", "copy_file_range", "statx", "io_pgetevents", "rseq", "pidfd_send_signal", "pidfd_open", "close_range", "openat2",
+    "faccessat2", "epoll_pwait2", "landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self", "process_mrelease", "futex_waitv",
+    "riscv_hwprobe", "riscv_flush_icache",
+)  # fmt: skip
 # refused outright: besides round 3's (memory held outside the address space, namespaces, reaching
 # around the filter or into another process), round 4's: the key calls (request_key starts
 # /sbin/request-key as root in the host's namespaces), the calls a container's default profile
@@ -104,7 +184,7 @@ _SIGNALS_PENDING = 64  # real-time signals and POSIX timers a program may hold q
 _NO_CORE = (1, 1)
 _EPERM, _ENOSYS = 1, 38
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
-_LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_LD_W_ABS, _JEQ, _JGT, _JGE, _JSET, _RET = 0x20, 0x15, 0x25, 0x35, 0x45, 0x06
 
 
 def _arg(i: int) -> int:
@@ -112,28 +192,43 @@ def _arg(i: int) -> int:
     return 16 + 8 * i
 
 
+def _runs(numbers: list[int]) -> list[tuple[int, int]]:
+    """Sorted numbers as (first, last) runs of consecutive ones."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return [(first, last) for first, last in runs]
+
+
 def seccomp_filter(machine: str) -> bytes:
-    """The classic-BPF program G installs before the program runs: a program may create only
-    Unix sockets (no AF_VSOCK, netlink, packet or IP socket: the network namespace isolates IP,
-    not the others), may not enter or make namespaces (a user namespace of its own would let it
-    mount a file system of unbounded size), and may not hold memory outside its address space
-    (System V shared memory, message queues and semaphores, POSIX message queues, memfd, socket
-    buffers or pipes grown past the system's defaults), reach around the filter (io_uring) or
-    into another process of its namespace (ptrace, process_vm_*, pidfd_getfd: eval's init runs
-    there), start the kernel's helpers (the key calls), or watch, lock or probe the page cache of the
-    host's files it reads (inotify, fanotify, flock, POSIX locks; fadvise, preadv2, mincore,
-    readahead, cachestat); nor the calls a container's default profile
-    refuses (`_DENIED`). clone3 says ENOSYS, so the C library falls back to clone, whose flags the
-    filter can read; every other refusal is EPERM. Calls of another ABI (i386 on x86_64, x32)
-    are refused as a whole."""
+    """The classic-BPF program G and J install before the test or the program runs: an allow
+    list (`_ALLOWED`: anything else says ENOSYS) with, refused outright with EPERM (`_DENIED`),
+    what would let a program out or cost the host: it may create only Unix sockets (no AF_VSOCK,
+    netlink, packet or IP socket: the network namespace isolates IP, not the others), may not
+    enter or make namespaces (a user namespace of its own would let it mount a file system of
+    unbounded size), and may not hold memory outside its address space (System V shared memory,
+    message queues and semaphores, POSIX message queues, memfd, socket buffers or pipes grown
+    past the system's defaults), reach around the filter (io_uring) or into another process of
+    its namespace (ptrace, process_vm_*, pidfd_getfd: eval's init and the judge run there), start
+    the kernel's helpers (the key calls), or watch, lock or probe the page cache of the host's
+    files it reads (inotify, fanotify, flock, POSIX locks; fadvise, preadv2, mincore, readahead,
+    cachestat); nor the calls a container's default profile refuses. clone3 says ENOSYS, so the
+    C library falls back to clone, whose flags the filter can read. Calls of another ABI (i386
+    on x86_64, x32) are refused as a whole."""
     arch, nr = ARCHITECTURES[machine]
     code: list[tuple[int, Any, Any, int]] = [(_LD_W_ABS, 0, 0, 4), (_JEQ, 0, "deny", arch), (_LD_W_ABS, 0, 0, 0)]
     if machine == "x86_64":
         code.append((_JGE, "deny", 0, _X32_BIT))
     code += [(_JEQ, "deny", 0, nr[name]) for name in _DENIED if name in nr]
     code += [(_JEQ, "enosys", 0, nr["clone3"]), (_JEQ, "socket", 0, nr["socket"]), (_JEQ, "socket", 0, nr["socketpair"]),
-             (_JEQ, "clone", 0, nr["clone"]), (_JEQ, "setsockopt", 0, nr["setsockopt"]), (_JEQ, "fcntl", 0, nr["fcntl"]),
-             (_RET, 0, 0, _RET_ALLOW)]  # fmt: skip
+             (_JEQ, "clone", 0, nr["clone"]), (_JEQ, "setsockopt", 0, nr["setsockopt"]), (_JEQ, "fcntl", 0, nr["fcntl"])]  # fmt: skip
+    # the allowed calls as runs of consecutive numbers, lowest first: above a run, on to the next
+    for first, last in _runs(sorted(nr[name] for name in _ALLOWED if name in nr)):
+        code += [(_JGT, 1, 0, last), (_JGE, "allow", "enosys", first)]
+    code.append((_RET, 0, 0, _RET_ERRNO | _ENOSYS))
     labels = {"socket": len(code)}
     code += [(_LD_W_ABS, 0, 0, _arg(0)), (_JEQ, "allow", "deny", _AF_UNIX)]
     labels["clone"] = len(code)
