@@ -21,11 +21,12 @@ launcher (`launcher.py`, run by path) started for each program:
   is gone: nothing of the program runs once `run_program` has returned. A scratch folder or
   cgroup that a killed eval left is removed the next time a program runs (`_sweep`);
 - a network namespace with no interface up, an IPC namespace and a UTS namespace of its own;
-- a seccomp filter (`launcher.seccomp_filter`): only Unix sockets (the network namespace does not
-  isolate AF_VSOCK, the way to a virtual machine's host), no namespaces of its own, no System V
-  or POSIX IPC, memfd or io_uring (memory held outside the address space's limit), socket
-  buffers and pipes at the system's default sizes (kernel memory the address space does not
-  count), no ptrace of another process;
+- a seccomp filter (`launcher.seccomp_filter`), an allow list: only Unix sockets (the network
+  namespace does not isolate AF_VSOCK, the way to a virtual machine's host), no namespaces of
+  its own, no System V or POSIX IPC, memfd or io_uring (memory held outside the address space's
+  limit), socket buffers and pipes at the system's default sizes (kernel memory the address
+  space does not count), no ptrace of another process, nothing that watches, locks or probes
+  the host's files bound into the box, no upcall to the kernel's helpers;
 - the kernel's limits on each process (`resource`): address space, CPU time (SIGXCPU, then
   SIGKILL a second later), the size of a file it writes, open files, processes, message queues,
   locked memory, no core dumps; and a wall-clock timeout;
