@@ -10,7 +10,8 @@ top_k/top_p/infill, t_max_predict_ms 1000, cache_prompt) and waits for it, as an
 shows each suggestion does. Every configuration is a server of its own, all loaded before the
 replay: localcos serving the 1.5B alone, `sd` and `cos --gamma auto` with the 0.5B drafting, the
 1.5B with drafts looked up in the prompt (`--proposer lookup`), the 1.5B reading the suffix's
-first 64 tokens only (`--infill-suffix 64`), and llama-server (built once from
+first 64 tokens only (`--infill-suffix 64`), the 1.5B answering typed characters that begin its
+last suggestion with the rest of it (`--infill-continue`), and llama-server (built once from
 the llama.cpp localcos runs on) with the same file, threads, context and batch. Each request goes
 to every server in turn, one server computing at a time, the order rotating, so the machine's
 drift falls on all of them alike. Printed per configuration: the median and p90 milliseconds a
@@ -53,6 +54,9 @@ CONFIGS = {
     # the 1.5B alone reading a quarter of the suffix llama-server reads at -b 1024: what a keystroke
     # saves, and how often its suggestion is still the whole suffix's ("same text")
     "suffix-64": ["--models", "coder-1.5b", "--method", "ensemble", "--infill-suffix", "64"],
+    # the 1.5B alone, typed characters that begin the last suggestion answered with its rest (no
+    # model run): how often that is the model's own middle there is its "same text" among those
+    "continue": ["--models", "coder-1.5b", "--method", "ensemble", "--infill-continue"],
 }
 
 
@@ -98,9 +102,10 @@ class Result:
     prompt_ms: list[float] = field(default_factory=list)  # the server's own timings
     predicted_ms: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
+    continued: list[bool] = field(default_factory=list)  # answered with the last suggestion's rest (--infill-continue)
 
 
-def replay(servers: dict[str, str], files: list[list[Request]], n_predict: int, extra: dict) -> dict[str, Result]:
+def replay(servers: dict[str, str], files: list[list[Request]], n_predict: int, extra: dict, sampling: dict) -> dict[str, Result]:
     """Each file's requests, its first one as the editor opens it (not counted), each sent to
     every server in turn (the order rotating by one each request), the next once it has answered:
     one server computes at a time."""
@@ -108,7 +113,7 @@ def replay(servers: dict[str, str], files: list[list[Request]], n_predict: int, 
     names = list(servers)
 
     def send(client: httpx.Client, name: str, r: Request, seed: int) -> dict:
-        answer = client.post(servers[name] + "/infill", json=r.body(n_predict, seed, extra if name != "llama-server" else {}))
+        answer = client.post(servers[name] + "/infill", json=r.body(n_predict, seed, {**sampling, **(extra if name != "llama-server" else {})}))
         if answer.status_code != 200:
             raise SystemExit(f"{name}: /infill answered {answer.status_code}: {answer.text}")
         return answer.json()
@@ -130,6 +135,7 @@ def replay(servers: dict[str, str], files: list[list[Request]], n_predict: int, 
                     result.prompt_ms.append(float(body["timings"]["prompt_ms"]))
                     result.predicted_ms.append(float(body["timings"]["predicted_ms"]))
                     result.texts.append(body["content"])
+                    result.continued.append(bool(body.get("localcos", {}).get("continued")))
                 if done % 10 == 0:
                     print(f"  {done}: " + ", ".join(f"{n} {statistics.median(results[n].ms):.0f} ms" for n in names), flush=True)
     return results
@@ -188,6 +194,7 @@ def main() -> None:
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--batch", type=int, default=1024, help="n_batch of both servers: the prefix's 3/4 and the suffix's 1/4 (llama.vim recommends 1024)")
     p.add_argument("--suffix-tokens", type=int, default=None, help="localcos's --infill-suffix (default: llama-server's rule)")
+    p.add_argument("--temperature", type=float, default=None, help="sent with every request (default: none, as llama.vim sends; 0: greedy)")
     p.add_argument("--threads", type=int, default=default_threads())
     p.add_argument("--configs", default=",".join([*CONFIGS, "llama-server"]))
     p.add_argument("--json", metavar="FILE", help="write every request's figures as JSON")
@@ -207,6 +214,7 @@ def main() -> None:
     print(f"{n_requests} requests ({args.requests} per file, one every {args.every} characters) into {args.files}; "
           f"n_batch {args.batch}, {args.threads} threads; {cpu()}", flush=True)  # fmt: skip
     extra = {} if args.suffix_tokens is None else {"infill_suffix": args.suffix_tokens}
+    sampling = {} if args.temperature is None else {"temperature": args.temperature}
     servers: dict[str, str] = {}
     stoppers: list = []
     try:
@@ -222,7 +230,7 @@ def main() -> None:
                                       "--parallel", "1"], start_timeout=300)  # fmt: skip
                 servers[name] = serve.url
                 stoppers.append(serve.stop)
-        results = replay(servers, files, args.n_predict, extra)
+        results = replay(servers, files, args.n_predict, extra, sampling)
     finally:
         for stop in stoppers:
             stop()
@@ -237,6 +245,12 @@ def main() -> None:
         predicted_rate = sum(r.predicted_ms) / max(1, sum(r.generated))
         print(f"{name:<14}{statistics.median(r.ms):>10.0f}{percentile(r.ms, 0.9):>9.0f}{ratio:>8.2f}x{vs_peer:>15.2f}x{statistics.mean(r.evaluated):>15.0f}"
               f"{prompt_rate:>10.1f}{statistics.mean(r.generated):>11.1f}{predicted_rate:>10.1f}{100 * same:>10.0f}%")  # fmt: skip
+    for name, r in results.items():
+        went_on = [i for i, c in enumerate(r.continued) if c]
+        if went_on and base:
+            agree = sum(r.texts[i] == base.texts[i] for i in went_on)
+            print(f"{name}: {len(went_on)} of {len(r.texts)} answered with the last suggestion's rest; {agree} of them "
+                  f"({100 * agree / len(went_on):.0f}%) the 1.5B alone's own middle there")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps({name: vars(r) for name, r in results.items()}, indent=1))
 

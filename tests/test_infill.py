@@ -247,6 +247,28 @@ def test_editors_infill_requests_are_answered_as_llama_server_answers_them(fim_s
         assert r["stop"] is True and r["stop_type"] in ("eos", "limit", "word") and r["tokens_evaluated"] > 0 and "prompt_ms" in r["timings"]
 
 
+def test_typed_characters_that_begin_the_last_suggestion_get_its_rest_with_infill_continue(fim_server):
+    greedy = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": TYPED, "n_predict": 12, "temperature": 0, "infill_continue": True}
+    first = _infill(fim_server, greedy).json()
+    content = first["content"]
+    assert len(content) >= 2 and first["timings"]["predicted_n"] >= 1, first
+    k = len(content) // 2
+    # the user typed the suggestion's first k characters: the rest of it, no prompt read, nothing generated
+    second = _infill(fim_server, {**greedy, "prompt": TYPED + content[:k]}).json()
+    assert second["content"] == content[k:] and second["localcos"] == {"continued": True}, second
+    assert second["timings"]["prompt_n"] == second["timings"]["predicted_n"] == 0 and second["stop"] is True
+    # and on from there, one character more
+    third = _infill(fim_server, {**greedy, "prompt": TYPED + content[: k + 1]}).json()
+    assert third["content"] == content[k + 1 :] and third["localcos"] == {"continued": True}
+    # a character the suggestion does not have there, another suffix, or the option off: the model runs
+    other = "X" if content[k + 1 : k + 2] != "X" else "Y"
+    for changed in ({"prompt": TYPED + content[: k + 1] + other}, {"prompt": TYPED + content[:k], "input_suffix": SUFFIX + "\n"},
+                    {"prompt": TYPED + content[:k], "infill_continue": False}):  # fmt: skip
+        _infill(fim_server, greedy)  # the suggestion to go on from, again
+        ran = _infill(fim_server, {**greedy, **changed}).json()
+        assert "continued" not in ran["localcos"] and ran["timings"]["predicted_n"] >= 1, (changed, ran)
+
+
 def test_infill_streams_its_pieces_then_its_last_object(fim_server):
     greedy = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": TYPED, "n_predict": 12, "temperature": 0}
     whole = _infill(fim_server, greedy).json()

@@ -291,6 +291,10 @@ _OPTIONS = [
             "fill-in-the-middle: the most tokens of the suffix read after the cursor (default: llama-server's: a quarter of "
             "--batch-size less 2 and the typed part's tokens; the prefix's last three quarters of --batch-size are read)",
             metavar="N"),
+    _option("infill_continue", "--infill-continue", "server", "generation", parse_bool,
+            "/infill: a request whose typed text goes on from the last answered one's by characters that begin its "
+            "suggestion gets the rest of that suggestion, with no model run (as llama.vim's own cache answers); what the "
+            "model would write there may differ, since the typed characters then read as the prefix", default=False, switch=True),
     _option("ignore_eos", "--ignore-eos", "output", "generation", parse_bool, "never stop at (or sample) end-of-generation tokens",
             default=False, switch=True),
     _option("json_schema", "--json-schema", "output", "generation", parse_json_schema,

@@ -203,6 +203,7 @@ class GenerationConfig:
     n_indent: int = 0  # a new line indented by fewer characters ends the text (0: off)
     t_max_predict_ms: float = 0.0  # after this long, the next new line ends the text (0: off)
     infill_suffix: int | None = None  # fill-in-the-middle: the most suffix tokens read (None: llama-server's rule)
+    infill_continue: bool = False  # /infill: typed characters that begin the last suggestion get its rest, no model run
     cache_prompt: bool = False  # reuse an earlier request's cells of the prompt exactly (not as a fresh process)
     ignore_eos: bool = False
     negative_prompt: str | None = None  # what the member reading the second prompt reads (see LoadSpec.second_prompt)

@@ -11,6 +11,12 @@ tokens the models evaluated, the rest kept from an earlier request; predicted_n.
 `tokens_cached`, `tokens_evaluated`, `truncated`, with `response_fields` picking fields as
 llama-server does; streamed as server-sent events of the same objects.
 
+With `infill_continue` (`--infill-continue`, or the request's field), a request whose typed text
+goes on from the last answered request's (the same suffix, extra chunks and settings; not
+streamed, one completion) by characters that begin that request's suggestion is answered with the
+rest of it and no model run (`continuation`), as llama.vim answers from its own cache: the model
+may have written otherwise there, since the typed characters are then read as the prefix.
+
 `cache_prompt`, true by default here as on llama-server, reuses the cells the models hold of the
 prompt from an earlier request, evaluated from where it differs (the editor's next keystroke
 costs its suffix, not its prefix); its text may then depend on what ran before, as llama.cpp is
@@ -23,7 +29,8 @@ llama-server either). One it does not implement (`lora`...) is refused.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from dataclasses import dataclass, replace
 from typing import Annotated, Any
 from collections.abc import Sequence
 
@@ -64,6 +71,7 @@ class InfillRequest(SettingsFields):
     ignore_eos: Annotated[bool | None, _option("ignore_eos")] = None
     lookup: Annotated[str | None, _option("lookup")] = None
     infill_suffix: Annotated[int | None, _option("infill_suffix")] = None
+    infill_continue: Annotated[bool | None, _option("infill_continue")] = None
     return_tokens: StrictBool = False
     response_fields: list[StrictStr] | None = None
     cache_prompt: Annotated[bool, _option("cache_prompt")] = True  # llama-server's default here: the cells of an earlier prompt reused
@@ -87,15 +95,54 @@ class InfillRequest(SettingsFields):
         return Infill(self.input_prefix, self.input_suffix, self.prompt, tuple(ExtraChunk(c.text, c.filename) for c in self.input_extra))
 
 
-def plan_infill(served: ServedEnsemble, body: InfillRequest) -> protocol.Request:
+@dataclass(frozen=True)
+class Suggestion:
+    """A middle /infill answered: the text before the cursor it was asked after, the request's
+    other fields that shape a middle, and the middle with how it stopped."""
+
+    before: str
+    shape: str
+    content: str
+    stop_type: str
+    stopping_word: str
+
+    @staticmethod
+    def of(body: InfillRequest, content: str, stop: tuple[str, str]) -> Suggestion:
+        return Suggestion(body.input_prefix + body.prompt, _shape(body), content, *stop)
+
+
+def _shape(body: InfillRequest) -> str:
+    """Every field of a request but the typed text and what does not shape the middle's text."""
+    return json.dumps(body.model_dump(exclude={"input_prefix", "prompt", "seed", "response_fields", "return_tokens", "id_slot",
+                                               "t_max_prompt_ms", "cache_prompt"}), sort_keys=True, default=str)  # fmt: skip
+
+
+def continuation(last: Suggestion | None, body: InfillRequest) -> str | None:
+    """The rest of `last`'s middle where `body` asks at a cursor that typed characters moved on
+    from `last`'s, each the one its middle has there (something of it left); else None."""
+    if last is None or body.stream or body.n_cmpl != 1:
+        return None
+    before = body.input_prefix + body.prompt
+    typed = before[len(last.before) :]
+    if not typed or not before.startswith(last.before) or not last.content.startswith(typed) or len(typed) == len(last.content):
+        return None
+    return last.content[len(typed) :] if _shape(body) == last.shape else None
+
+
+def plan_infill(served: ServedEnsemble, body: InfillRequest, last: Suggestion | None = None) -> protocol.Request | Suggestion:
     """POST /infill: the FIM prompt and settings of a validated body, at the level its settings
-    decode at; `n_predict` 0 evaluates the prompt and generates nothing."""
+    decode at; `n_predict` 0 evaluates the prompt and generates nothing. With `infill_continue`,
+    the rest of the `last` suggestion where the typed characters go on with it (`continuation`):
+    the answer, with no model run."""
     if body.model:
         protocol.check_model(served, body.model)
     # n_predict: -1 until an end or the context (no room then for extra chunks), 0 the prompt alone
     given = served.settings.generation.max_tokens if body.n_predict is None else body.n_predict
     max_tokens = served.ensemble.n_ctx if given < 0 else max(given, 1)
     settings = protocol.settings_for(served, body, max_tokens)
+    rest = continuation(last, body) if settings.generation.infill_continue and body.n_predict != 0 else None
+    if rest is not None and last is not None:
+        return replace(last, before=body.input_prefix + body.prompt, content=rest)
     level = served.decide(settings.generation, needs_tokens=False)
     plans: list[Plan] | list[BytePlan]
     if level.in_bytes:
@@ -154,6 +201,19 @@ def result(served: ServedEnsemble, request: protocol.Request, choice: protocol.C
     if fields:
         return {name: _field(body, name) for name in fields}
     return body
+
+
+def continued(served: ServedEnsemble, suggestion: Suggestion, fields: Sequence[str] | None) -> dict:
+    """The answer of a continued suggestion, as llama-server's: nothing evaluated or generated."""
+    body: dict[str, Any] = {
+        "index": 0, "content": suggestion.content, "tokens": [], "id_slot": -1, "stop": True, "model": served.alias, "tokens_predicted": 0,
+        "tokens_evaluated": 0, "has_new_line": "\n" in suggestion.content, "truncated": False, "stop_type": suggestion.stop_type,
+        "stopping_word": suggestion.stopping_word, "tokens_cached": 0,
+        "timings": {"cache_n": 0, "prompt_n": 0, "prompt_ms": 0.0, "prompt_per_token_ms": 0.0, "prompt_per_second": 0.0, "predicted_n": 0,
+                    "predicted_ms": 0.0, "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0},
+        "localcos": {"continued": True},
+    }  # fmt: skip
+    return {name: _field(body, name) for name in fields} if fields else body
 
 
 def _field(body: dict, path: str) -> Any:
