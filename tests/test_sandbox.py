@@ -445,6 +445,12 @@ def test_the_test_runs_on_plain_data_with_the_tasks_own_helpers_and_the_programs
     unsendable = CodeTask("t/4", "def f(g):\n", "def check(candidate):\n    assert candidate(lambda: 1) == 1\n", "f")
     refused = run_program(unsendable.program("    return g()\n"), LIMITS)
     assert refused.result == "failed: CannotCross: a function cannot cross between the test and the program (only plain data does)", refused.result
+    # the program's process ended during a call: failed, even where the test catches every exception
+    swallows = CodeTask("t/5", "def f(x):\n", "def check(candidate):\n    for x in (1, 2):\n        try:\n            candidate(x)\n"
+                        "        except Exception:\n            pass\n", "f")  # fmt: skip
+    assert run_program(swallows.program("    return x\n"), LIMITS).passed
+    ended = run_program(swallows.program("    import os\n    os._exit(0)\n"), LIMITS)
+    assert ended.result == "exited with status 0 before its last statement returned", ended.result
 
 
 def test_plain_data_crosses_as_it_is_and_nothing_else_is_built():

@@ -264,12 +264,12 @@ class _Link:
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.gone is not None:
             raise _Ended(self.gone)
-        sent = [encode(a) for a in args]
-        send(self.channel, ["call", name, ["l", *sent], encode(kwargs)])
+        request = ["call", name, ["l", *(encode(a) for a in args)], encode(kwargs)]
         try:
+            send(self.channel, request)
             reply = receive(self.channel, self.ended)
             kind = reply[0] if type(reply) is list and reply and type(reply[0]) is str else None
-        except Exception:  # not a message (or one too deep to read): the channel is broken
+        except Exception:  # the program's process has gone, or sent what is not a message: the channel is broken
             kind = None
         if kind == "ok" and len(reply) == 3:
             try:
@@ -306,7 +306,7 @@ def _exception(name: str, args: Any, text: str) -> Exception:
     kind = getattr(builtins, name, None)
     try:
         values = decode(args)
-    except (ValueError, TypeError):
+    except Exception:
         values = [text]
     if isinstance(kind, type) and issubclass(kind, Exception):
         try:
@@ -352,7 +352,7 @@ def judge(channel_fd: int, test: str | None, context: str, entry_point: str | No
     try:
         if receive(channel, ended) != ["ready"]:
             return ENDED
-    except (ValueError, OSError):
+    except Exception:  # what is not a message
         return ENDED
     if code is None:
         return None
