@@ -311,3 +311,15 @@ def test_scoring_host_memory_stays_bounded_at_a_152k_vocabulary(models):
     assert all(m.max_logit_rows == SCORING_LOGIT_ROWS for m in ens.models)
     window_copy = 2 * 256 * 151936 * 4 / 2**20  # 297 MiB
     assert growth < window_copy / 3, f"scoring grew host memory by {growth:.0f} MiB"
+
+
+def test_a_swept_parameter_belongs_to_the_combiners_the_registry_says_read_it():
+    from localcos.core.combiners import COMBINERS, CombinerKind, Contrastive, register
+    from localcos.scoring.sweep import combiners_for
+
+    assert combiners_for("weights") == ("we", "logit-mix") and combiners_for("mu") == ("cd",) and combiners_for("gate") is None
+    register(CombinerKind("sharp-cd", lambda mu: Contrastive(mu), ("mu",), "contrastive decoding, plausibility off"))
+    try:  # a combiner registered later is sweepable by what it reads
+        assert combiners_for("mu") == ("cd", "sharp-cd") and "sharp-cd" not in combiners_for("plausibility")
+    finally:
+        del COMBINERS["sharp-cd"]

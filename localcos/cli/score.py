@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..ensemble import Ensemble
     from ..scoring import choices as choice_task, perplexity as perplexity_task
-    from ..scoring.sweep import NEEDS, grid as sweep_grid, label, parse_sweep
+    from ..scoring.sweep import combiners_for, grid as sweep_grid, label, parse_sweep
     from ..runtime.scoring import SCORING_LOGIT_ROWS
     from ..tools.bench import RssSampler, current_rss_mb
 
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     settings = resolve(args, {"ctx": 512 if args.file else 2048, **BYTE_DEFAULTS})
     for s in sweep:
-        wanted = NEEDS[s.name]
+        wanted = combiners_for(s.name)
         if wanted is not None and settings.combine.combine not in wanted:
             raise ConfigError(f"--sweep {s.name} needs --combine {' or '.join(wanted)} (it is {settings.combine.combine})", param="sweep")
     grid = [settings.with_values(point) for point in points]  # each point checked like an option

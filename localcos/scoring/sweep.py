@@ -7,12 +7,19 @@ import itertools
 from dataclasses import dataclass, field
 from collections.abc import Sequence
 
+from ..core.combiners import COMBINERS
 from ..errors import ConfigError
 
 
 SWEEPABLE = ("weights", "mu", "plausibility", "gate")
-# the combiners a parameter belongs to (None: any)
-NEEDS = {"weights": ("we", "logit-mix"), "mu": ("cd",), "plausibility": ("cd",), "gate": None}
+
+
+def combiners_for(parameter: str) -> tuple[str, ...] | None:
+    """The built-in combiners a swept parameter belongs to: those the registry says read it
+    (a combiner registered later included); None for the gate, which every combiner takes."""
+    if parameter == "gate":
+        return None
+    return tuple(name for name, kind in COMBINERS.items() if parameter in kind.reads)
 
 
 @dataclass(frozen=True)
