@@ -179,39 +179,34 @@ def result(served: ServedEnsemble, request: protocol.Request, choice: protocol.C
     c = choice.completion
     stats = c.stats if c is not None else None
     plan = request.plans[choice.prompt]
-    n_prompt = len(plan.prompt) if isinstance(plan, Plan) else max(len(p) for p in plan.prompts)
-    evaluated = stats.prompt_evaluated if stats is not None else 0
-    predicted = c.length if c is not None else 0
-    prompt_ms = (stats.prompt_seconds if stats else 0.0) * 1000
-    predicted_ms = (stats.seconds if stats else 0.0) * 1000
-    kind, word = stop_type(c)
-    text = c.text if c is not None else ""
+    tokens = list(c.token_ids or []) if c is not None and request.return_token_ids else []
+    return _body(served, choice.index, c.text if c is not None else "", tokens, stop_type(c), fields, protocol.statistics(request, [choice]),
+                 n_prompt=len(plan.prompt) if isinstance(plan, Plan) else max(len(p) for p in plan.prompts),
+                 evaluated=stats.prompt_evaluated if stats is not None else 0, predicted=c.length if c is not None else 0,
+                 prompt_ms=(stats.prompt_seconds if stats else 0.0) * 1000, predicted_ms=(stats.seconds if stats else 0.0) * 1000)  # fmt: skip
+
+
+def continued(served: ServedEnsemble, suggestion: Suggestion, fields: Sequence[str] | None) -> dict:
+    """The answer of a continued suggestion, as llama-server's: nothing evaluated or generated."""
+    return _body(served, 0, suggestion.content, [], (suggestion.stop_type, suggestion.stopping_word), fields, {"continued": True})
+
+
+def _body(served: ServedEnsemble, index: int, text: str, tokens: list[int], stop: tuple[str, str], fields: Sequence[str] | None,
+          localcos: dict | None, n_prompt: int = 0, evaluated: int = 0, predicted: int = 0, prompt_ms: float = 0.0,
+          predicted_ms: float = 0.0) -> dict:  # fmt: skip
+    """llama-server's answer object, and its `response_fields` where given."""
+    kind, word = stop
     body: dict[str, Any] = {
-        "index": choice.index, "content": text, "tokens": list(c.token_ids or []) if c is not None and request.return_token_ids else [],
-        "id_slot": -1, "stop": True, "model": served.alias, "tokens_predicted": predicted, "tokens_evaluated": n_prompt,
-        "has_new_line": "\n" in text, "truncated": False, "stop_type": kind, "stopping_word": word, "tokens_cached": n_prompt + predicted,
+        "index": index, "content": text, "tokens": tokens, "id_slot": -1, "stop": True, "model": served.alias, "tokens_predicted": predicted,
+        "tokens_evaluated": n_prompt, "has_new_line": "\n" in text, "truncated": False, "stop_type": kind, "stopping_word": word,
+        "tokens_cached": n_prompt + predicted,
         "timings": {
             "cache_n": n_prompt - evaluated, "prompt_n": evaluated, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / evaluated if evaluated else 0.0, "prompt_per_second": evaluated / prompt_ms * 1000 if prompt_ms else 0.0,
             "predicted_n": predicted, "predicted_ms": predicted_ms, "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,
             "predicted_per_second": predicted / predicted_ms * 1000 if predicted_ms else 0.0,
         },
-        "localcos": protocol.statistics(request, [choice]),
-    }  # fmt: skip
-    if fields:
-        return {name: _field(body, name) for name in fields}
-    return body
-
-
-def continued(served: ServedEnsemble, suggestion: Suggestion, fields: Sequence[str] | None) -> dict:
-    """The answer of a continued suggestion, as llama-server's: nothing evaluated or generated."""
-    body: dict[str, Any] = {
-        "index": 0, "content": suggestion.content, "tokens": [], "id_slot": -1, "stop": True, "model": served.alias, "tokens_predicted": 0,
-        "tokens_evaluated": 0, "has_new_line": "\n" in suggestion.content, "truncated": False, "stop_type": suggestion.stop_type,
-        "stopping_word": suggestion.stopping_word, "tokens_cached": 0,
-        "timings": {"cache_n": 0, "prompt_n": 0, "prompt_ms": 0.0, "prompt_per_token_ms": 0.0, "prompt_per_second": 0.0, "predicted_n": 0,
-                    "predicted_ms": 0.0, "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0},
-        "localcos": {"continued": True},
+        "localcos": localcos,
     }  # fmt: skip
     return {name: _field(body, name) for name in fields} if fields else body
 
