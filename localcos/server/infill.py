@@ -97,18 +97,19 @@ class InfillRequest(SettingsFields):
 
 @dataclass(frozen=True)
 class Suggestion:
-    """A middle /infill answered: the text before the cursor it was asked after, the request's
-    other fields that shape a middle, and the middle with how it stopped."""
+    """A middle /infill answered: the text before the cursor it was asked after, the request
+    (whose other fields a continuation must share: compared only when one is tried), and the
+    middle with how it stopped."""
 
     before: str
-    shape: str
+    request: InfillRequest
     content: str
     stop_type: str
     stopping_word: str
 
     @staticmethod
     def of(body: InfillRequest, content: str, stop: tuple[str, str]) -> Suggestion:
-        return Suggestion(body.input_prefix + body.prompt, _shape(body), content, *stop)
+        return Suggestion(body.input_prefix + body.prompt, body, content, *stop)
 
 
 def _shape(body: InfillRequest) -> str:
@@ -126,7 +127,7 @@ def continuation(last: Suggestion | None, body: InfillRequest) -> str | None:
     typed = before[len(last.before) :]
     if not typed or not before.startswith(last.before) or not last.content.startswith(typed) or len(typed) == len(last.content):
         return None
-    return last.content[len(typed) :] if _shape(body) == last.shape else None
+    return last.content[len(typed) :] if _shape(body) == _shape(last.request) else None
 
 
 def plan_infill(served: ServedEnsemble, body: InfillRequest, last: Suggestion | None = None) -> protocol.Request | Suggestion:
