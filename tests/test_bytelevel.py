@@ -488,3 +488,21 @@ def test_auto_stops_drafting_when_drafted_rounds_cost_more_than_it_planned():
         planned = auto.round_seconds(proposer, gamma)
         auto.observe_round(proposer, planned, 5 * planned)
     assert auto.choose()[1] == 0
+
+
+def test_a_restart_replays_its_token_however_lightly_the_model_weighs_it():
+    # the restart's own token 'xy' is far lighter than 'x', and no other token holds 'y': pruned
+    # to one path, the replay followed 'x' and found nothing for 'y' (Unreachable, uncaught)
+    model = TinyModel((b"x", b"xy", b"z", b""), end_tokens=(3,), seed=0)
+    probs = model.probs(PROMPT)
+    assert probs[0] > 10 * probs[1]
+    view = ByteView(ByteVocab(model.pieces, model.end_tokens), max_paths=1, prune=0.01)
+    view.restart((), 0, model.logits(PROMPT))
+    for b in b"xy":
+        for path in view.advance(b, force=True).new:
+            view.set_row(path, model.logits(PROMPT + path.tokens))
+        view.settle()
+    assert bytes(view.text) == b"xy" and [p.tokens for p in view.paths] == [(1,)]
+    # a byte no path can produce is still refused without force
+    with pytest.raises(Unreachable):
+        view.advance(ord("y"))

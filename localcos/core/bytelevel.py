@@ -494,7 +494,10 @@ class ByteView:
         `force`: the text is given (a restart replays it along the model's own tokenisation), so
         a token that spells it is followed even where its probability is 0 in float64 (exp
         underflows some 745 nats below the likeliest token, and a model may rule a token out):
-        it gets `FORCED`, which the view's renormalisation makes relative."""
+        it gets `FORCED`, which the view's renormalisation makes relative. The path with the
+        earliest start (the restart's one path, whose pending token spells the bytes replayed)
+        is kept whatever pruning says: the lighter paths beside it may lack the bytes that come
+        next."""
         if not 0 <= byte < END:
             raise ValueError(f"not a byte: {byte}")
         vocab = self.vocab
@@ -531,7 +534,8 @@ class ByteView:
         if not weighed:
             del self.text[-1]
             raise Unreachable(f"byte {byte} has probability 0 under this model's paths")
-        kept, dropped = self._prune(weighed)
+        replayed = min(survivors, key=lambda s: s[0].start)[0] if force and survivors else None
+        kept, dropped = self._prune(weighed, hold=replayed)
         gone += [p for p in dropped if p.row is not None]  # a dropped new path was never evaluated
         kept_ids = {id(p) for p in kept}
         new = [c for c in new if id(c) in kept_ids]
@@ -566,15 +570,19 @@ class ByteView:
         self.folded += len(folded)
         return folded
 
-    def _prune(self, paths: list[tuple[TokenPath, float]]) -> tuple[list[TokenPath], list[TokenPath]]:
-        """Keep the paths above `prune` x the largest mass, at most `max_paths` (the heaviest)."""
+    def _prune(self, paths: list[tuple[TokenPath, float]], hold: TokenPath | None = None) -> tuple[list[TokenPath], list[TokenPath]]:
+        """Keep the paths above `prune` x the largest mass, at most `max_paths` (the heaviest);
+        `hold`, where given, is kept in any case (in place of the lightest kept one)."""
         if self.prune == 0 and len(paths) <= self.max_paths:
             return [p for p, _ in paths], []
         paths = sorted(paths, key=lambda x: -x[1])
         top = paths[0][1]
         floor = top + math.log(self.prune) if self.prune > 0 else -math.inf
         keep = [(p, m) for p, m in paths[: self.max_paths] if m >= floor]
-        drop = [p for p, _ in paths[len(keep) :]]  # sorted: what is kept is a prefix
+        if hold is not None and all(p is not hold for p, _ in keep):
+            keep = keep[: self.max_paths - 1] + [next(x for x in paths if x[0] is hold)]
+        kept_ids = {id(p) for p, _ in keep}
+        drop = [p for p, _ in paths if id(p) not in kept_ids]
         if drop:
             total = _logsumexp([m for _, m in paths])
             kept = math.exp(_logsumexp([m for _, m in keep]) - total)
