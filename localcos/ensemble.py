@@ -242,26 +242,30 @@ class ByteEnsemble(ByteModels):
         n_threads: int | None = None,
         calibrate: bool = False,
         progress: Callable[[int, int, str], None] | None = None,
-        level: str = "auto",
+        level: Level | str | None = None,
     ) -> ByteEnsemble:
         """Load every model with `byte_paths` llama.cpp sequences (the tokenisations it holds at
         most); a tokenisation below `byte_prune` times the likeliest is dropped (0: exact, with
         enough paths). `level` "mixed": whole tokens of the lead where it is sure, with a gated
-        combiner (`Gated`, docs/algorithm.md section 12); "byte"; or "auto" (the default): the
-        mixed level for one model (the combiner default then gated as `config.specs.mixed_gate` says), the
-        byte level for several. The other arguments as `Ensemble.load`."""
+        combiner (`Gated`, docs/algorithm.md section 12); "byte"; or None (the default): the
+        mixed level for one model (the combiner default then gated as `config.specs.mixed_gate`
+        says; one model alone at the byte level only reads slower), the byte level for several.
+        Which level a set of models needs at all (the token level where they share a tokenizer:
+        `Ensemble`) is `runtime.bytelevel.level_of`'s to say, not this class's. The other
+        arguments as `Ensemble.load`."""
         from .config.specs import mixed_gate
         from .core.combiners import Gated, WeightedEnsemble
 
-        if level == "auto":
-            level = "mixed" if len(paths) == 1 else "byte"
-        gate = mixed_gate(None, level, len(paths), second_prompt=False)
+        if level is None:
+            level = Level.MIXED if len(paths) == 1 else Level.BYTE
+        if level not in (Level.BYTE, Level.MIXED):  # a str Enum: "byte" is Level.BYTE
+            raise ConfigError(f"level must be byte or mixed here (Ensemble decodes at the token level), got {level!r}", param="level")
+        level = Level(level)
+        gate = mixed_gate(None, level.value, len(paths), second_prompt=False)
         if combiner is None and gate is not None:
             combiner = Gated(WeightedEnsemble(), gate)
-        if level not in ("byte", "mixed"):
-            raise ConfigError(f"level must be byte, mixed or auto here, got {level!r}", param="level")
         spec = LoadSpec.make([model_path(p) for p in paths], n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=n_threads, calibrate=calibrate,
-                             level=level, byte_paths=byte_paths, byte_prune=byte_prune)  # fmt: skip
+                             level=level.value, byte_paths=byte_paths, byte_prune=byte_prune)  # fmt: skip
         return cls.from_spec(spec, combiner, progress=progress)
 
     @classmethod

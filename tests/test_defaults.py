@@ -46,9 +46,16 @@ def test_ensemble_plans_cos_with_auto_and_a_fixed_gamma_only_when_asked(models):
 
 def test_byte_ensemble_plans_cos_with_byte_gamma_auto(real_models):
     with ByteEnsemble.load([real_models["qwen2"], real_models["llama3"]], n_ctx=256) as ens:
+        assert ens.level is Level.BYTE
         planned = ens._plan("Hello", None, None, {})
         assert planned.method == "cos" and planned.config.byte_gamma == "auto"
         assert ens.generate("Hello", max_tokens=8, seed=1).stats.method == "cos"
+    # one model: the mixed level unless named; "auto" is level_of's word (token for one model),
+    # not this class's, so it is refused rather than read another way
+    with ByteEnsemble.load([real_models["qwen2"]], n_ctx=256) as one:
+        assert one.level is Level.MIXED
+    with pytest.raises(ConfigError, match="byte or mixed"):
+        ByteEnsemble.load([real_models["qwen2"]], level="auto")
 
 
 @pytest.mark.parametrize("level", ["token", "byte"])

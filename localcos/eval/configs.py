@@ -13,7 +13,7 @@ from ..config import OPTIONS, LoadSpec, Settings, check_for_models, default_meth
 from ..config.flags import parse_flags
 from ..config.specs import mixed_gate
 from ..core.level import Level
-from ..core.sizes import largest
+from ..core.sizes import member_params
 from ..errors import ConfigError
 
 _CONFIG_TARGETS = ("combine", "generation")
@@ -50,9 +50,7 @@ class EvalConfig:
     def members(self) -> list[int]:
         """The parameter counts of the members r combines: each model's, then a second prompt's
         member's (its model's, one fewer: the prompt's member leads), as `LoadedModels` counts them."""
-        if self.contrast is None:
-            return list(self.n_params)
-        return [*self.n_params, self.n_params[largest(self.n_params)] - 1]
+        return member_params(self.n_params, self.contrast is not None)
 
     @property
     def member(self) -> int | None:

@@ -15,7 +15,8 @@ from ..backend import Model, RemoteModel, set_verbose, shared_vocab_size, tokeni
 from ..backend.slot import Slot
 from ..core.combiners import BoundCombiner, Combiner, WeightedEnsemble
 from ..core.hostmem import keep_freed_memory
-from ..core.sizes import largest
+from ..core.level import Level
+from ..core.sizes import largest, member_params
 from ..core.sampling import InfillSampler
 from ..core.speedmodel import CallProfile, Costs
 from ..config.specs import require_models
@@ -68,6 +69,17 @@ def load_models(
         for m in models:
             m.close()
         raise
+
+
+def second_prompt_host(spec: LoadSpec) -> int | None:
+    """The model that also holds the sequences of the member reading a second prompt (the
+    largest, by its file's header, as `LoadedModels` and `ByteModels` pick it once loaded), or
+    None where no member reads one."""
+    if not spec.second_prompt:
+        return None
+    from ..backend import read_info
+
+    return largest([read_info(p, tokens=False).n_params for p in spec.paths])
 
 
 def member_names(names: Sequence[str], second_member: int | None) -> list[str]:
@@ -173,12 +185,7 @@ class LoadedModels:
             raise ConfigError(f"the {spec.level} level runs in `localcos generate` (and runtime.bytelevel.ByteModels) so far; "
                               f"leave out level {spec.level} here", param="level")  # fmt: skip
         parallel = (spec.parallel or 1) + extra_slots
-        lead = None
-        if spec.second_prompt:  # the lead model holds the second prompt's member's sequences too
-            from ..backend import read_info
-
-            lead = largest([read_info(p, tokens=False).n_params for p in spec.paths])
-
+        lead = second_prompt_host(spec)
         candidates, rolled = spec.lookahead or (0, 0)
 
         def open_model(i: int, path: Path, options: dict) -> Model:
@@ -235,11 +242,16 @@ class LoadedModels:
         return combiner.bind(len(self.models), self.n_params)
 
     @property
+    def level(self) -> Level:
+        """The level these models decode at: the token level (`ByteModels` says its own)."""
+        return Level.TOKEN
+
+    @property
     def n_params(self) -> list[int]:
         """Each member's parameter count, what a combination chooses roles by where the settings
         leave them open: the member reading a second prompt counts one fewer than its model, so
         the one reading the prompt is the expert, the lead and the positive member."""
-        return [m.n_params - (i == self.second_member) for i, m in enumerate(self.models)]
+        return member_params([m.n_params for m in self.loaded], self.second_member is not None)
 
     @property
     def names(self) -> list[str]:

@@ -83,7 +83,7 @@ class ServedEnsemble:
 
     @property
     def byte_level(self) -> bool:
-        return isinstance(self.ensemble, ByteModels)
+        return self.level.in_bytes
 
     @property
     def token_models(self) -> LoadedModels:
@@ -105,7 +105,7 @@ class ServedEnsemble:
     @property
     def level(self) -> Level:
         """The level its models were loaded for (a request may decode at another: `decide`)."""
-        return self.ensemble.level if isinstance(self.ensemble, ByteModels) else Level.TOKEN
+        return self.ensemble.level
 
 
 # --- planning requests ---------------------------------------------------------------------------

@@ -83,7 +83,9 @@ class ByteModels:
     @property
     def n_params(self) -> list[int]:
         """Each member's parameter count as a combination reads roles (`LoadedModels.n_params`)."""
-        return [m.n_params - (i == self.second_member) for i, m in enumerate(self.models)]
+        from ...core.sizes import member_params
+
+        return member_params([m.n_params for m in self.loaded], self.second_member is not None)
 
     @classmethod
     def load(
@@ -97,7 +99,7 @@ class ByteModels:
         """Load every model of `spec` with `spec.byte_paths` sequences; paths pruned at
         `spec.byte_prune`. `lanes`: texts scored at once (`lanes`), each with sequences of its
         own, `LANE_CELLS` contexts of cells each (fewer where llama.cpp's sequences run out)."""
-        from ..loaded import load_models
+        from ..loaded import load_models, second_prompt_host
 
         if any(spec.rpc):  # a model on RPC servers decodes one sequence; its paths need byte_paths of them
             raise ConfigError("--rpc: not available at the byte level (each model holds --byte-paths sequences here; "
@@ -105,12 +107,7 @@ class ByteModels:
         lanes = max(1, min(lanes, MAX_SEQUENCES // spec.byte_paths))
         cells = None if lanes == 1 else spec.n_ctx * LANE_CELLS * lanes
         level = Level.MIXED if spec.level == Level.MIXED.value else Level.BYTE
-        lead = None
-        if spec.second_prompt:  # the lead model holds the second prompt's member's paths too
-            from ...backend import read_info
-            from ...core.sizes import largest
-
-            lead = largest([read_info(p, tokens=False).n_params for p in spec.paths])
+        lead = second_prompt_host(spec)  # it holds the second prompt's member's paths too
 
         def build(models: list[Model]) -> ByteModels:
             for m in models:
