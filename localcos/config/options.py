@@ -202,7 +202,7 @@ _OPTIONS = [
             "reading the prompt against itself reading --negative-prompt; 1 is the model alone, above 1 toward what the prompt "
             "adds (0 < S <= 20)", attr="scale", metavar="S", combines=True),
     _option("combine_level", "--combine-level", "combination", "combine", _choice(COMBINE_LEVELS),
-            "custom combiner: what FUNCTION receives", default="logits", attr="level", choices=COMBINE_LEVELS, combines=True),
+            "custom combiner: what FUNCTION receives", default="logits", attr="combine_on", choices=COMBINE_LEVELS, combines=True),
     # the level models are combined at
     _option("level", "--level", "level", "load", _choice(LEVELS),
             "combine next-token distributions (token: one tokenizer; for one model llama.cpp's own decoding) or next-byte "

@@ -154,7 +154,7 @@ class CombineSpec:
     mu: float = 0.1
     plausibility: float | None = None
     expert: int | None = None
-    level: str = "logits"
+    combine_on: str = "logits"  # what a custom combiner's function receives: logits or probabilities
     gate: float | None = None  # combine only where the lead model's top probability is below this
     lead: int | None = None  # the model a gate leaves alone where it is sure
     scale: float | None = None  # cfg: guidance's scale (default 1.5)
@@ -173,9 +173,9 @@ class CombineSpec:
 
     def combiner(self) -> Combiner:
         if self.function is not None:
-            return gated(CustomCombiner(self.function, level=self.level, name=custom_name(self.combine)), self.gate, self.lead)
+            return gated(CustomCombiner(self.function, level=self.combine_on, name=custom_name(self.combine)), self.gate, self.lead)
         return make_combiner(
-            self.combine, weights=self.weights, mu=self.mu, plausibility=self.plausibility, expert=self.expert, level=self.level,
+            self.combine, weights=self.weights, mu=self.mu, plausibility=self.plausibility, expert=self.expert, level=self.combine_on,
             gate=self.gate, lead=self.lead, scale=1.5 if self.scale is None else self.scale,
         )
 
