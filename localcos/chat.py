@@ -168,6 +168,13 @@ class OwnTemplates:
         return max(len(p) for p in prompts)
 
 
+def chat_templates(models, template_model: int = 0) -> ChatFormatter | OwnTemplates:
+    """What renders a conversation for `models` (loaded at their level, `models.level`): one
+    template for every model at the token level (`template_model`'s), each model's own at the
+    byte and mixed levels (their tokens differ). A `ConfigError` where a template is missing."""
+    return OwnTemplates(models) if models.level.in_bytes else ChatFormatter(models, template_model)
+
+
 def second_conversation(messages: Sequence[Message], negative: str | None, guide_system: bool) -> list[Message] | None:
     """The conversation a member reading a second prompt reads: without its system message
     (`guide_system`: guidance toward what the system message asks), or with its last user

@@ -269,12 +269,15 @@ class ByteEnsemble(ByteModels):
         return cls.from_spec(spec, combiner, progress=progress)
 
     @classmethod
-    def from_spec(cls, spec: LoadSpec, combiner: Combiner | None = None, *, progress: Callable[[int, int, str], None] | None = None) -> ByteEnsemble:
+    def from_spec(
+        cls, spec: LoadSpec, combiner: Combiner | None = None, *, progress: Callable[[int, int, str], None] | None = None, lanes: int = 1,
+    ) -> ByteEnsemble:  # fmt: skip
         """Load the models of `spec` (its level byte or mixed) as `load` does: the front ends'
-        way in, as `Ensemble.from_spec` is at the token level."""
+        way in (`load_at`), as `Ensemble.from_spec` is at the token level. `lanes`: texts scored
+        side by side (`ByteModels.load`)."""
         from .core.combiners import WeightedEnsemble
 
-        return super().load(spec, combiner or WeightedEnsemble(), progress=progress)  # type: ignore[return-value]
+        return super().load(spec, combiner or WeightedEnsemble(), progress=progress, lanes=lanes)  # type: ignore[return-value]
 
     def chat_prompts(self, messages: Sequence[Message]) -> list[list[int]]:
         """A conversation as each model's prompt, in its own chat template and special tokens."""
@@ -354,3 +357,22 @@ class ByteEnsemble(ByteModels):
         config = _config(config, settings)
         prompts = self.prompts(prompt, phrasing=config.phrasing, config=config) if isinstance(prompt, (str, Infill)) else [list(p) for p in prompt]
         return self.plan(prompts, config, combiner=combiner, second_prompt=second_prompt)
+
+
+def load_at(
+    level: Level,
+    spec: LoadSpec,
+    combiner: Combiner | None = None,
+    *,
+    progress: Callable[[int, int, str], None] | None = None,
+    max_logit_rows: int = 64,
+    extra_slots: int = 0,
+    lanes: int = 1,
+) -> Ensemble | ByteEnsemble:
+    """The models of `spec` loaded to decode at `level` (`runtime.bytelevel.decoding_level`'s
+    answer for the settings): the one place a front end loads models by level, each knowing it
+    after (`level`). `max_logit_rows` and `extra_slots` are the token level's
+    (`Ensemble.from_spec`), `lanes` the byte level's (`ByteEnsemble.from_spec`)."""
+    if level.in_bytes:
+        return ByteEnsemble.from_spec(spec, combiner, progress=progress, lanes=lanes)
+    return Ensemble.from_spec(spec, combiner, progress=progress, max_logit_rows=max_logit_rows, extra_slots=extra_slots)

@@ -19,13 +19,13 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, ProgressBar
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from localcos.chat import ChatFormatter, Conversation, Message as ChatMessage, OwnTemplates
+from localcos.chat import ChatFormatter, Conversation, Message as ChatMessage, OwnTemplates, chat_templates
 from localcos.config import OPTIONS, Settings
 from localcos.config.resolve import request_level
 from localcos.config.specs import GenerationConfig
 from localcos.conversations import ConversationStore, Turn
 from localcos.core.level import Level
-from localcos.ensemble import Ensemble
+from localcos.ensemble import Ensemble, load_at
 from localcos.errors import LocalcosError, StorageError
 from localcos.files import write_text
 from localcos.runtime import Completion, Stream
@@ -45,18 +45,11 @@ def load_for(settings: Settings) -> Loader:
     of different tokenizers) the byte-level models, each rendering the chat in its own template."""
 
     def loader(progress: Callable[[int, int, str], None]) -> tuple[Ensemble | ByteModels, ChatFormatter | OwnTemplates]:
-        if decoding_level(settings).in_bytes:
-            models = ByteModels.load(settings.load, settings.combiner(), progress=progress)
-            try:
-                return models, OwnTemplates(models)
-            except LocalcosError:
-                models.close()
-                raise
-        ens = Ensemble.from_spec(settings.load, settings.combiner(), progress=progress)
+        models = load_at(decoding_level(settings), settings.load, settings.combiner(), progress=progress)
         try:
-            return ens, ChatFormatter(ens, settings.chat_template_model)
+            return models, chat_templates(models, settings.chat_template_model)
         except LocalcosError:
-            ens.close()
+            models.close()
             raise
 
     return loader
@@ -197,7 +190,7 @@ class ChatApp(App):
         old, self.ensemble, self.formatter = self.ensemble, ensemble, formatter
         if old is not None:  # another ensemble for the same conversation
             old.close()
-        self.reply_level = ensemble.level if isinstance(ensemble, ByteModels) else Level.TOKEN
+        self.reply_level = ensemble.level
         token = Ensemble.token_view(ensemble)
         try:
             self.token_view = (token, ChatFormatter(token)) if token is not None else None
@@ -347,7 +340,7 @@ class ChatApp(App):
         """The models a reply with these settings decodes on, and its level, decided once per reply
         (`config.resolve.request_level`); the conversation renders in that level's templates."""
         assert self.ensemble is not None and self.formatter is not None and self.conversation is not None
-        loaded = self.ensemble.level if isinstance(self.ensemble, ByteModels) else Level.TOKEN
+        loaded = self.ensemble.level
         level = request_level(loaded, config, needs_tokens=False, token_view=self.token_view is not None)
         if level is not loaded and self.token_view is not None:
             ensemble, self.conversation.formatter = self.token_view

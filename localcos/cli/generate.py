@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from ..config import default_parallel
     from ..config.parse import parse_int
     from ..config.specs import check_second_prompt
-    from ..ensemble import ByteEnsemble, Ensemble
+    from ..ensemble import load_at
     from ..runtime.bytelevel import decoding_level
     from ..runtime.report import generation_json
     from ..stats import GenerationStats
@@ -71,9 +71,7 @@ def run(args: argparse.Namespace) -> int:
     level = decoding_level(settings)
     if not level.in_bytes and settings.load.parallel is None and n > 1 and not any(settings.load.rpc):  # --n: decode them together
         settings = replace(settings, load=replace(settings.load, parallel=default_parallel(settings.load.n_ctx, n)))
-    ens: Ensemble | ByteEnsemble = (ByteEnsemble.from_spec if level.in_bytes else Ensemble.from_spec)(
-        settings.load, settings.combiner(), progress=loading_progress
-    )
+    ens = load_at(level, settings.load, settings.combiner(), progress=loading_progress)
     with ens:
         prompt_input, second = _prompts(args, ens, settings, prompt) if args.chat else (infill or prompt, None)
         if args.json:
@@ -122,13 +120,11 @@ def _infill(args: argparse.Namespace, prompt: str) -> Infill | None:
 
 def _prompts(args: argparse.Namespace, ens: Any, settings: Settings, prompt: str) -> tuple[Any, Any]:
     """`--chat`: the conversation as the models read it, and as a member reading a second prompt
-    reads it (None: there is none, or it reads --negative-prompt's text). The one place the level
-    shows: at the token level one chat template renders it for every model (--chat-template-model),
-    at the byte and mixed levels each model renders it in its own."""
-    from ..chat import ChatFormatter, Message, OwnTemplates, second_conversation
-    from ..ensemble import ByteEnsemble
+    reads it (None: there is none, or it reads --negative-prompt's text), in the templates of the
+    level the models decode at (`chat.chat_templates`)."""
+    from ..chat import Message, chat_templates, second_conversation
 
-    formatter = OwnTemplates(ens) if isinstance(ens, ByteEnsemble) else ChatFormatter(ens, settings.chat_template_model)
+    formatter = chat_templates(ens, settings.chat_template_model)
     if formatter.note:
         note(formatter.note)
     messages = ([Message("system", settings.system)] if settings.system else []) + [Message("user", prompt)]

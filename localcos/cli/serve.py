@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 
+from ..core.level import Level
 from ..errors import ConfigError, LocalcosError
 from .options import add_options, is_loopback, listen, loading_progress, note, option_values, resolve, say
 
@@ -40,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..chat import ChatFormatter, OwnTemplates
+    from ..chat import ChatFormatter, OwnTemplates, chat_templates
     from ..config import resolve_server
     from ..ensemble import Ensemble
     from ..runtime.bytelevel import decoding_level
@@ -71,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
         level = decoding_level(settings)
-        byte_level = level.in_bytes
-        settings, ens = _load(settings, byte_level)
+        settings, ens = _load(settings, level)
         parallel = settings.load.parallel or 1
     except BaseException:
         listener.close()
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         formatter: ChatFormatter | OwnTemplates | None = None
         token_formatter: ChatFormatter | None = None
         try:  # at the byte level every model renders a conversation in its own template
-            formatter = OwnTemplates(ens) if byte_level else ChatFormatter(ens, settings.chat_template_model)
+            formatter = chat_templates(ens, settings.chat_template_model)
             if formatter.note:
                 note(formatter.note)
             token_formatter = ChatFormatter(token, 0) if token is not None else None
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(served, engine, api_key=api_key, policy=policy)
         shown = f"[{server.host}]" if ":" in server.host else server.host
         url = f"http://{shown}:{port}"
-        shown_level = f", {level.value} level" if byte_level else ""
+        shown_level = f", {level.value} level" if level.in_bytes else ""  # the token level goes without saying
         say(
             f"localcos serve: {alias} ({ens.combiner.description}, method {settings.generation.method}, "
             f"{parallel} sequence{'s' if parallel > 1 else ''} at once{shown_level}) at {url}/v1"
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(settings, byte_level: bool):
+def _load(settings, level: Level):
     """(the settings with the sequences decoded at once, the models loaded to serve them): at the
     byte level one generation at a time (its paths take the sequences); at the token level
     --parallel, by default as many as the context allows (one for models on RPC servers), and a
@@ -136,12 +136,10 @@ def _load(settings, byte_level: bool):
     from dataclasses import replace
 
     from ..config import default_parallel
-    from ..ensemble import Ensemble
-    from ..runtime.bytelevel import ByteModels
+    from ..ensemble import load_at
 
-    if byte_level:
-        return settings, ByteModels.load(settings.load, settings.combiner(), progress=loading_progress)
     remote = any(settings.load.rpc)
-    parallel = settings.load.parallel or (1 if remote else default_parallel(settings.load.n_ctx))
-    settings = replace(settings, load=replace(settings.load, parallel=parallel))
-    return settings, Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, extra_slots=0 if remote else 1)
+    if not level.in_bytes:  # the byte level's sequences are its paths'
+        parallel = settings.load.parallel or (1 if remote else default_parallel(settings.load.n_ctx))
+        settings = replace(settings, load=replace(settings.load, parallel=parallel))
+    return settings, load_at(level, settings.load, settings.combiner(), progress=loading_progress, extra_slots=0 if remote else 1)
