@@ -115,9 +115,10 @@ class Ensemble(LoadedModels):
         """One model loaded for the mixed level, on its own tokens (`beside`): where a request the
         mixed level does not serve (sampling, log-probabilities, tools...) decodes
         (`config.resolve.request_level`); None for anything else (nothing decodes beside it)."""
-        if isinstance(models, ByteModels) and models.level is Level.MIXED and len(models.loaded) == 1:
-            return cls.beside(models, 0)
-        return None
+        if models.level is not Level.MIXED or len(models.loaded) != 1:
+            return None
+        assert isinstance(models, ByteModels), "the mixed level's models are byte-level models"
+        return cls.beside(models, 0)
 
     # --- scoring -----------------------------------------------------------------------------------
     def score(self, text: str | Sequence[int], *, combiner: Combiner | None = None, members: bool = True,

@@ -1,7 +1,9 @@
 """The shape of the code, checked: a request travels one way, each rule and message has one owner.
 
 1. The import graph of localcos/ (imports inside functions included) has no cycle; nothing under
-   runtime/ or core/ imports the `Ensemble` facade; the product never imports localcos.testing.
+   runtime/ or core/ imports the `Ensemble` facade; the product never imports localcos.testing;
+   backend/ imports nothing above it and runtime/ no front end; outside runtime/ no branch asks
+   whether models are byte-level models (they say their level).
 2. Errors are routed by their type, `param` and `code`, never by their text: no `... in str(e)`;
    every `ConfigError` names its setting (`param`).
 3. Every user-facing error message is written in one file.
@@ -102,6 +104,32 @@ def test_the_runtime_and_the_core_do_not_know_the_facade_and_the_product_not_the
             assert not any(t.startswith(("localcos.backend", "localcos.runtime", "localcos.config")) for t in targets), module
         if module.startswith("localcos.config"):
             assert not any(t.startswith(("localcos.runtime", "localcos.server", "localcos.cli")) for t in targets), module
+
+
+def test_the_backend_imports_nothing_above_it_and_the_runtime_no_front_end():
+    below_backend = ("localcos.backend", "localcos.errors", "localcos.paths", "localcos.files")
+    front_ends = ("localcos.cli", "localcos.server", "localcos.tui", "localcos.eval", "localcos.tools", "localcos.scoring",
+                  "localcos.ensemble", "localcos.chat")  # fmt: skip
+    for module, targets in GRAPH.items():
+        if module.startswith("localcos.backend"):
+            assert all(t.startswith(below_backend) for t in targets), f"{module} imports {sorted(targets)}"
+        if module.startswith("localcos.runtime"):
+            assert not any(t.startswith(front_ends) for t in targets), f"{module} imports a front end: {sorted(targets)}"
+
+
+def test_outside_the_runtime_no_branch_asks_whether_models_are_byte_level_models():
+    """The loaded models say their level (`models.level`); an isinstance check on a byte-level
+    type outside runtime/ only narrows a type for the checker (an assert), never picks a branch."""
+    for module, path in MODULES.items():
+        if module.startswith("localcos.runtime"):
+            continue
+        tree = ast.parse(path.read_text())
+        asserted = {id(n) for a in ast.walk(tree) if isinstance(a, ast.Assert) for n in ast.walk(a)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" and len(node.args) == 2:
+                kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+                byte = [k.id for k in kinds if isinstance(k, ast.Name) and k.id.startswith("Byte")]
+                assert not byte or id(node) in asserted, f"{module}:{node.lineno}: isinstance(..., {byte[0]}) picks a branch; read models.level"
 
 
 def _calls(name: str):
