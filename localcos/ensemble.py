@@ -7,9 +7,11 @@
         for piece in ens.stream("Once upon a time", method="cos"):
             print(piece, end="", flush=True)
 
-A thin facade over the runtime: every call is planned once (`runtime.plan`) and run by the one
-scheduler (`runtime.scheduler`), so `generate`, `stream` and `generate_many` give the same text
-for one seed, as the command line and the server do.
+A thin facade over the runtime: every call is planned once (`runtime.plan`; at the byte level
+`ByteModels.plan`) and run by the one scheduler (`runtime.scheduler`; at the byte level one
+generation at a time, `runtime.bytelevel.run_to_end`, as the server's `ByteScheduler` runs it),
+so `generate`, `stream` and `generate_many` give the same text for one seed, as the command line
+and the server do.
 """
 
 from __future__ import annotations

@@ -325,7 +325,7 @@ def plan_chat(served: ServedEnsemble, request: ChatCompletionRequest) -> Request
 # --- the byte level ---------------------------------------------------------------------------------
 # Models of different tokenizers decode at the byte level (runtime.bytelevel): prompts are text
 # (each model tokenises it, or renders the conversation in its own chat template), max_tokens
-# counts characters, and what needs one vocabulary (token ids, logprobs, echo's scores, tool-call
+# counts the lead model's tokens as at every level, and what needs one vocabulary (token ids, logprobs, echo's scores, tool-call
 # grammars) is refused in one 400.
 
 
