@@ -99,7 +99,7 @@ class Ensemble(LoadedModels):
         spec = LoadSpec.make(
             [model_path(p) for p in paths], n_gpu_layers=n_gpu_layers, rpc=rpc, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, main_gpu=main_gpu,
             split_mode=split_mode, flash_attn=flash_attn, rpc_timeout=rpc_timeout, parallel=parallel, calibrate=calibrate,
-            second_prompt=second_prompt, lookahead=lookahead,
+            second_prompt=second_prompt, lookahead=lookahead, level=Level.TOKEN,
         )  # fmt: skip
         return cls.from_spec(spec, combiner, progress=progress, max_logit_rows=max_logit_rows)
 
@@ -254,7 +254,7 @@ class ByteEnsemble(ByteModels):
         mixed level for one model (the combiner default then gated as `config.specs.mixed_gate`
         says; one model alone at the byte level only reads slower), the byte level for several.
         Which level a set of models needs at all (the token level where they share a tokenizer:
-        `Ensemble`) is `runtime.bytelevel.level_of`'s to say, not this class's. The other
+        `Ensemble`) is `config.specs.decide_level`'s to say, not this class's. The other
         arguments as `Ensemble.load`."""
         from .config.specs import mixed_gate
         from .core.combiners import Gated, WeightedEnsemble

@@ -5,10 +5,13 @@ a fixed gamma only where one is asked for. Read from the plans, not from timings
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from localcos import ByteEnsemble, Ensemble
 from localcos.config import GenerationConfig, default_method, resolve
+from localcos.config.specs import LoadSpec
 from localcos.errors import ConfigError
 from localcos.core.level import Level
 from localcos.runtime.bytelevel import decoding_level
@@ -50,12 +53,17 @@ def test_byte_ensemble_plans_cos_with_byte_gamma_auto(real_models):
         planned = ens._plan("Hello", None, None, {})
         assert planned.method == "cos" and planned.config.byte_gamma == "auto"
         assert ens.generate("Hello", max_tokens=8, seed=1).stats.method == "cos"
-    # one model: the mixed level unless named; "auto" is level_of's word (token for one model),
+    # one model: the mixed level unless named; "auto" is decide_level's word (token for one model),
     # not this class's, so it is refused rather than read another way
     with ByteEnsemble.load([real_models["qwen2"]], n_ctx=256) as one:
         assert one.level is Level.MIXED
     with pytest.raises(ConfigError, match="byte or mixed"):
         ByteEnsemble.load([real_models["qwen2"]], level="auto")
+    # the level is decided once, where the models are named, and travels as a Level
+    spec = LoadSpec.make([real_models["qwen2"], real_models["llama3"]])
+    assert spec.level is Level.BYTE and replace(spec, n_ctx=128).level is Level.BYTE
+    assert LoadSpec.make([real_models["qwen2"], real_models["qwen2"]]).level is Level.TOKEN
+    assert LoadSpec.make([real_models["qwen2"]], level="mixed").level is Level.MIXED
 
 
 @pytest.mark.parametrize("level", ["token", "byte"])
@@ -79,7 +87,7 @@ def test_one_models_default_is_its_own_tokens_and_the_mixed_level_is_asked_for(m
         return settings.load.level, settings.combine.gate
 
     for decoding in ({"temperature": 0}, {"temperature": 0, "top_k": 5}, {}, {"temperature": 0.7, "top_k": 40}, {"min_p": 0.1}):
-        assert level(decoding) == ("auto", None), decoding
+        assert level(decoding) == (Level.TOKEN, None), decoding  # decided once, where the models are named
         assert decoding_level(resolve({"models": one, **decoding})) is Level.TOKEN, decoding
     assert level({"temperature": 0, "level": "mixed"}) == ("mixed", 0.5)
     assert level({"temperature": 0, "level": "mixed", "gate": 0.3}) == ("mixed", 0.3)
@@ -87,7 +95,7 @@ def test_one_models_default_is_its_own_tokens_and_the_mixed_level_is_asked_for(m
         resolve({"models": one, "temperature": 0, "level": "mixed", "negative_prompt": "x"})
     with pytest.raises(ConfigError, match="--level mixed needs --gate G"):
         resolve({"models": two, "temperature": 0, "level": "mixed"})
-    assert resolve({"models": two, "temperature": 0}).load.level == "auto"  # several models: by their tokenizers
+    assert resolve({"models": two, "temperature": 0}).load.level is Level.TOKEN  # several models: by their tokenizers (one here)
     settings = resolve({"models": one, "temperature": 0, "level": "mixed"})
     assert settings.generation.method == "ensemble"  # the mixed level's step
 

@@ -207,9 +207,10 @@ def _compare(source: Path, target: Path, text: str, threads: int | None) -> None
     from ..scoring.perplexity import perplexity
     from ..runtime.loaded import LoadedModels
     from ..config.specs import LoadSpec
+    from ..core.level import Level
 
     n_ctx = 256
-    spec = LoadSpec.make([source, target], n_ctx=n_ctx, n_threads=threads)
+    spec = LoadSpec.make([source, target], n_ctx=n_ctx, n_threads=threads, level=Level.TOKEN)
     with LoadedModels.from_spec(spec, max_logit_rows=n_ctx) as pair:
         text = pair.detokenize(pair.tokenize(text, add_bos=False)[: 4 * n_ctx])
         result = perplexity(pair, text, [], n_ctx=n_ctx, progress=lambda i, n: say(f"perplexity: window {i}/{n}"))

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ..backend.worker import layers_to_offload
 from ..core.combiners import Combiner, CustomCombiner, custom_name, gated, load_function, make_combiner
+from ..core.level import Level
 from ..core.sampling import Sampler
 from ..errors import ConfigError
 from ..grammar import Constraint, json_object
@@ -76,7 +77,9 @@ class LoadSpec:
     flash_attn: str = "auto"
     verbose: bool = False
     calibrate: bool = False  # measure the models' call costs again (not the cached profile)
-    level: str = "auto"  # token, byte, mixed (byte where the lead is unsure), or auto (byte when the tokenizers differ)
+    # the level the models decode at: token, byte or mixed (byte where the lead is unsure); "auto"
+    # given is decided when the spec is made (`decide_level`), so it is never "auto" after
+    level: Level = Level.TOKEN
     # the members: each model reading the prompt, and where `second_prompt` the lead model a second
     # time, reading a second prompt (a negative prompt, a contrast, another phrasing)
     second_prompt: bool = False
@@ -104,6 +107,7 @@ class LoadSpec:
             raise ConfigError("--lookahead: models on RPC servers decode one sequence at a time, and its branches are sequences",
                               param="lookahead")  # fmt: skip
         _checked(self, "load", json=False)
+        object.__setattr__(self, "level", decide_level(self.level, self.paths))
 
     @classmethod
     def make(
@@ -113,11 +117,13 @@ class LoadSpec:
         labels: Sequence[str] | None = None,
         n_gpu_layers: int | Sequence[int | None] | None = None,
         rpc: Sequence[Sequence[Endpoint]] = (),
+        level: Level | str = "auto",
         **options: Any,
     ) -> LoadSpec:
         """A spec from values as the Python API takes them: `n_gpu_layers` one value for all
         models or one per model (None: all layers for a model on RPC servers, none for a local
-        one), `rpc` one entry per model or none (every model here)."""
+        one), `rpc` one entry per model or none (every model here), `level` as --level takes it
+        (auto: decided by the models' tokenizers, `decide_level`)."""
         n = len(paths)
         layers = [n_gpu_layers] * n if n_gpu_layers is None or isinstance(n_gpu_layers, int) else list(n_gpu_layers)
         servers = [tuple(s) for s in rpc] or [()] * n
@@ -132,8 +138,24 @@ class LoadSpec:
             tuple(labels) if labels is not None else tuple(Path(p).name for p in paths),
             tuple(layers),  # type: ignore[arg-type]
             tuple(servers),
+            level=level,  # type: ignore[arg-type]  # decided in __post_init__
             **options,
         )
+
+
+def decide_level(asked: str, paths: Sequence[Path]) -> Level:
+    """The level models decode at, decided once, where they are named (`LoadSpec`): the one asked
+    for, or (auto) the token level for models that share a tokenizer and the byte level otherwise
+    (`tokenizer_mismatch`, read from their GGUF headers as `localcos models list` reads it,
+    before anything loads)."""
+    if asked != "auto":
+        return Level(asked)
+    if len(paths) == 1:  # one model shares its tokenizer with itself: no file opened
+        return Level.TOKEN
+    from ..backend import read_info  # the headers, not llama.cpp: loading a vocabulary takes longer than reading the file's
+    from ..backend.tokenizers import tokenizer_groups
+
+    return Level.TOKEN if max(tokenizer_groups([read_info(p).token_table() for p in paths])) == 0 else Level.BYTE
 
 
 def default_parallel(n_ctx: int, wanted: int = 8) -> int:
@@ -316,6 +338,7 @@ def check_level(level: str, generation: GenerationConfig, gated: bool) -> None:
     tokens)."""
     if level not in ("byte", "mixed"):
         return
+    level = Level(level).value  # a Level formats as its name
     if generation.lookahead is not None:
         raise ConfigError(f"lookahead: not available at the {level} level (its branches are sequences of one tokenizer's tokens: "
                           "--level token)", param="lookahead")  # fmt: skip

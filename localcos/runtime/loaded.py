@@ -181,9 +181,9 @@ class LoadedModels:
         scoring). A model on RPC servers is a `RemoteModel`, driven from a worker process."""
         from ..errors import ConfigError
 
-        if spec.level in ("byte", "mixed"):
-            raise ConfigError(f"the {spec.level} level runs in `localcos generate` (and runtime.bytelevel.ByteModels) so far; "
-                              f"leave out level {spec.level} here", param="level")  # fmt: skip
+        if spec.level.in_bytes:
+            raise ConfigError(f"the {spec.level.value} level loads through runtime.bytelevel.ByteModels (ensemble.load_at picks by level); "
+                              f"leave out level {spec.level.value} here", param="level")  # fmt: skip
         parallel = (spec.parallel or 1) + extra_slots
         lead = second_prompt_host(spec)
         candidates, rolled = spec.lookahead or (0, 0)

@@ -12,7 +12,7 @@ that keep the text valid UTF-8, and text is emitted as characters complete.
 """
 
 from .generation import ByteGeneration, run_to_end
-from .level import BYTE_OPTIONS, byte_vocab, decoding_level, level_of, refuse_byte_options
+from .level import BYTE_OPTIONS, byte_vocab, decoding_level, refuse_byte_options
 from .member import ByteMember
 from .models import ByteModels, ByteStream
 from .results import BytePlan
@@ -33,5 +33,4 @@ __all__ = [
     "gate_opens",
     "refuse_byte_options",
     "run_to_end",
-    "level_of",
 ]

@@ -1,20 +1,19 @@
-"""Which level decodes: the token level for models that share a tokenizer, the byte level
-otherwise (or when asked); the options only one level reads, refused at the other."""
+"""The level the settings decided (`config.specs.decide_level`), held against what else they ask
+(`decoding_level`): the options only one level reads, refused at the other; a model's bytes."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 from collections.abc import Iterable, Sequence
 
-from ...backend import Model, read_info
-from ...backend.tokenizers import tokenizer_groups
+from ...backend import Model
 from ...core.bytelevel import ByteVocab
 from ...core.level import Level
 from ...config.specs import check_level
 from ...errors import ConfigError
 
 if TYPE_CHECKING:
-    from ...config.specs import LoadSpec, Settings
+    from ...config.specs import Settings
 
 
 def byte_vocab(model: Model) -> ByteVocab:
@@ -28,23 +27,11 @@ def byte_vocab(model: Model) -> ByteVocab:
     return vocab
 
 
-def level_of(spec: LoadSpec) -> Level:
-    """The level the models of `spec` decode at: the one asked for, or (auto) the token level for
-    models that share a tokenizer and the byte level otherwise (`tokenizer_mismatch`, read from
-    their GGUF headers as `localcos models list` reads it, before anything loads)."""
-    if spec.level != "auto":
-        return Level(spec.level)
-    if len(spec.paths) == 1:  # one model shares its tokenizer with itself: no file opened
-        return Level.TOKEN
-    # the headers, not llama.cpp: loading a vocabulary took longer than reading the file's
-    return Level.TOKEN if max(tokenizer_groups([read_info(p).token_table() for p in spec.paths])) == 0 else Level.BYTE
-
-
 BYTE_OPTIONS = ("byte_paths", "byte_prune", "byte_gamma")  # read by the byte level only
 
 
 def decoding_level(settings: Settings, also_given: Sequence[str] = ()) -> Level:
-    """The level the models of `settings` decode at (`level_of`), the one place a front end
+    """The level the models of `settings` decode at (`settings.load.level`), the one place a front end
     asks. An option given (in `settings`, or `also_given`: options a front end took itself) that
     the level chosen would not read is refused in one line: the byte level's own for models that
     decode at the token level; at the byte and mixed levels what they do not decode
@@ -52,7 +39,7 @@ def decoding_level(settings: Settings, also_given: Sequence[str] = ()) -> Level:
     lookahead...), --chat-template-model (each model reads a conversation in its own template
     there) and --parallel above 1 (a byte-level generation takes every model's sequences: one at
     a time). So these are refused before any model loads."""
-    level = level_of(settings.load)
+    level = settings.load.level
     if level.in_bytes:
         # the gate belongs to a combination, checked where one is resolved (eval's variants each bring their own)
         check_level(level.value, settings.generation, gated=True)

@@ -106,14 +106,16 @@ class ByteModels:
                               "a model on RPC servers decodes one)", param="rpc")  # fmt: skip
         lanes = max(1, min(lanes, MAX_SEQUENCES // spec.byte_paths))
         cells = None if lanes == 1 else spec.n_ctx * LANE_CELLS * lanes
-        level = Level.MIXED if spec.level == Level.MIXED.value else Level.BYTE
+        if not spec.level.in_bytes:
+            raise ConfigError("these models are to decode at the token level (LoadedModels; ensemble.load_at picks by level): "
+                              "give level byte or mixed to load them here", param="level")  # fmt: skip
         lead = second_prompt_host(spec)  # it holds the second prompt's member's paths too
 
         def build(models: list[Model]) -> ByteModels:
             for m in models:
                 byte_vocab(m)
             own = {id(m): call_profile(m, spec.calibrate) for m in models}
-            made = cls(models, combiner, max_paths=spec.byte_paths, prune=spec.byte_prune, level=level, second_prompt=spec.second_prompt,
+            made = cls(models, combiner, max_paths=spec.byte_paths, prune=spec.byte_prune, level=spec.level, second_prompt=spec.second_prompt,
                        profiles=[own[id(m)] for m in (models + ([models[lead]] if lead is not None else []))])  # fmt: skip
             return made
 
