@@ -182,7 +182,7 @@ BAD_OPTIONS = [
     (["--method", "bogus"], "--method must be one of ensemble, sd, naive-cos, cos"),
     (["--combine", "bogus"], "--combine must be we, cd, logit-mix, cfg or FILE.py:FUNCTION"),
     (["--combine", "nowhere.py:f"], "combiner file not found"),
-    (["--combine", "cd", "--weights", "1,1"], "--weights does not apply to cd"),
+    (["--combine", "cd", "--weights", "1,1"], "--weights does not apply to cd; use --mu, --plausibility, --expert"),
     (["--combine", "cd", "--expert", "2"], "--expert must be a model index from 0 to 1"),
     (["--mu", "-1"], "--mu must be >= 0"),
     (["--plausibility", "0"], "--plausibility must be > 0"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -139,7 +140,7 @@ def test_contrastive_validation():
         Contrastive().bind(3, [1, 2, 3])
     with pytest.raises(ConfigError, match="plausibility"):
         Contrastive(plausibility=1.5)
-    with pytest.raises(ConfigError, match="does not apply to cd"):
+    with pytest.raises(ConfigError, match="does not apply to cd; it reads mu, plausibility, expert"):
         make_combiner("cd", weights=[1, 1])
     with pytest.raises(ConfigError, match="unknown combiner"):
         make_combiner("median")
@@ -206,3 +207,13 @@ def test_a_combiner_added_through_the_registry_works_in_generate_serve_and_prese
     unknown = subprocess.run([sys.executable, "-m", "localcos", "generate", "--models", pair, "--combine", "first", *common],
                              capture_output=True, text=True, timeout=300)  # fmt: skip
     assert unknown.returncode == 2 and "--combine must be we, cd, logit-mix, cfg or FILE.py:FUNCTION" in unknown.stderr
+
+
+def test_weights_given_to_a_combiner_that_reads_none_are_refused_in_the_words_the_user_gave_them(models):
+    from localcos.config import resolve
+
+    one = {"models": [str(models["base"])], "combine": "cfg", "weights": "1,1", "negative_prompt": "x"}
+    for json, words in ((False, "--weights does not apply to cfg; use --cfg-scale"), (True, "weights does not apply to cfg; use cfg_scale")):
+        with pytest.raises(ConfigError, match=re.escape(words)) as caught:
+            resolve(one, json=json)
+        assert caught.value.param == "weights"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Mapping, Sequence
 
 from ..backend.worker import layers_to_offload
-from ..core.combiners import Combiner, CustomCombiner, custom_name, gated, load_function, make_combiner
+from ..core.combiners import COMBINERS, Combiner, CustomCombiner, custom_name, gated, load_function, make_combiner
 from ..core.level import Level
 from ..core.sampling import Sampler
 from ..errors import ConfigError
@@ -402,7 +402,15 @@ def check_for_models(
         index("expert", combine.expert)
         index("lead", combine.lead)
         check_members(n, combine, second_prompt, json)
-        combine.combiner().fit(members, [1] * members)
+        try:
+            combine.combiner().fit(members, [1] * members)
+        except ConfigError as e:
+            kind = COMBINERS.get(combine.combine)
+            if kind is None or (e.param, e.code) != ("weights", "unsupported_parameter"):
+                raise
+            # the registry's reads are CombineSpec's fields: named here as the user gave them
+            raise ConfigError(f"{what('weights', json)} does not apply to {combine.combine}; use "
+                              + ", ".join(_BY_ATTR["combine"][name].what(json) for name in kind.reads), param="weights") from None  # fmt: skip
         check_level(level, generation, combine.gate is not None)
 
 

@@ -571,9 +571,6 @@ register(CombinerKind("cd", lambda mu, plausibility, expert: Contrastive(mu, pla
 register(CombinerKind("logit-mix", lambda weights: LogitMix(weights), ("weights",), "r = softmax(sum w_i l_i / T)"))
 register(CombinerKind("cfg", lambda scale: Guidance(scale), ("scale",), "classifier-free guidance of a model against itself under a second prompt"))
 
-_FLAGS = {"weights": "--weights", "mu": "--mu", "plausibility": "--plausibility", "expert": "--expert", "scale": "--cfg-scale"}
-
-
 def combiner_names() -> str:
     """The names a --combine takes, for messages and help: the registry's, then a function."""
     return ", ".join(COMBINERS) + " or FILE.py:FUNCTION"
@@ -601,7 +598,8 @@ def make_combiner(
             raise ConfigError(f"unknown combiner {kind!r}; use {combiner_names()}", param="combine")
         return gated(load_custom(kind, level), gate, lead)
     if weights is not None and "weights" not in registered.reads:
-        raise ConfigError(f"--weights does not apply to {kind}; use {', '.join(_FLAGS[r] for r in registered.reads)}", param="weights")
+        # named as the keywords here; the settings layer names them as flags or fields (`config.specs.check_for_models`)
+        raise ConfigError(f"weights does not apply to {kind}; it reads {', '.join(registered.reads)}", param="weights", code="unsupported_parameter")
     return gated(registered.make(**{name: values[name] for name in registered.reads}), gate, lead)
 
 
