@@ -17,6 +17,7 @@ from ...core.bytelevel import check_prune
 from ...core.combiners import BoundCombiner, Gated
 from ...core.hostmem import keep_freed_memory
 from ...core.level import Level
+from ...core.sizes import largest, member_params
 from ...core.speedmodel import CallProfile, Costs
 from ...errors import ConfigError
 from ...grammar import Matcher, byte_symbols
@@ -52,8 +53,6 @@ class ByteModels:
         self, models: Sequence[Model], combiner: BoundCombiner | Combiner, *, max_paths: int, prune: float,
         profiles: Sequence[CallProfile] | None = None, level: Level = Level.BYTE, second_prompt: bool = False,
     ) -> None:  # fmt: skip
-        from ...core.sizes import largest
-
         keep_freed_memory()  # every row's vocabulary-sized arrays come and go (see core.hostmem)
         self.loaded = list(models)
         self.models = list(models)
@@ -83,8 +82,6 @@ class ByteModels:
     @property
     def n_params(self) -> list[int]:
         """Each member's parameter count as a combination reads roles (`LoadedModels.n_params`)."""
-        from ...core.sizes import member_params
-
         return member_params([m.n_params for m in self.loaded], self.second_member is not None)
 
     @classmethod
@@ -101,14 +98,14 @@ class ByteModels:
         own, `LANE_CELLS` contexts of cells each (fewer where llama.cpp's sequences run out)."""
         from ..loaded import load_models, second_prompt_host
 
+        if not spec.level.in_bytes:
+            raise ConfigError("these models are to decode at the token level (LoadedModels; ensemble.load_at picks by level): "
+                              "give level byte or mixed to load them here", param="level")  # fmt: skip
         if any(spec.rpc):  # a model on RPC servers decodes one sequence; its paths need byte_paths of them
             raise ConfigError("--rpc: not available at the byte level (each model holds --byte-paths sequences here; "
                               "a model on RPC servers decodes one)", param="rpc")  # fmt: skip
         lanes = max(1, min(lanes, MAX_SEQUENCES // spec.byte_paths))
         cells = None if lanes == 1 else spec.n_ctx * LANE_CELLS * lanes
-        if not spec.level.in_bytes:
-            raise ConfigError("these models are to decode at the token level (LoadedModels; ensemble.load_at picks by level): "
-                              "give level byte or mixed to load them here", param="level")  # fmt: skip
         lead = second_prompt_host(spec)  # it holds the second prompt's member's paths too
 
         def build(models: list[Model]) -> ByteModels:
