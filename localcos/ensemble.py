@@ -31,7 +31,7 @@ from .runtime.completion import Completion
 from .runtime.loaded import LoadedModels
 from .infill import Infill
 from .runtime.plan import Prompt, plan
-from .runtime.scheduler import Stream, run_completions
+from .runtime.scheduler import Stream
 from .runtime.scoring import Loglikelihood, Scores, loglikelihood, score_tokens
 
 if TYPE_CHECKING:
@@ -104,23 +104,23 @@ class Ensemble(LoadedModels):
         return cls.from_spec(spec, combiner, progress=progress, max_logit_rows=max_logit_rows)
 
     @classmethod
-    def beside(cls, models: ByteModels, i: int) -> Ensemble:
-        """Model i of byte-level `models` by itself, decoding on its own tokens (the token level)
-        on the weights and the context loaded there: no second copy in memory, and its calls cost
-        what the byte level's calls cost (a second copy of the same file can run a few percent
-        faster or slower). How a model of a byte-level run decodes alone beside it (eval's "alone"
-        configurations, the bench's alone-I). `models` owns it: close that, not this."""
+    def beside(cls, models: LoadedModels | ByteModels, i: int) -> Ensemble:
+        """Model i of `models` (loaded at any level) by itself, decoding on its own tokens (the
+        token level) on the weights and the context loaded there: no second copy in memory, and
+        its calls cost what the calls there cost (a second copy of the same file can run a few
+        percent faster or slower). How a model of a byte-level run decodes alone beside it
+        (eval's "alone" configurations, the bench's alone-I). `models` owns it: close that, not
+        this."""
         return cls([models.loaded[i]], profiles=[models.costs.profiles[i]])
 
     @classmethod
-    def token_view(cls, models: Ensemble | ByteModels) -> Ensemble | None:
-        """One model loaded for the mixed level, on its own tokens (`beside`): where a request the
-        mixed level does not serve (sampling, log-probabilities, tools...) decodes
-        (`config.resolve.request_level`); None for anything else (nothing decodes beside it)."""
-        if models.level is not Level.MIXED or len(models.loaded) != 1:
-            return None
-        assert isinstance(models, ByteModels), "the mixed level's models are byte-level models"
-        return cls.beside(models, 0)
+    def token_view(cls, models: LoadedModels | ByteModels) -> Ensemble | None:
+        """The model whose own tokens serve the requests its level does not (`own_tokens`: one
+        model loaded for the mixed level), on those tokens (`beside`): where sampling,
+        log-probabilities, tools... decode (`config.resolve.request_level`); None where there is
+        none."""
+        own = models.own_tokens()
+        return None if own is None else cls.beside(models, own)
 
     # --- scoring -----------------------------------------------------------------------------------
     def score(self, text: str | Sequence[int], *, combiner: Combiner | None = None, members: bool = True,
@@ -190,7 +190,7 @@ class Ensemble(LoadedModels):
         its own random stream (`runtime.completion_rng`), the first of them the one `generate`
         and `stream` draw from.
         """
-        return run_completions(self, plan(self, prompt, _token_config(config, settings), combiner, second_prompt=second_prompt), n)
+        return self.complete(plan(self, prompt, _token_config(config, settings), combiner, second_prompt=second_prompt), n)
 
     def stream(
         self,
@@ -320,11 +320,7 @@ class ByteEnsemble(ByteModels):
     ) -> list[Completion]:
         """`n` completions of one prompt, one after another; completion k draws from random
         stream k of the seed (as `generate --n` and a server's choices do)."""
-        from .runtime.bytelevel import run_to_end
-        from .runtime.generation import completion_rng
-
-        planned = self._plan(prompt, config, combiner, settings, second_prompt)
-        return [run_to_end(self.start(planned, completion_rng(planned.config.seed, k))) for k in range(n)]
+        return self.complete(self._plan(prompt, config, combiner, settings, second_prompt), n)
 
     def stream(  # type: ignore[override]
         self,
@@ -357,13 +353,10 @@ class ByteEnsemble(ByteModels):
 
     def _plan(self, prompt: str | Infill | Sequence[Sequence[int]], config: GenerationConfig | None, combiner: Combiner | None, settings: dict,
               second_prompt: Sequence[int] | None = None) -> BytePlan:  # fmt: skip
-        config = _config(config, settings)
-        prompts = self.prompts(prompt, phrasing=config.phrasing, config=config) if isinstance(prompt, (str, Infill)) else [list(p) for p in prompt]
-        return self.plan(prompts, config, combiner=combiner, second_prompt=second_prompt)
+        return self.plan(prompt, _config(config, settings), combiner, second_prompt=second_prompt)
 
 
 def load_at(
-    level: Level,
     spec: LoadSpec,
     combiner: Combiner | None = None,
     *,
@@ -372,10 +365,10 @@ def load_at(
     extra_slots: int = 0,
     lanes: int = 1,
 ) -> Ensemble | ByteEnsemble:
-    """The models of `spec` loaded to decode at `level` (`runtime.bytelevel.decoding_level`'s
-    answer for the settings): the one place a front end loads models by level, each knowing it
-    after (`level`). `max_logit_rows` and `extra_slots` are the token level's
-    (`Ensemble.from_spec`), `lanes` the byte level's (`ByteEnsemble.from_spec`)."""
-    if level.in_bytes:
+    """The models of `spec` loaded to decode at the level it decided (`spec.level`; a front end
+    checks the settings for it first: `runtime.bytelevel.decoding_level`): the one place models
+    are loaded by level, each knowing it after (`level`). `max_logit_rows` and `extra_slots` are
+    the token level's (`Ensemble.from_spec`), `lanes` the byte level's (`ByteEnsemble.from_spec`)."""
+    if spec.level.in_bytes:  # the one branch on the level at loading: which runtime holds the models
         return ByteEnsemble.from_spec(spec, combiner, progress=progress, lanes=lanes)
     return Ensemble.from_spec(spec, combiner, progress=progress, max_logit_rows=max_logit_rows, extra_slots=extra_slots)

@@ -45,7 +45,8 @@ def load_for(settings: Settings) -> Loader:
     of different tokenizers) the byte-level models, each rendering the chat in its own template."""
 
     def loader(progress: Callable[[int, int, str], None]) -> tuple[Ensemble | ByteModels, ChatFormatter | OwnTemplates]:
-        models = load_at(decoding_level(settings), settings.load, settings.combiner(), progress=progress)
+        decoding_level(settings)  # what the level does not decode, refused before anything loads
+        models = load_at(settings.load, settings.combiner(), progress=progress)
         try:
             return models, chat_templates(models, settings.chat_template_model)
         except LocalcosError:
@@ -127,7 +128,7 @@ class ChatApp(App):
         self.formatter: ChatFormatter | OwnTemplates | None = None
         # one model loaded for the mixed level on its own tokens, and its template: where a reply
         # the mixed level does not serve decodes (`config.resolve.request_level`, per reply)
-        self.token_view: tuple[Ensemble, ChatFormatter] | None = None
+        self.views: dict[Level, tuple[Ensemble, ChatFormatter]] = {}
         self.reply_level = Level.TOKEN  # the level the last (or running) reply decodes at
         self.conversation: Conversation | None = None
         self.stream: Stream | ByteStream | None = None  # the reply being generated
@@ -193,9 +194,9 @@ class ChatApp(App):
         self.reply_level = ensemble.level
         token = Ensemble.token_view(ensemble)
         try:
-            self.token_view = (token, ChatFormatter(token)) if token is not None else None
+            self.views = {Level.TOKEN: (token, ChatFormatter(token))} if token is not None else {}
         except LocalcosError:  # no template of its own: every reply at the level loaded
-            self.token_view = None
+            self.views = {}
         kept = self.conversation.messages if self.conversation is not None else []
         system = self.conversation.system if self.conversation is not None else self.settings.system
         self.conversation = Conversation(formatter, ensemble.n_ctx, system)
@@ -340,13 +341,9 @@ class ChatApp(App):
         """The models a reply with these settings decodes on, and its level, decided once per reply
         (`config.resolve.request_level`); the conversation renders in that level's templates."""
         assert self.ensemble is not None and self.formatter is not None and self.conversation is not None
-        loaded = self.ensemble.level
-        level = request_level(loaded, config, needs_tokens=False, token_view=self.token_view is not None)
-        if level is not loaded and self.token_view is not None:
-            ensemble, self.conversation.formatter = self.token_view
-            return ensemble, level
-        self.conversation.formatter = self.formatter
-        return self.ensemble, level
+        level = request_level(self.ensemble.level, config, needs_tokens=False, token_view=bool(self.views))
+        ensemble, self.conversation.formatter = self.views.get(level, (self.ensemble, self.formatter))
+        return ensemble, level
 
     @property
     def _level(self) -> str:
@@ -356,7 +353,7 @@ class ChatApp(App):
     @property
     def _unit(self) -> str:
         """What a reply is counted in: tokens, or characters at the byte and mixed levels."""
-        return "chars" if self.reply_level.in_bytes else "tokens"
+        return self.reply_level.unit
 
     def _reply_done(self, completion: Completion | None) -> None:
         view, self.stream = self.reply_view, None
@@ -368,7 +365,7 @@ class ChatApp(App):
         self.conversation.reply(completion.text)
         panel = self.query_one(StatsPanel)
         panel.stats, panel.live = completion.stats, None
-        panel.context = self._context_used(None if completion.stats.level.in_bytes else completion.stats.tokens)
+        panel.context = self._context_used(completion.stats.tokens if completion.stats.level.unit == "tokens" else None)
         settings = {"combine": asdict(self.settings.combine), "generation": asdict(self.settings.generation)}
         stats = completion.stats.to_dict()
         self.replies.append({"prompt": self.conversation.messages[-2].content if len(self.conversation.messages) > 1 else "",

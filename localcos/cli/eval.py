@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         check_infilling(configs)
     load = run_load(settings.load, configs)  # what every configuration needs of one load, refused before any model loads
     results_path = args.results or f"localcos-eval-{task_name.split('.')[0]}.jsonl"
-    results = _results(results_path, task_name, settings, run_level, args.sandbox, limits, configs)
+    results = _results(results_path, task_name, settings, args.sandbox, limits, configs)
     held = sum(results.get(c.name, t.task_id) is not None for c in configs for t in tasks)
     say(f"localcos: {len(tasks)} problems x {len(configs)} configurations; results in {results_path}"
         + (f" (resuming: {held} done)" if held else ""))  # fmt: skip
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             models.load_alone(sorted({c.member for c in configs if c.own_tokens and c.member is not None}), say=say)
             run_eval(tasks, configs, models.generate, results, limits, args.sandbox, report=say, scripts=models.writes_script)
     baseline, summaries = summarize(results, tasks, configs, args.baseline)
-    unit = "chars" if run_level.in_bytes else "tokens"
+    unit = run_level.unit
     title = (f"{task_name}: {len(tasks)} problems, {' + '.join(names)}, {run_level.value} level, temperature "
              f"{settings.generation.temperature:g}, max {settings.generation.max_tokens} tokens")  # fmt: skip
     _report(args, title, baseline, summaries, unit, {"task": task_name, "problems": len(tasks), "models": names, "sandbox": args.sandbox,
@@ -188,15 +188,13 @@ def _configs(args: argparse.Namespace, settings: Settings, run_level: Level, inf
 
 
 def _results(
-    path: str, task: str, settings: Settings, run_level: Level, sandbox: str, limits: Limits, configs: list[EvalConfig]
+    path: str, task: str, settings: Settings, sandbox: str, limits: Limits, configs: list[EvalConfig]
 ) -> ResultsFile:
     """The results file, opened (resumed) for this run: its header holds what the run shares."""
     from ..eval.results import ResultsFile
 
-    header = {"task": task, "models": [str(p) for p in settings.load.paths], "level": run_level.value, "sandbox": sandbox,
+    header = {"task": task, "models": [str(p) for p in settings.load.paths], **settings.load.decoded_by(), "sandbox": sandbox,
               "timeout": limits.seconds, "memory_mb": limits.memory_mb}  # fmt: skip
-    if run_level.in_bytes:
-        header |= {"byte_paths": settings.load.byte_paths, "byte_prune": settings.load.byte_prune}
     results = ResultsFile(path, header)
     for config in configs:
         results.check(config)

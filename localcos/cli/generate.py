@@ -44,7 +44,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import default_parallel
     from ..config.parse import parse_int
     from ..config.specs import check_second_prompt
     from ..ensemble import load_at
@@ -68,10 +67,10 @@ def run(args: argparse.Namespace) -> int:
     config = settings.generation
     if config.seed is None:  # a seed the user can repeat: printed with the stats
         config = replace(config, seed=int.from_bytes(os.urandom(4), "little"))
-    level = decoding_level(settings)
-    if not level.in_bytes and settings.load.parallel is None and n > 1 and not any(settings.load.rpc):  # --n: decode them together
-        settings = replace(settings, load=replace(settings.load, parallel=default_parallel(settings.load.n_ctx, n)))
-    ens = load_at(level, settings.load, settings.combiner(), progress=loading_progress)
+    decoding_level(settings)  # what the level does not decode, refused before anything loads
+    if n > 1:  # --n: decode them together
+        settings = replace(settings, load=settings.load.decoding_together(n))
+    ens = load_at(settings.load, settings.combiner(), progress=loading_progress)
     with ens:
         prompt_input, second = _prompts(args, ens, settings, prompt) if args.chat else (infill or prompt, None)
         if args.json:

@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import os
 
-from ..core.level import Level
 from ..errors import ConfigError, LocalcosError
 from .options import add_options, is_loopback, listen, loading_progress, note, option_values, resolve, say
 
@@ -71,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         settings = resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
-        level = decoding_level(settings)
-        settings, ens = _load(settings, level)
+        decoding_level(settings)  # what the level does not decode, refused before anything loads
+        settings, ens = _load(settings)
         parallel = settings.load.parallel or 1
     except BaseException:
         listener.close()
@@ -97,10 +96,9 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(served, engine, api_key=api_key, policy=policy)
         shown = f"[{server.host}]" if ":" in server.host else server.host
         url = f"http://{shown}:{port}"
-        shown_level = f", {level.value} level" if level.in_bytes else ""  # the token level goes without saying
         say(
             f"localcos serve: {alias} ({ens.combiner.description}, method {settings.generation.method}, "
-            f"{parallel} sequence{'s' if parallel > 1 else ''} at once{shown_level}) at {url}/v1"
+            f"{parallel} sequence{'s' if parallel > 1 else ''} at once, {ens.level.value} level) at {url}/v1"
         )
         if formatter is None:
             say("  the models carry no chat template: /v1/chat/completions answers 400, /v1/completions works")
@@ -128,18 +126,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(settings, level: Level):
-    """(the settings with the sequences decoded at once, the models loaded to serve them): at the
-    byte level one generation at a time (its paths take the sequences); at the token level
-    --parallel, by default as many as the context allows (one for models on RPC servers), and a
-    sequence more for scoring (echo, logprobs), what it evaluated kept for the next request."""
+def _load(settings):
+    """(the settings with the sequences decoded at once, the models loaded to serve them):
+    --parallel, by default as many as the context allows (`LoadSpec.decoding_together`), and at
+    the token level a sequence more for scoring (echo, logprobs), what it evaluated kept for the
+    next request."""
     from dataclasses import replace
 
-    from ..config import default_parallel
     from ..ensemble import load_at
 
     remote = any(settings.load.rpc)
-    if not level.in_bytes:  # the byte level's sequences are its paths'
-        parallel = settings.load.parallel or (1 if remote else default_parallel(settings.load.n_ctx))
-        settings = replace(settings, load=replace(settings.load, parallel=parallel))
-    return settings, load_at(level, settings.load, settings.combiner(), progress=loading_progress, extra_slots=0 if remote else 1)
+    settings = replace(settings, load=settings.load.decoding_together(8))
+    return settings, load_at(settings.load, settings.combiner(), progress=loading_progress, extra_slots=0 if remote else 1)

@@ -109,6 +109,21 @@ class LoadSpec:
         _checked(self, "load", json=False)
         object.__setattr__(self, "level", decide_level(self.level, self.paths))
 
+    def decoded_by(self) -> dict[str, Any]:
+        """The load settings a decoded text depends on, as a record keeps them: the level and, at
+        the byte and mixed levels, the paths each model holds and their pruning."""
+        paths = {"byte_paths": self.byte_paths, "byte_prune": self.byte_prune} if self.level.in_bytes else {}
+        return {"level": self.level.value, **paths}
+
+    def decoding_together(self, wanted: int) -> LoadSpec:
+        """This spec with the sequences decoded at once where the user did not say (`parallel`):
+        up to `wanted` as the context allows (`default_parallel`), one for models on RPC servers.
+        The byte and mixed levels' sequences are their paths' (one generation at a time), so
+        there it is left as it is."""
+        if self.parallel is not None or self.level.in_bytes:
+            return self
+        return replace(self, parallel=1 if any(self.rpc) else default_parallel(self.n_ctx, wanted))
+
     @classmethod
     def make(
         cls,

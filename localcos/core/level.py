@@ -23,3 +23,9 @@ class Level(str, Enum):
     def in_bytes(self) -> bool:
         """Whether the models decode through their byte views (the mixed and byte levels)."""
         return self is not Level.TOKEN
+
+    @property
+    def unit(self) -> str:
+        """What a generation's length is counted in for people: tokens, or characters where the
+        models decode through their byte views (their tokens are not one vocabulary's)."""
+        return "chars" if self.in_bytes else "tokens"

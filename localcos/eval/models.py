@@ -14,16 +14,16 @@ from .contrast import TRANSFORMS
 if TYPE_CHECKING:
     from ..config import LoadSpec, Settings
     from ..infill import Infill
-    from ..ensemble import Ensemble
-    from ..runtime.bytelevel import ByteModels
+    from ..ensemble import ByteEnsemble, Ensemble
     from .configs import EvalConfig
 
 NOTHING_TO_CHANGE = "{}: nothing to change in this task; decoded by the lead model alone"
 
 
 class EvalModels:
-    """The run's models, loaded once for every configuration: at the token level an `Ensemble`,
-    at the byte and mixed levels `ByteModels`; a model that also decodes alone on its own tokens
+    """The run's models, loaded once for every configuration (`ensemble.load_at`: at the token
+    level an `Ensemble`, at the byte and mixed levels a `ByteEnsemble`), each configuration
+    planned and completed on them without asking which (`runtime.models.Models`); a model that also decodes alone on its own tokens
     there (`load_alone`) does so on the same loaded model (`Ensemble.beside`).
 
     `load` provisions what every configuration needs (`configs.run_load`): with its
@@ -35,29 +35,14 @@ class EvalModels:
 
     def __init__(self, settings: Settings, run: Level, load: LoadSpec, progress: Callable[[int, int, str], None] | None = None) -> None:
         from ..core.combiners import WeightedEnsemble
-        from ..ensemble import Ensemble
+        from ..ensemble import load_at
 
         self.settings = settings
         self.run = run
         self.alone: dict[int, Ensemble] = {}  # model index -> that model alone, on its own tokens
         second_prompt = load.second_prompt
-        if run.in_bytes:
-            from ..runtime.bytelevel import ByteModels
-
-            self.models: Ensemble | ByteModels = ByteModels.load(load, settings.combiner() if not second_prompt else WeightedEnsemble(),
-                                                                 progress=progress)  # fmt: skip
-            self.plain: Ensemble | ByteModels = self.models
-            if second_prompt:
-                m = self.models
-                assert isinstance(m, ByteModels)
-                self.plain = ByteModels(m.loaded, settings.combiner(), max_paths=load.byte_paths, prune=load.byte_prune,
-                                        profiles=m.costs.profiles[: len(m.loaded)], level=m.level)  # fmt: skip
-        else:
-            ensemble = Ensemble.from_spec(load, WeightedEnsemble() if second_prompt else settings.combiner(), progress=progress)
-            self.models = ensemble
-            self.plain = ensemble
-            if second_prompt:
-                self.plain = Ensemble(ensemble.loaded, settings.combiner(), profiles=ensemble.profiles[: len(ensemble.loaded)], branches=ensemble.branches)
+        self.models: Ensemble | ByteEnsemble = load_at(load, WeightedEnsemble() if second_prompt else settings.combiner(), progress=progress)
+        self.plain: Ensemble | ByteEnsemble = self.models.without_second(settings.combiner()) if second_prompt else self.models
 
     @property
     def names(self) -> list[str]:
@@ -65,24 +50,23 @@ class EvalModels:
 
     def load_alone(self, members: Sequence[int], say: Callable[[str], None] = lambda line: None) -> None:
         from ..ensemble import Ensemble
-        from ..runtime.bytelevel import ByteModels
 
         for i in members:
             say(f"localcos: {self.names[i]} also alone, on its own tokens")
-            assert isinstance(self.plain, ByteModels), "a model decodes alone beside a byte-level run"
             self.alone[i] = Ensemble.beside(self.plain, i)
 
     def generate(self, prompt: str | Infill, config: EvalConfig) -> Generated:
         """A completion of `prompt` under `config`, at its level (`max_tokens` the same length at
-        every level: tokens, the lead's at the byte and mixed levels); its length in tokens, or in
-        characters in a run at the byte or mixed level (every configuration's speed in one unit).
-        A configuration reading a second prompt made from the task's reads it on the second
-        member; where the task gives nothing to change, the lead decodes alone (said in `note`)."""
-        settings = config.settings
+        every level: tokens, the lead's at the byte and mixed levels); its length in the run's
+        unit (`Level.unit`: tokens, or characters in a run at the byte or mixed level: every
+        configuration's speed in one unit). A configuration reading a second prompt made from
+        the task's reads it on the second member; where the task gives nothing to change, the
+        lead decodes alone (said in `note`)."""
+        settings, unit = config.settings, self.run.unit
         if config.own_tokens:
             assert config.member is not None, "parse_config refuses --level token for a combination"
             own = self.alone[config.member].generate(prompt, config=replace(settings.generation, method="ensemble", gamma=None))
-            return Generated(own.text, len(own.text), own.stats.seconds, own.stats.llama_seconds)
+            return Generated(own.text, own.measured(unit), own.stats.seconds, own.stats.llama_seconds)
         models, combiner, second, note = self.plain, settings.combiner(), None, None
         if config.contrast is not None:
             assert isinstance(prompt, str), "cli.eval refuses a second prompt for an infilling task"
@@ -91,19 +75,9 @@ class EvalModels:
                 combiner, note = _alone(len(self.plain.loaded), self._lead(), combiner), NOTHING_TO_CHANGE.format(config.contrast)
             else:
                 models = self.models
-        if self.run.in_bytes:
-            from ..runtime.bytelevel import ByteModels, run_to_end
-            from ..runtime.generation import completion_rng
-
-            assert isinstance(models, ByteModels)
-            prompts = models.prompts(prompt, phrasing=settings.generation.phrasing, config=settings.generation) + (
-                [second if isinstance(second, list) else models.models[-1].tokenize(second)] if second is not None else []
-            )
-            plan = models.plan(prompts, settings.generation, combiner=combiner, level=config.level)
-            b = run_to_end(models.start(plan, completion_rng(settings.generation.seed, 0)))
-            return Generated(b.text, b.stats.chars, b.stats.seconds, b.stats.llama_seconds, note)
-        c = models.generate(prompt, config=settings.generation, combiner=combiner, second_prompt=second)  # type: ignore[union-attr]
-        return Generated(c.text, c.length, c.stats.seconds, c.stats.llama_seconds, note)
+        plan = models.plan(prompt, settings.generation, combiner, second_prompt=second, level=config.level)
+        c = models.complete(plan)[0]  # type: ignore[arg-type]  # a plan of these models
+        return Generated(c.text, c.measured(unit), c.stats.seconds, c.stats.llama_seconds, note)
 
     def writes_script(self, config: EvalConfig) -> bool:
         """Whether `config`'s models write a whole script for a task (the evalplus phrasing, as

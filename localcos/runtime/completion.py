@@ -32,3 +32,8 @@ class Completion:
     def length(self) -> int:
         """Its length in what max_tokens counts: tokens (the lead model's at the byte and mixed levels)."""
         return self.stats.tokens
+
+    def measured(self, unit: str) -> int:
+        """Its length in `unit` (`Level.unit`): "tokens" (`length`), or "chars" (characters of
+        the text), whichever level decoded it: how eval counts every configuration of one run."""
+        return len(self.text) if unit == "chars" else self.length

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ..backend import Model, RemoteModel, set_verbose, shared_vocab_size, tokenize_alike
 from ..backend.slot import Slot
@@ -24,7 +25,9 @@ from ..grammar import Vocabulary
 from .profile import profile as call_profile
 
 if TYPE_CHECKING:
-    from ..config.specs import LoadSpec
+    from ..config.specs import GenerationConfig, LoadSpec
+    from .completion import Completion
+    from .plan import Plan, Prompt
 
 T = TypeVar("T")
 
@@ -245,6 +248,51 @@ class LoadedModels:
     def level(self) -> Level:
         """The level these models decode at: the token level (`ByteModels` says its own)."""
         return Level.TOKEN
+
+    # --- the front ends' interface (`runtime.models.Models`) ---------------------------------------
+    def plan(self, prompt: Prompt, config: GenerationConfig, combiner: Combiner | BoundCombiner | None = None, *, param: str = "prompt",
+             second_prompt: str | Sequence[int] | None = None, level: Level | None = None) -> Plan:  # fmt: skip
+        """`runtime.plan.plan` of `prompt` (text, token ids, an `Infill`) on these models.
+        `level`: the token level or None (`ByteModels.plan` takes the byte or mixed level)."""
+        from ..errors import ConfigError
+        from .plan import plan
+
+        if level not in (None, Level.TOKEN):
+            raise ConfigError(f"level {Level(level).value}: these models share a tokenizer and decode at the token level", param="level")
+        return plan(self, prompt, config, combiner, param=param, second_prompt=second_prompt)
+
+    def complete(self, plan: Plan, n: int = 1) -> list[Completion]:
+        """`n` completions of `plan`, completion k drawing from random stream k of its seed
+        (`runtime.scheduler.run_completions`: up to `parallel` at once)."""
+        from .scheduler import run_completions
+
+        return run_completions(self, plan, n)
+
+    def without_second(self, combiner: Combiner):  # -> an instance of type(self)
+        """These models as loaded, without the member reading a second prompt (its sequences
+        unused), combined by `combiner`: what a run decodes on where only some of its
+        configurations read a second prompt. Closing either closes the models."""
+        return type(self)(self.loaded, combiner, profiles=self.profiles[: len(self.loaded)], branches=self.branches)
+
+    def prefill_plan(self, plan: Plan) -> Plan:
+        """`plan` evaluating its prompt and generating nothing: its cells kept for the next request
+        that starts the same way (an editor's warm-up)."""
+        return replace(plan, max_length=len(plan.prompt))
+
+    def refuse_unread(self, given: Iterable[str], *, json: bool = True, remedy: str = "add --level byte") -> None:
+        """A `ConfigError` for an option among `given` that these models would not read: one only
+        the byte level reads (`runtime.bytelevel.refuse_byte_options`)."""
+        from .bytelevel.level import refuse_byte_options
+
+        refuse_byte_options(given, json=json, remedy=remedy)
+
+    def refuse_unserved(self, asked: Sequence[tuple[bool, str]]) -> None:
+        """Nothing: one vocabulary serves token ids, log-probabilities, echo and tool grammars
+        (`ByteModels.refuse_unserved` refuses them)."""
+
+    def own_tokens(self) -> int | None:
+        """None: these models decode on their own tokens already (`ByteModels.own_tokens`)."""
+        return None
 
     @property
     def n_params(self) -> list[int]:

@@ -128,7 +128,7 @@ async def infill(body: infill_route.InfillRequest, request: Request) -> Any:
 def _one_tokenizer(served: ServedEnsemble) -> None:
     """The tokenizer routes need the models' one vocabulary (400 at the byte level; one model
     loaded for the mixed level has its own)."""
-    if served.byte_level and served.token is None:
+    if not served.one_vocabulary:
         raise APIError(400, "the models have different tokenizers (this server combines them at the byte level): "
                             "there is no one vocabulary to tokenize with", code="unsupported_at_byte_level")  # fmt: skip
 

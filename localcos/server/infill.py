@@ -37,9 +37,7 @@ from collections.abc import Sequence
 from pydantic import StrictBool, StrictStr
 
 from ..config import OPTIONS
-from ..errors import LocalcosError
 from ..infill import ExtraChunk, Infill
-from ..runtime.bytelevel import BytePlan
 from ..runtime.plan import Plan
 from . import protocol
 from .protocol import ServedEnsemble
@@ -144,21 +142,14 @@ def plan_infill(served: ServedEnsemble, body: InfillRequest, last: Suggestion | 
     rest = continuation(last, body) if settings.generation.infill_continue and body.n_predict != 0 else None
     if rest is not None and last is not None:
         return replace(last, before=body.input_prefix + body.prompt, content=rest)
-    level = served.decide(settings.generation, needs_tokens=False)
-    plans: list[Plan] | list[BytePlan]
-    if level.in_bytes:
-        try:
-            prompts = served.ensemble.prompts(body.infill, config=settings.generation)  # type: ignore[union-attr]
-        except LocalcosError as e:
-            raise protocol.from_localcos(e, "input_prefix") from None
-        plans = protocol._byte_plans(served, settings, [prompts], "input_prefix", level)
-        if body.n_predict == 0:  # the byte level begins every prompt afresh: nothing to warm
-            return protocol.Request("infill", plans, [body.input_prefix], 1, body.stream, 0, level=level)
-    else:
-        plans = protocol._plans(served, settings, [body.infill], "input_prefix")
-        if body.n_predict == 0:  # a warm-up: the prompt's cells, kept for the next request, and no text
-            plans = [replace(p, max_length=len(p.prompt)) for p in plans]
-    return protocol.Request("infill", plans, [body.input_prefix], body.n_cmpl, body.stream, max_tokens, level=level,
+    models = served.decide(settings.generation, needs_tokens=False)
+    plans = protocol.plans_of(models, settings, [body.infill], "input_prefix")
+    if body.n_predict == 0:  # a warm-up: the prompt's cells, kept for the next request, and no text
+        warm = [models.prefill_plan(p) for p in plans]
+        if None in warm:  # these models begin every prompt afresh: nothing to warm
+            return protocol.Request("infill", plans, [body.input_prefix], 1, body.stream, 0)
+        plans = warm  # type: ignore[assignment]
+    return protocol.Request("infill", plans, [body.input_prefix], body.n_cmpl, body.stream, max_tokens,
                             return_token_ids=body.return_tokens)  # fmt: skip
 
 

@@ -285,10 +285,10 @@ def plan_chat(served: ServedEnsemble, body: ChatRequest) -> protocol.Request:
     body.check_context(served)
     max_tokens = body.max_tokens(served)
     settings = protocol.settings_for(served, body, max(max_tokens, 1))
-    level = served.decide(settings.generation, needs_tokens=False)
+    models = served.decide(settings.generation, needs_tokens=False)
     conversation = [Message(m.role, m.content) for m in body.messages]
-    plans = protocol.chat_plans(served, settings, conversation, level)
-    return protocol.Request("chat", plans, [""], 1, body.stream, max_tokens, level=level)
+    plans = protocol.chat_plans(served, settings, conversation, models)
+    return protocol.Request("chat", plans, [""], 1, body.stream, max_tokens)
 
 
 def plan_generate(served: ServedEnsemble, body: GenerateRequest) -> protocol.Request:
@@ -300,19 +300,19 @@ def plan_generate(served: ServedEnsemble, body: GenerateRequest) -> protocol.Req
     body.check_context(served)
     max_tokens = body.max_tokens(served)
     settings = protocol.settings_for(served, body, max(max_tokens, 1))
-    level = served.decide(settings.generation, needs_tokens=False)
+    models = served.decide(settings.generation, needs_tokens=False)
     if body.suffix:  # the model's fill-in-the-middle tokens, as Ollama's template for a code model reads .Prompt and .Suffix
         if body.system is not None:
             raise APIError(400, "system: fill-in-the-middle reads the prompt and the suffix alone (leave system out)", param="system")
-        plans = protocol.text_plans(served, settings, [Infill(body.prompt, body.suffix)], level)
-    elif body.raw or served.templates(level) is None:
+        plans = protocol.plans_of(models, settings, [Infill(body.prompt, body.suffix)], "prompt")
+    elif body.raw or served.templates(models) is None:
         if body.system is not None:
             raise APIError(400, "system: a raw prompt is read as it is (leave system out, or raw)", param="system")
-        plans = protocol.text_plans(served, settings, [body.prompt], level)
+        plans = protocol.plans_of(models, settings, [body.prompt], "prompt")
     else:
         conversation = ([Message("system", body.system)] if body.system is not None else []) + [Message("user", body.prompt)]
-        plans = protocol.chat_plans(served, settings, conversation, level)
-    return protocol.Request("completion", plans, [body.prompt], 1, body.stream, max_tokens, level=level)
+        plans = protocol.chat_plans(served, settings, conversation, models)
+    return protocol.Request("completion", plans, [body.prompt], 1, body.stream, max_tokens)
 
 
 # --- answering -----------------------------------------------------------------------------------------

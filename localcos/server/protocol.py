@@ -22,11 +22,11 @@ from ..core.combiners import BoundCombiner
 from ..core.level import Level
 from ..errors import Cancelled, LocalcosError, RemoteError
 from ..grammar import Constraint, ToolCallFormat, tool_call_format, tool_grammar
-from ..infill import Infill
-from ..runtime.bytelevel import ByteModels, BytePlan, refuse_byte_options
+from ..runtime.bytelevel import ByteModels, BytePlan
 from ..runtime.completion import Completion
 from ..runtime.loaded import LoadedModels
-from ..runtime.plan import Plan, Prompt, check_token_ids, plan
+from ..runtime.models import Models
+from ..runtime.plan import Plan, check_token_ids
 from ..runtime.scoring import ScoreCache, score_tokens
 from ..stats import GenerationStats
 from . import responses as out
@@ -68,7 +68,8 @@ def from_localcos(e: LocalcosError, param: str | None = None) -> APIError:
 class ServedEnsemble:
     """What the server serves: one loaded ensemble and how to talk about it. At the byte level
     (`ByteModels`: models of different tokenizers) every model renders a conversation in its
-    own chat template (`OwnTemplates`)."""
+    own chat template (`OwnTemplates`). Every route plans through `runtime.models.Models`, on
+    the models a request decodes on (`decide`), and never asks which level they are at."""
 
     ensemble: LoadedModels | ByteModels
     settings: Settings
@@ -81,9 +82,9 @@ class ServedEnsemble:
     token: LoadedModels | None = None
     token_formatter: ChatFormatter | None = None
 
-    @property
-    def byte_level(self) -> bool:
-        return self.level.in_bytes
+    def __post_init__(self) -> None:
+        # the models loaded, at their level, and the token view beside them where there is one
+        self._at: dict[Level, Models] = {self.ensemble.level: self.ensemble, **({Level.TOKEN: self.token} if self.token is not None else {})}
 
     @property
     def token_models(self) -> LoadedModels:
@@ -94,13 +95,21 @@ class ServedEnsemble:
         assert isinstance(self.ensemble, LoadedModels), "refused at the byte level first"
         return self.ensemble
 
-    def decide(self, generation: GenerationConfig, needs_tokens: bool) -> Level:
-        """The level a request with these settings decodes at (`config.resolve.request_level`)."""
-        return request_level(self.level, generation, needs_tokens=needs_tokens, token_view=self.token is not None)
+    def decide(self, generation: GenerationConfig, needs_tokens: bool) -> Models:
+        """The models a request with these settings decodes on: the ones loaded, or the token
+        view beside them where the request's level is its (`config.resolve.request_level`)."""
+        return self._at[request_level(self.level, generation, needs_tokens=needs_tokens, token_view=self.token is not None)]
 
-    def templates(self, level: Level) -> ChatFormatter | OwnTemplates | None:
-        """What renders a conversation at `level`: each model's own template at the byte levels."""
-        return self.token_formatter if level is Level.TOKEN and self.token_formatter is not None else self.formatter
+    @property
+    def one_vocabulary(self) -> bool:
+        """Whether token ids mean one thing here (the tokenizer routes need it): the models share
+        a tokenizer, or one model loaded for the mixed level has its own beside it."""
+        return Level.TOKEN in self._at
+
+    def templates(self, models: Models) -> ChatFormatter | OwnTemplates | None:
+        """What renders a conversation for `models`: the token view's own, else the loaded
+        models' (at the byte levels each model's own template)."""
+        return self.token_formatter if models is self.token else self.formatter
 
     @property
     def level(self) -> Level:
@@ -144,7 +153,6 @@ class Request:
     include_usage: bool = False
     return_token_ids: bool = False  # vLLM's extra: prompt_token_ids and token_ids on each choice
     tools: ToolCalls | None = None  # the reply may be tool calls, written in this format
-    level: Level = Level.TOKEN  # the level it decodes at (`ServedEnsemble.decide`)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -164,11 +172,10 @@ def settings_for(served: ServedEnsemble, request: Any, max_tokens: int, constrai
     on the models is checked when the request is planned). `constraint`: the tools' grammar, in
     place of any other."""
     values = request.settings_values()
-    if not served.byte_level:
-        try:
-            refuse_byte_options(values, json=True, remedy="start the server with --level byte")
-        except LocalcosError as e:
-            raise from_localcos(e) from None
+    try:
+        served.ensemble.refuse_unread(values, json=True, remedy="start the server with --level byte")
+    except LocalcosError as e:
+        raise from_localcos(e) from None
     if constraint is not None:
         values.update(json_schema=None, json_object=False, grammar=constraint)
     if max_tokens > 0:
@@ -179,19 +186,27 @@ def settings_for(served: ServedEnsemble, request: Any, max_tokens: int, constrai
         raise from_localcos(e) from None
 
 
-def _plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[Prompt], param: str, second: list[int] | None = None,
-           **tokenize: Any) -> list[Plan]:  # fmt: skip
-    """One runtime plan per prompt, the combination bound to the models once for all of them: a
-    misfit (weights for another number of models, cd over three, a prompt too long, a second
-    prompt without its member) is this request's 400, not an error in the queue. `second`: what
+def plans_of(models: Models, settings: Settings, prompts: Sequence[Any], param: str, second: list[int] | None = None) -> list[Plan] | list[BytePlan]:
+    """One runtime plan per prompt on `models` (what the request decodes on: `decide`), the
+    combination bound to them once for all of them: a misfit (weights for another number of
+    models, cd over three, a prompt too long, a second prompt without its member, what the level
+    does not decode) is this request's 400, not an error in the queue. A prompt is what the
+    models' `plan` reads (text, an `Infill`, token ids, a rendered conversation). `second`: what
     the second prompt's member reads, where it is not the request's negative_prompt (a chat's)."""
-    ens = served.token_models
     try:
-        bound = ens.bind(settings.combiner())
-        return [plan(ens, p if not isinstance(p, str) or not tokenize else ens.tokenize(p, **tokenize), settings.generation, bound, param=param,
-                     second_prompt=second) for p in prompts]  # fmt: skip
+        bound = models.bind(settings.combiner())
+        return [models.plan(p, settings.generation, bound, param=param, second_prompt=second) for p in prompts]  # type: ignore[return-value]
     except LocalcosError as e:
         raise from_localcos(e, param) from None
+
+
+def refuse_unserved(models: Models, asked: Sequence[tuple[bool, str]]) -> None:
+    """400 for the first field asked for ((asked, "param" or "param: what")) that `models` cannot
+    serve (at the byte level: what needs one vocabulary)."""
+    try:
+        models.refuse_unserved(asked)
+    except LocalcosError as e:
+        raise from_localcos(e) from None
 
 
 def plan_completion(served: ServedEnsemble, request: CompletionRequest) -> Request:
@@ -199,70 +214,53 @@ def plan_completion(served: ServedEnsemble, request: CompletionRequest) -> Reque
     check_model(served, request.model)
     max_tokens = served.settings.generation.max_tokens if request.max_tokens is None else request.max_tokens
     settings = settings_for(served, request, max_tokens)
-    needs_tokens = request.echo or request.logprobs is not None or request.return_token_ids or any(not isinstance(p, str) for p in request.prompt)
-    level = served.decide(settings.generation, needs_tokens)
-    if level.in_bytes:
-        return _byte_completion(served, request, settings, max_tokens, level)
-    # with echo, nothing is added to what was sent: its tokens are the ones scored
-    if request.echo and served.token_models.second_member is not None:
-        raise APIError(400, "echo scores the prompt as one text: not on a server whose model also reads a second prompt (serve --negative-prompt)",
-                       param="echo")  # fmt: skip
-    if request.echo and settings.generation.phrasing != "raw":
-        raise APIError(400, "echo returns the prompt as sent: not with phrasing instruct (a request's, or serve --phrasing)", param="echo")
-    plans = text_plans(served, settings, request.prompts(), level, **({"add_bos": False} if request.echo else {}))
+    token_ids = any(not isinstance(p, str) for p in request.prompt)
+    models = served.decide(settings.generation, request.echo or request.logprobs is not None or request.return_token_ids or token_ids)
+    refuse_unserved(models, [(token_ids, "prompt: token ids (send text)"), (request.echo, "echo"), (request.logprobs is not None, "logprobs"),
+                             (request.return_token_ids, "return_token_ids")])  # fmt: skip
+    prompts = request.prompts()
+    if request.echo:  # nothing is added to what was sent: its tokens are the ones scored
+        if models.second_member is not None:
+            raise APIError(400, "echo scores the prompt as one text: not on a server whose model also reads a second prompt (serve --negative-prompt)",
+                           param="echo")  # fmt: skip
+        if settings.generation.phrasing != "raw":
+            raise APIError(400, "echo returns the prompt as sent: not with phrasing instruct (a request's, or serve --phrasing)", param="echo")
+        prompts = [served.token_models.tokenize(p, add_bos=False) if isinstance(p, str) else p for p in prompts]
+    plans = plans_of(models, settings, prompts, "prompt")
     texts = [p if isinstance(p, str) else served.token_models.detokenize(p) for p in request.prompt]
     return Request(
         "completion", plans, texts, request.n, request.stream, max_tokens, request.echo, request.logprobs,
-        include_usage=request.include_usage, return_token_ids=request.return_token_ids, level=level,
+        include_usage=request.include_usage, return_token_ids=request.return_token_ids,
     )  # fmt: skip
 
 
-def text_plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[Prompt], level: Level,
-               **tokenize: Any) -> list[Plan] | list[BytePlan]:  # fmt: skip
-    """The plans of text (or token id) prompts read as `settings.generation.phrasing` says, or of
-    what to fill in at a cursor (`Infill`), at `level`: at the byte levels each model's own
-    tokens of the text."""
-    if not level.in_bytes:
-        return _plans(served, settings, prompts, "prompt", **tokenize)
-    try:
-        tokens = [served.ensemble.prompts(t, phrasing=settings.generation.phrasing, config=settings.generation)  # type: ignore[union-attr]
-                  for t in prompts if isinstance(t, (str, Infill))]  # fmt: skip
-    except LocalcosError as e:
-        raise from_localcos(e, "prompt") from None
-    return _byte_plans(served, settings, tokens, "prompt", level)
-
-
-def chat_plans(served: ServedEnsemble, settings: Settings, conversation: list[Message], level: Level,
+def chat_plans(served: ServedEnsemble, settings: Settings, conversation: list[Message], models: Models,
                definitions: list[dict] | None = None) -> list[Plan] | list[BytePlan]:  # fmt: skip
-    """The plan of a conversation through the models' chat template at `level` (at the byte
-    levels each model's own), which describes the `definitions` of tools; where a member reads a
-    second prompt, the conversation as it reads it. The one way every chat route renders a chat."""
+    """The plan of a conversation on `models` through their chat template (at the byte levels
+    each model's own), which describes the `definitions` of tools; where a member reads a second
+    prompt, the conversation as it reads it. The one way every chat route renders a chat."""
     second = None
-    if (served.ensemble if level.in_bytes else served.token_models).second_member is not None:  # as the second prompt's member reads it
+    if models.second_member is not None:  # as the second prompt's member reads it
         other = second_conversation(conversation, settings.generation.negative_prompt, served.settings.guide_system)
-        second = None if other is None else cast("list[int]", render_messages(served, other, definitions, level, second=True))
-    if level.in_bytes:
-        return _byte_plans(served, settings, [render_messages(served, conversation, level=level)], "messages", level, second)  # type: ignore[list-item]
-    return _plans(served, settings, [cast("list[int]", render_messages(served, conversation, definitions, level))], "messages",
-                  cast("list[int] | None", second))  # the token level: one template's tokens
+        second = None if other is None else cast("list[int]", render_messages(served, other, models, definitions, second=True))
+    return plans_of(models, settings, [render_messages(served, conversation, models, definitions)], "messages", second)
 
 
 def messages(request_messages: Sequence[ChatMessage]) -> list[Message]:
     return [Message(m.role, m.text, tool_calls=m.calls(), tool_call_id=m.tool_call_id) for m in request_messages]
 
 
-def render(served: ServedEnsemble, request_messages: Sequence[ChatMessage], tools: Sequence[dict] | None = None,
-           level: Level = Level.TOKEN) -> list[int] | list[list[int]]:  # fmt: skip
-    """The conversation's prompt tokens, through the models' chat template (400 without one),
-    which also describes `tools` (OpenAI's function definitions) to the models; at the byte
-    levels each model's own."""
-    return render_messages(served, messages(request_messages), tools, level)
+def render(served: ServedEnsemble, request_messages: Sequence[ChatMessage], tools: Sequence[dict] | None = None) -> list[int]:
+    """The conversation's prompt tokens on the models' one vocabulary, through their chat
+    template (400 without one), which also describes `tools` (OpenAI's function definitions)."""
+    return cast("list[int]", render_messages(served, messages(request_messages), served.token_models, tools))
 
 
-def render_messages(served: ServedEnsemble, conversation: list[Message], tools: Sequence[dict] | None = None,
-                    level: Level = Level.TOKEN, second: bool = False) -> list[int] | list[list[int]]:  # fmt: skip
-    """`render` of a conversation already read (a second prompt's is made from the request's)."""
-    formatter = served.templates(level)
+def render_messages(served: ServedEnsemble, conversation: list[Message], models: Models, tools: Sequence[dict] | None = None,
+                    second: bool = False) -> list[int] | list[list[int]]:  # fmt: skip
+    """A conversation already read rendered for `models` (a second prompt's is made from the
+    request's), as `render`; at the byte levels in each model's own template."""
+    formatter = served.templates(models)
     if formatter is None:
         raise APIError(400, "these models carry no chat template; use /v1/completions", param="messages")
     if served.settings.system and conversation[0].role != "system":
@@ -308,58 +306,17 @@ def plan_chat(served: ServedEnsemble, request: ChatCompletionRequest) -> Request
     limit = request.token_limit
     max_tokens = served.settings.generation.max_tokens if limit is None else limit
     settings = settings_for(served, request, max_tokens)
-    level = served.decide(settings.generation, needs_tokens=request.logprobs or bool(request.tools) or request.return_token_ids)
-    if level.in_bytes:
-        return _byte_chat(served, request, settings, max_tokens, level)
+    models = served.decide(settings.generation, needs_tokens=request.logprobs or bool(request.tools) or request.return_token_ids)
+    refuse_unserved(models, [(bool(request.logprobs), "logprobs"), (bool(request.tools), "tools"), (request.return_token_ids, "return_token_ids")])
     tools, constraint, definitions = _tools(served, request) if request.tools else (None, None, None)
     if constraint is not None:
         settings = settings_for(served, request, max_tokens, constraint)
-    plans = chat_plans(served, settings, messages(request.messages), level, definitions)
+    plans = chat_plans(served, settings, messages(request.messages), models, definitions)
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     return Request(
         "chat", plans, [""], request.n, request.stream, max_tokens, False, logprobs,
-        include_usage=request.include_usage, return_token_ids=request.return_token_ids, tools=tools, level=level,
+        include_usage=request.include_usage, return_token_ids=request.return_token_ids, tools=tools,
     )  # fmt: skip
-
-
-# --- the byte level ---------------------------------------------------------------------------------
-# Models of different tokenizers decode at the byte level (runtime.bytelevel): prompts are text
-# (each model tokenises it, or renders the conversation in its own chat template), max_tokens
-# counts the lead model's tokens as at every level, and what needs one vocabulary (token ids, logprobs, echo's scores, tool-call
-# grammars) is refused in one 400.
-
-
-def _refuse_at_byte_level(given: Sequence[tuple[bool, str]]) -> None:
-    """400 for the first field asked for (`param`, or "param: what") that needs one vocabulary."""
-    for asked, what in given:
-        if asked:
-            raise APIError(400, f"{what}: not available at the byte level (this server combines models of different tokenizers)",
-                           param=what.split(":")[0], code="unsupported_parameter")  # fmt: skip
-
-
-def _byte_plans(served: ServedEnsemble, settings: Settings, prompts: Sequence[list[list[int]]], param: str, level: Level,
-                second: list[int] | None = None) -> list[BytePlan]:  # fmt: skip
-    models = served.ensemble
-    assert isinstance(models, ByteModels)
-    try:
-        combiner = settings.combiner()
-        return [models.plan(p, settings.generation, combiner=combiner, param=param, level=level, second_prompt=second) for p in prompts]
-    except LocalcosError as e:
-        raise from_localcos(e, param) from None
-
-
-def _byte_completion(served: ServedEnsemble, request: CompletionRequest, settings: Settings, max_tokens: int, level: Level) -> Request:
-    _refuse_at_byte_level([(any(not isinstance(p, str) for p in request.prompt), "prompt: token ids (send text)"), (request.echo, "echo"),
-                           (request.logprobs is not None, "logprobs"), (request.return_token_ids, "return_token_ids")])  # fmt: skip
-    texts = [p for p in request.prompt if isinstance(p, str)]
-    plans = text_plans(served, settings, request.prompts(), level)
-    return Request("completion", plans, texts, request.n, request.stream, max_tokens, include_usage=request.include_usage, level=level)
-
-
-def _byte_chat(served: ServedEnsemble, request: ChatCompletionRequest, settings: Settings, max_tokens: int, level: Level) -> Request:
-    _refuse_at_byte_level([(bool(request.logprobs), "logprobs"), (bool(request.tools), "tools"), (request.return_token_ids, "return_token_ids")])
-    plans = chat_plans(served, settings, messages(request.messages), level)
-    return Request("chat", plans, [""], request.n, request.stream, max_tokens, include_usage=request.include_usage, level=level)
 
 
 # --- running -----------------------------------------------------------------------------------

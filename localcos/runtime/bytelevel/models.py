@@ -6,7 +6,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from ...core.sizes import largest, member_params
 from ...core.speedmodel import CallProfile, Costs
 from ...errors import ConfigError
 from ...grammar import Matcher, byte_symbols
+from ...infill import Infill
 from ...core.decoding import Origin
 from ..generation import Chunk, TokenEvent, completion_rng
 from ..profile import profile as call_profile
@@ -33,7 +34,6 @@ from .results import BytePlan
 
 if TYPE_CHECKING:
     from ...config.specs import LoadSpec
-    from ...infill import Infill
     from ...core.combiners import Combiner
 
 
@@ -170,9 +170,48 @@ class ByteModels:
 
     @combiner.setter
     def combiner(self, combiner: BoundCombiner | Combiner) -> None:
-        if not isinstance(combiner, BoundCombiner):
-            combiner = combiner.bind(len(self.models), self.n_params)
-        self._combiner = combiner
+        self._combiner = self.bind(combiner)
+
+    def bind(self, combiner: Combiner | BoundCombiner) -> BoundCombiner:
+        """`combiner` fitted to these models' members (`LoadedModels.bind`)."""
+        return combiner.bind(len(self.models), self.n_params)
+
+    def complete(self, plan: BytePlan, n: int = 1) -> list[Completion]:
+        """`n` completions of `plan`, one after another; completion k draws from random stream
+        k of its seed (as `generate --n` and a server's choices do)."""
+        from .generation import run_to_end
+
+        return [run_to_end(self.start(plan, completion_rng(plan.config.seed, k))) for k in range(n)]
+
+    def without_second(self, combiner: Combiner):  # -> an instance of type(self)
+        """These models as loaded, without the member reading a second prompt
+        (`LoadedModels.without_second`)."""
+        first = self.members[0].view
+        return type(self)(self.loaded, combiner, max_paths=first.max_paths, prune=first.prune, profiles=self.costs.profiles[: len(self.loaded)],
+                          level=self.level)  # fmt: skip
+
+    def own_tokens(self) -> int | None:
+        """The model whose own tokens serve the requests this level does not decode (sampling,
+        log-probabilities, tools...: `config.resolve.request_level`), on the weights and context
+        loaded here: one model loaded for the mixed level; None for anything else."""
+        return 0 if self.level is Level.MIXED and len(self.loaded) == 1 else None
+
+    def prefill_plan(self, plan: BytePlan) -> None:
+        """None: a byte-level generation begins every prompt afresh, so there is nothing to warm
+        (`LoadedModels.prefill_plan`)."""
+        return None
+
+    def refuse_unread(self, given: Iterable[str], *, json: bool = True, remedy: str = "") -> None:
+        """Nothing: every option reads at the byte level, or is refused when the request is planned."""
+
+    def refuse_unserved(self, asked: Sequence[tuple[bool, str]]) -> None:
+        """A `ConfigError` (unsupported_parameter) for the first of `asked` ((asked, "param" or
+        "param: what")) that needs one vocabulary: token ids, log-probabilities, echo's scores,
+        tool-call grammars."""
+        for wanted, what in asked:
+            if wanted:
+                raise ConfigError(f"{what}: not available at the byte level (these models have different tokenizers)",
+                                  param=what.split(":")[0], code="unsupported_parameter")  # fmt: skip
 
     def stream(self, prompts: Sequence[Sequence[int]], *, config: GenerationConfig, second_prompt: Sequence[int] | None = None) -> ByteStream:
         """A completion of `prompts` (each model's own tokens; `second_prompt` as `plan` reads
@@ -187,29 +226,33 @@ class ByteModels:
 
     def plan(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompt: str | Infill | Sequence[Sequence[int]],
         config: GenerationConfig,
+        combiner: Combiner | BoundCombiner | None = None,
         *,
-        combiner: Combiner | None = None,
         param: str = "prompt",
+        second_prompt: str | Sequence[int] | None = None,
         level: Level | None = None,
-        second_prompt: Sequence[int] | None = None,
     ) -> BytePlan:
-        """A byte-level completion of `prompts` (each model's own tokens) under `config`, checked
-        once here for every front end: `combiner` bound to the models (default the loaded one); a
-        prompt longer than a model's context is refused (`ConfigError`, naming `param`), and what
-        the level does not decode (`config.check_level`: a gamma in tokens, a method other than
-        ensemble and cos, a proposer, lookup, ...). `level`: the byte or the mixed level (default:
-        the level the models loaded for). Where a member reads a second prompt, it reads
-        `second_prompt` (its model's tokens: a chat's rendering), or the last of `prompts` where
-        they are one more than the models, or `config.negative_prompt` (in the lead's tokens)."""
+        """A byte-level completion of `prompt` (text, read as `config.phrasing` says in each
+        model's own tokens, an `Infill` through each model's own FIM tokens, or each model's prompt
+        tokens: `prompts`) under `config`, checked once here for every front end: `combiner`
+        bound to the models (default the loaded one); a prompt longer than a model's context is
+        refused (`ConfigError`, naming `param`), and what the level does not decode
+        (`config.check_level`: a gamma in tokens, a method other than ensemble and cos, a
+        proposer, lookup, ...). `level`: the byte or the mixed level (default: the level the
+        models loaded for). Where a member reads a second prompt, it reads `second_prompt` (its
+        model's tokens, a chat's rendering; or text, in its tokens), or the last of the prompts
+        where they are one more than the models, or `config.negative_prompt` (in the lead's
+        tokens)."""
+        prompts = self.prompts(prompt, phrasing=config.phrasing, config=config) if isinstance(prompt, (str, Infill)) else list(prompt)
         level = self.level if level is None else level
         config = config.for_models(len(self.models), level.value)
         check_second_member(config, self.second_member is not None, json=True)
         prompts = list(prompts)
         if second_prompt is not None:
-            self.second_model()  # there is one to read it
-            prompts = [*prompts[: len(self.loaded)], list(second_prompt)]
+            second_model = self.second_model()  # there is one to read it
+            prompts = [*prompts[: len(self.loaded)], second_model.tokenize(second_prompt) if isinstance(second_prompt, str) else list(second_prompt)]
         if self.second_member is not None and len(prompts) == len(self.loaded):
             second = required_second_prompt(config.negative_prompt)
             prompts.append(self.models[self.second_member].tokenize(second) if isinstance(second, str) else list(second))
@@ -218,7 +261,7 @@ class ByteModels:
         for m, p in zip(self.models, prompts):
             if len(p) >= m.n_ctx:
                 raise ConfigError(f"the prompt is {len(p)} tokens for {m.name}, which holds {m.n_ctx}", param=param)
-        bound = self.combiner if combiner is None else combiner.bind(len(self.models), self.n_params)
+        bound = self.combiner if combiner is None else self.bind(combiner)
         check_level(level.value, config, isinstance(bound.combiner, Gated))
         assert config.method in ("ensemble", "cos"), "for_models names the method, check_level allows these"
         return BytePlan(tuple(tuple(p) for p in prompts), config, bound, config.method, level)
