@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     settings = resolve(args, DEFAULTS)
     level = decoding_level(settings, also_given=["byte_gamma"] if args.byte_gammas is not None else [])  # the bench's own list
-    if level.in_bytes:
+    if level.in_bytes:  # the byte level's bench (characters per second, each model alone on its own tokens) is its own: chosen here once
         return _bench_bytes(args, settings, level)
     settings, plan = _token_plan(args, settings)
     rss_start = bench.current_rss_mb()
@@ -234,7 +234,7 @@ def _bench_bytes(args: argparse.Namespace, settings, level: Level) -> int:
     largest model alone (its own token path), in characters per second."""
     import json
 
-    from ..config import OPTIONS
+    from ..config import OPTIONS, default_method
     from ..config.parse import parse_choice
     from ..ensemble import Ensemble
     from ..files import write_text
@@ -250,7 +250,8 @@ def _bench_bytes(args: argparse.Namespace, settings, level: Level) -> int:
     for bad, param, message in refused:
         if bad:
             raise ConfigError(message, param=param)
-    default_methods = "ensemble" if level is Level.MIXED else "ensemble,cos"  # the mixed level takes the ensemble's step
+    # where the level's default method is the ensemble's step (the mixed level's), that alone
+    default_methods = "ensemble" if default_method(len(settings.load.paths), level.value) == "ensemble" else "ensemble,cos"
     methods = [parse_choice(m, "--methods", ("ensemble", "cos")) for m in (args.methods or default_methods).split(",")]
     gammas = [OPTIONS["byte_gamma"].check(g) for g in (args.byte_gammas or "auto,8").split(",")]
     temperatures, max_tokens, repeat, seed, prompts = _common(args)
@@ -271,8 +272,8 @@ def _bench_bytes(args: argparse.Namespace, settings, level: Level) -> int:
             print(f"\nalone-I: model I on its own token path ({', '.join(f'{i} = {names[i]}' for i in alone_ids)}); same text: the "
                   "prompts where it wrote the ensemble's very text, x ens there: its speed there against the ensemble's")  # fmt: skip
         for r in rows:
-            if level is Level.MIXED and r.same_text and r.vs_ensemble_there:
-                print(f"the mixed level, where {r.config} wrote the same text ({r.same_text} of {len(prompts)} prompts at T={r.temperature:g}): "
+            if r.same_text and r.vs_ensemble_there:
+                print(f"the {level.value} level, where {r.config} wrote the same text ({r.same_text} of {len(prompts)} prompts at T={r.temperature:g}): "
                       f"{1 / r.vs_ensemble_there:.2f}x its speed")  # fmt: skip
         noise = sorted(bytebench.timing_noise(runs))
         if noise:

@@ -73,17 +73,11 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--sweep {s.name} needs --combine {' or '.join(wanted)} (it is {settings.combine.combine})", param="sweep")
     grid = [settings.with_values(point) for point in points]  # each point checked like an option
     labels = [label(point) for point in points]
-    from ..core.level import Level
     from ..runtime.bytelevel import decoding_level
 
-    level = decoding_level(settings)
-    if level is Level.MIXED:
-        raise ConfigError("--level mixed is a way of decoding (whole tokens where the lead is sure); score reads the byte level's "
-                          "probabilities of a given text: --level byte", param="level")  # fmt: skip
-    if level.in_bytes:
-        if settings.load.second_prompt:
-            raise ConfigError("--negative-prompt: score reads a second prompt's member at the token level (models of one tokenizer, "
-                              "--level token); at the byte level it reads one text", param="negative_prompt")  # fmt: skip
+    # the byte level's scorer (bits per byte, each model on its own tokens) is its own: the one
+    # branch on the level here, where the scorer is chosen
+    if decoding_level(settings, scoring=True).in_bytes:
         return _score_bytes(args, settings, text, items, grid, labels, sweep)
     with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, max_logit_rows=SCORING_LOGIT_ROWS) as ens:
         combiners = [s.combiner() for s in grid]

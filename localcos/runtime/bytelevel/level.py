@@ -30,7 +30,7 @@ def byte_vocab(model: Model) -> ByteVocab:
 BYTE_OPTIONS = ("byte_paths", "byte_prune", "byte_gamma")  # read by the byte level only
 
 
-def decoding_level(settings: Settings, also_given: Sequence[str] = ()) -> Level:
+def decoding_level(settings: Settings, also_given: Sequence[str] = (), *, scoring: bool = False) -> Level:
     """The level the models of `settings` decode at (`settings.load.level`), the one place a front end
     asks. An option given (in `settings`, or `also_given`: options a front end took itself) that
     the level chosen would not read is refused in one line: the byte level's own for models that
@@ -38,8 +38,16 @@ def decoding_level(settings: Settings, also_given: Sequence[str] = ()) -> Level:
     (`config.specs.check_level`: a gamma in tokens, a proposer, lookup, another method,
     lookahead...), --chat-template-model (each model reads a conversation in its own template
     there) and --parallel above 1 (a byte-level generation takes every model's sequences: one at
-    a time). So these are refused before any model loads."""
+    a time). With `scoring` (`localcos score`, which reads the probabilities of a given text), the
+    mixed level (a way of decoding) and a second prompt's member at the byte level are refused
+    too. So these are refused before any model loads."""
     level = settings.load.level
+    if scoring and level is Level.MIXED:
+        raise ConfigError("--level mixed is a way of decoding (whole tokens where the lead is sure); score reads the byte level's "
+                          "probabilities of a given text: --level byte", param="level")  # fmt: skip
+    if scoring and level.in_bytes and settings.load.second_prompt:
+        raise ConfigError("--negative-prompt: score reads a second prompt's member at the token level (models of one tokenizer, "
+                          "--level token); at the byte level it reads one text", param="negative_prompt")  # fmt: skip
     if level.in_bytes:
         # the gate belongs to a combination, checked where one is resolved (eval's variants each bring their own)
         check_level(level.value, settings.generation, gated=True)
