@@ -172,6 +172,7 @@ def chat_templates(models, template_model: int = 0) -> ChatFormatter | OwnTempla
     """What renders a conversation for `models` (loaded at their level, `models.level`): one
     template for every model at the token level (`template_model`'s), each model's own at the
     byte and mixed levels (their tokens differ). A `ConfigError` where a template is missing."""
+    # the chat's business: models of different tokenizers render the conversation in as many templates
     return OwnTemplates(models) if models.level.in_bytes else ChatFormatter(models, template_model)
 
 
@@ -190,6 +191,8 @@ def second_conversation(messages: Sequence[Message], negative: str | None, guide
 class Templates(Protocol):
     """What renders a conversation: one chat template for all models (`ChatFormatter`, token
     ids), or each model its own (`OwnTemplates`, one list of ids per model)."""
+
+    note: str | None  # what the user should know of the templates chosen, if anything
 
     def tokens(self, messages: Sequence[Message]) -> Any: ...
     def second_tokens(self, messages: Sequence[Message]) -> list[int]: ...

@@ -8,10 +8,10 @@
             print(piece, end="", flush=True)
 
 A thin facade over the runtime: every call is planned once (`runtime.plan`; at the byte level
-`ByteModels.plan`) and run by the one scheduler (`runtime.scheduler`; at the byte level one
-generation at a time, `runtime.bytelevel.run_to_end`, as the server's `ByteScheduler` runs it),
-so `generate`, `stream` and `generate_many` give the same text for one seed, as the command line
-and the server do.
+`ByteModels.plan`) and run by the scheduler of its level (`runtime.models.scheduler_for`: the
+one scheduler, `runtime.scheduler`; at the byte level one generation at a time, as the server's
+`ByteScheduler` runs them), so `generate`, `stream` and `generate_many` give the same text for
+one seed, as the command line and the server do.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from .core.level import Level
 from .errors import ConfigError
 from .models.registry import model_path
 from .chat import Message, OwnTemplates
-from .runtime.bytelevel import ByteModels, BytePlan, ByteStream, refuse_byte_options
+from .runtime.bytelevel import ByteModels, BytePlan, refuse_byte_options
 from .runtime.completion import Completion
 from .runtime.loaded import LoadedModels
 from .infill import Infill
 from .runtime.plan import Prompt, plan
-from .runtime.scheduler import Stream
+from .runtime.stream import Stream
 from .runtime.scoring import Loglikelihood, Scores, loglikelihood, score_tokens
 
 if TYPE_CHECKING:
@@ -261,14 +261,12 @@ class ByteEnsemble(ByteModels):
 
         if level is None:
             level = Level.MIXED if len(paths) == 1 else Level.BYTE
-        if level not in (Level.BYTE, Level.MIXED):  # a str Enum: "byte" is Level.BYTE
-            raise ConfigError(f"level must be byte or mixed here (Ensemble decodes at the token level), got {level!r}", param="level")
-        level = Level(level)
-        gate = mixed_gate(None, level.value, len(paths), second_prompt=False)
+        # a level other than byte or mixed ("auto", decide_level's word, included) is refused where the models load (`ByteModels.load`)
+        spec = LoadSpec.make([model_path(p) for p in paths], n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=n_threads, calibrate=calibrate,
+                             level=level, byte_paths=byte_paths, byte_prune=byte_prune)  # fmt: skip
+        gate = mixed_gate(None, spec.level, len(paths), second_prompt=False)
         if combiner is None and gate is not None:
             combiner = Gated(WeightedEnsemble(), gate)
-        spec = LoadSpec.make([model_path(p) for p in paths], n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=n_threads, calibrate=calibrate,
-                             level=level.value, byte_paths=byte_paths, byte_prune=byte_prune)  # fmt: skip
         return cls.from_spec(spec, combiner, progress=progress)
 
     @classmethod
@@ -322,7 +320,7 @@ class ByteEnsemble(ByteModels):
         stream k of the seed (as `generate --n` and a server's choices do)."""
         return self.complete(self._plan(prompt, config, combiner, settings, second_prompt), n)
 
-    def stream(  # type: ignore[override]
+    def stream(
         self,
         prompt: str | Infill | Sequence[Sequence[int]],
         *,
@@ -330,12 +328,9 @@ class ByteEnsemble(ByteModels):
         combiner: Combiner | None = None,
         second_prompt: Sequence[int] | None = None,
         **settings: object,
-    ) -> ByteStream:
-        """Like `generate`, but a `ByteStream` that yields text pieces as characters complete."""
-        from .runtime.generation import completion_rng
-
-        planned = self._plan(prompt, config, combiner, settings, second_prompt)
-        return ByteStream(self, planned, completion_rng(planned.config.seed, 0))
+    ) -> Stream:
+        """Like `generate`, but a `Stream` that yields text pieces as characters complete."""
+        return Stream(self, self._plan(prompt, config, combiner, settings, second_prompt))
 
     def bits_per_byte(
         self, text: str, *, combiners: Sequence[Combiner] | None = None, window: int | None = None, prune: float = 0.0
@@ -356,6 +351,10 @@ class ByteEnsemble(ByteModels):
         return self.plan(prompt, _config(config, settings), combiner, second_prompt=second_prompt)
 
 
+# what `load_at` returns: the facade at the level of the spec (a front end reads `level`, never the type)
+LevelEnsemble = Ensemble | ByteEnsemble
+
+
 def load_at(
     spec: LoadSpec,
     combiner: Combiner | None = None,
@@ -364,7 +363,7 @@ def load_at(
     max_logit_rows: int = 64,
     extra_slots: int = 0,
     lanes: int = 1,
-) -> Ensemble | ByteEnsemble:
+) -> LevelEnsemble:
     """The models of `spec` loaded to decode at the level it decided (`spec.level`; a front end
     checks the settings for it first: `runtime.bytelevel.decoding_level`): the one place models
     are loaded by level, each knowing it after (`level`). `max_logit_rows` and `extra_slots` are

@@ -249,45 +249,162 @@ class GenerationStats:
 
     def summary(self) -> str:
         """One line for people."""
-        if self.level is not Level.TOKEN:
-            return self._byte_summary()
+        return _REPORTS[self.level].summary(self)
+
+    @property
+    def length(self) -> int:
+        """The text's length in its level's unit (`Level.unit`): tokens, or characters at the byte
+        and mixed levels."""
+        return _REPORTS[self.level].length(self)
+
+    @property
+    def per_second(self) -> float | None:
+        """`length` per second of decoding."""
+        return _REPORTS[self.level].per_second(self)
+
+    @property
+    def acceptance(self) -> str:
+        """What of the drafts was accepted, for people: a rate at the token level, accepted of
+        judged draft symbols at the byte and mixed levels; "-" where nothing drafted."""
+        return _REPORTS[self.level].acceptance(self)
+
+    @property
+    def context_tokens(self) -> int | None:
+        """The tokens the text takes in the context, or None at the byte and mixed levels (each
+        model counts it in its own tokens)."""
+        return _REPORTS[self.level].context_tokens(self)
+
+    def per_model(self) -> tuple[str, list[str]]:
+        """What the chat's panel says of each model: a heading and one line per model."""
+        return _REPORTS[self.level].per_model(self)
+
+
+def level_details(level: Level, stats: GenerationStats | None) -> list[tuple[str, str]]:
+    """The chat panel's name/value lines that only `level` counts (at the token level: drafts'
+    mean length, looked-up tokens, calls per token, the estimated speedup), from `stats` (the
+    last reply's; None: none yet, every value "-")."""
+    return _REPORTS[level].details(stats)
+
+
+def reply_progress(level: Level, pieces: int, text: str) -> tuple[int, int | None]:
+    """A streaming reply's length in `level`'s unit (`Level.unit`) and the tokens it adds to the
+    context, from the pieces streamed so far and their text: at the token level each piece is a
+    token; at the byte and mixed levels the pieces are text (length: characters) and each model
+    counts it in its own tokens (None)."""
+    return _REPORTS[level].progress(pieces, text)
+
+
+def dash(x: float | None, spec: str, suffix: str = "") -> str:
+    """`x` formatted by `spec` (and `suffix`), or "-" where it is None."""
+    return "-" if x is None else format(x, spec) + suffix
+
+
+class _TokenReport:
+    """How the statistics of a generation at the token level read for people."""
+
+    def summary(self, s: GenerationStats) -> str:
         parts = [
-            self.method,
-            f"{self.tokens} tokens in {self.seconds:.2f}s",
-            f"{self.tokens_per_second:.1f} tok/s" if self.tokens_per_second else "- tok/s",
+            s.method,
+            f"{s.tokens} tokens in {s.seconds:.2f}s",
+            f"{s.tokens_per_second:.1f} tok/s" if s.tokens_per_second else "- tok/s",
         ]
-        if self.acceptance_rate is not None:
-            parts.append(f"acceptance {self.acceptance_rate:.0%} ({self.accepted}/{self.tested})")
-            parts.append(f"mean accepted {self.mean_accepted:.2f}")
-        if self.lookup_proposed:
-            parts.append(f"looked up {self.lookup_accepted}/{self.lookup_proposed}")
-        if self.gate_decided:
-            parts.append(f"gate open {self.gate_opened}/{self.gate_decided}")
-        if self.looked_ahead:
-            parts.append(f"looked ahead {self.looked_ahead}x, changed {self.lookahead_changed}")
-        parts.append("calls " + "/".join(str(c) for c in self.calls))
-        if self.host_fraction is not None:
-            parts.append(f"host {self.host_fraction:.0%}")
-        if self.method != "ensemble" and self.speedup_estimate:
-            parts.append(f"~{self.speedup_estimate:.2f}x the ensemble (est.)")
-        if self.seed is not None:
-            parts.append(f"seed {self.seed}")
+        if s.acceptance_rate is not None:
+            parts.append(f"acceptance {s.acceptance_rate:.0%} ({s.accepted}/{s.tested})")
+            parts.append(f"mean accepted {s.mean_accepted:.2f}")
+        if s.lookup_proposed:
+            parts.append(f"looked up {s.lookup_accepted}/{s.lookup_proposed}")
+        if s.gate_decided:
+            parts.append(f"gate open {s.gate_opened}/{s.gate_decided}")
+        if s.looked_ahead:
+            parts.append(f"looked ahead {s.looked_ahead}x, changed {s.lookahead_changed}")
+        parts.append("calls " + "/".join(str(c) for c in s.calls))
+        if s.host_fraction is not None:
+            parts.append(f"host {s.host_fraction:.0%}")
+        if s.method != "ensemble" and s.speedup_estimate:
+            parts.append(f"~{s.speedup_estimate:.2f}x the ensemble (est.)")
+        if s.seed is not None:
+            parts.append(f"seed {s.seed}")
         return " | ".join(parts)
 
-    def _byte_summary(self) -> str:
-        chars = max(self.chars, 1)
+    def length(self, s: GenerationStats) -> int:
+        return s.tokens
+
+    def per_second(self, s: GenerationStats) -> float | None:
+        return s.tokens_per_second
+
+    def context_tokens(self, s: GenerationStats) -> int | None:
+        return s.tokens
+
+    def progress(self, pieces: int, text: str) -> tuple[int, int | None]:
+        return pieces, pieces
+
+    def acceptance(self, s: GenerationStats) -> str:
+        return dash(s.acceptance_rate, ".0%")
+
+    def details(self, s: GenerationStats | None) -> list[tuple[str, str]]:
+        speedup = None
+        if s is not None:
+            speedup = s.speedup_estimate if s.method != "ensemble" else (1.0 if s.tokens else None)
+        return [
+            ("mean accepted", dash(s.mean_accepted if s else None, ".2f")),
+            ("looked up", f"{s.lookup_accepted}/{s.lookup_proposed}" if s and s.lookup_proposed else "-"),
+            ("calls/token", dash(s.calls_per_token if s else None, ".2f")),
+            ("speedup (est.)", dash(speedup, ".2f", "x")),
+        ]
+
+    def per_model(self, s: GenerationStats) -> tuple[str, list[str]]:
+        return "calls per model", [f"{m.name[:18]:<18} {m.calls}" for m in s.models]
+
+
+class _ByteReport:
+    """How the statistics of a generation at the byte level read for people."""
+
+    def heading(self, s: GenerationStats) -> str:
+        return "byte level"
+
+    def summary(self, s: GenerationStats) -> str:
+        chars = max(s.chars, 1)
         per_model = ", ".join(
             f"{m.name}: {m.calls / chars:.2f} calls/char, {p} paths at most, {d:.2g} mass dropped, {f} folded, {r} restarts"
-            for m, p, d, f, r in zip(self.models, self.most_paths, self.dropped_mass, self.folded, self.restarts)
+            for m, p, d, f, r in zip(s.models, s.most_paths, s.dropped_mass, s.folded, s.restarts)
         )
-        drafts = f"; {self.accepted}/{self.drafted} draft symbols accepted, {self.ensemble_steps} ensemble steps" if self.method == "cos" else ""
-        gate = f"; gate open {self.gate_opened}/{self.gate_decided}" if self.gate_decided else ""
-        level = "byte level"
-        if self.level is Level.MIXED:
-            level = f"mixed level ({self.token_bytes}/{self.bytes} bytes as whole tokens)"
-        speed = f"{self.chars_per_second or 0.0:.1f} chars/s"
-        seed = f"; seed {self.seed}" if self.seed is not None else ""
-        return f"{level}: {self.chars} chars in {self.seconds:.2f} s ({speed}); {per_model}{drafts}{gate}{seed}"
+        drafts = f"; {s.accepted}/{s.drafted} draft symbols accepted, {s.ensemble_steps} ensemble steps" if s.method == "cos" else ""
+        gate = f"; gate open {s.gate_opened}/{s.gate_decided}" if s.gate_decided else ""
+        speed = f"{s.chars_per_second or 0.0:.1f} chars/s"
+        seed = f"; seed {s.seed}" if s.seed is not None else ""
+        return f"{self.heading(s)}: {s.chars} chars in {s.seconds:.2f} s ({speed}); {per_model}{drafts}{gate}{seed}"
+
+    def length(self, s: GenerationStats) -> int:
+        return s.chars
+
+    def per_second(self, s: GenerationStats) -> float | None:
+        return s.chars_per_second
+
+    def context_tokens(self, s: GenerationStats) -> int | None:
+        return None
+
+    def progress(self, pieces: int, text: str) -> tuple[int, int | None]:
+        return len(text), None
+
+    def acceptance(self, s: GenerationStats) -> str:
+        return f"{s.accepted}/{s.drafted}" if s.drafted else "-"
+
+    def details(self, s: GenerationStats | None) -> list[tuple[str, str]]:
+        return []
+
+    def per_model(self, s: GenerationStats) -> tuple[str, list[str]]:
+        return "calls/char, paths", [f"{m.name[:14]:<14} {m.calls / max(s.chars, 1):.2f} {paths}" for m, paths in zip(s.models, s.most_paths)]
+
+
+class _MixedReport(_ByteReport):
+    """The byte level's report, saying how much of the text was the lead's whole tokens."""
+
+    def heading(self, s: GenerationStats) -> str:
+        return f"mixed level ({s.token_bytes}/{s.bytes} bytes as whole tokens)"
+
+
+# how each level's statistics read for people (the summary line, the chat's panel)
+_REPORTS: dict[Level, _TokenReport | _ByteReport] = {Level.TOKEN: _TokenReport(), Level.BYTE: _ByteReport(), Level.MIXED: _MixedReport()}
 
 
 # the rates `to_dict` adds, and the levels that have them

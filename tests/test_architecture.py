@@ -3,7 +3,9 @@
 1. The import graph of localcos/ (imports inside functions included) has no cycle; nothing under
    runtime/ or core/ imports the `Ensemble` facade; the product never imports localcos.testing;
    backend/ imports nothing above it and runtime/ no front end; outside runtime/ no branch asks
-   whether models are byte-level models (they say their level).
+   whether models are byte-level models (they say their level), the level is compared only by
+   the settings layer that decides it and at the few listed places where it is a front end's
+   business, and the server, the chat and eval name no byte-level type.
 2. Errors are routed by their type, `param` and `code`, never by their text: no `... in str(e)`;
    every `ConfigError` names its setting (`param`).
 3. Every user-facing error message is written in one file.
@@ -130,6 +132,58 @@ def test_outside_the_runtime_no_branch_asks_whether_models_are_byte_level_models
                 kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
                 byte = [k.id for k in kinds if isinstance(k, ast.Name) and k.id.startswith("Byte")]
                 assert not byte or id(node) in asserted, f"{module}:{node.lineno}: isinstance(..., {byte[0]}) picks a branch; read models.level"
+
+
+# where a front end may ask which level it decodes at, and why (each such line says why in a comment)
+FRONT_END_LEVEL_BRANCHES = {
+    "localcos.ensemble": "load_at: which runtime holds the models (the one load by level)",
+    "localcos.chat": "chat_templates: one template for one vocabulary, each model's own otherwise",
+    "localcos.cli.score": "the byte level's scorer (bits per byte, each model on its own tokens) is its own",
+    "localcos.cli.bench": "the byte level's bench (characters per second, each model on its own tokens) is its own",
+    "localcos.server.protocol": "one_vocabulary: the tokenizer routes answer only where token ids mean one thing",
+}
+# the settings layer decides the level (of a run, of a request, of an eval configuration): its rules compare it
+LEVEL_OWNERS = ("localcos.config", "localcos.eval.configs", "localcos.core.level")
+
+
+def _level_branches(tree: ast.AST) -> list[int]:
+    """The lines that ask a level a question: `.in_bytes`, or a comparison with `Level.X`."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "in_bytes":
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(isinstance(o, ast.Attribute) and isinstance(o.value, ast.Name) and o.value.id == "Level" for o in operands):
+                lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_the_level_is_asked_only_by_the_settings_layer_and_at_the_listed_front_end_places():
+    assert len(FRONT_END_LEVEL_BRANCHES) <= 5
+    for module, path in MODULES.items():
+        if module.startswith(("localcos.runtime", *LEVEL_OWNERS)):
+            continue
+        source = path.read_text().splitlines()
+        branches = _level_branches(ast.parse("\n".join(source)))
+        if module not in FRONT_END_LEVEL_BRANCHES:
+            assert not branches, f"{module}:{branches[0] if branches else 0}: asks which level it is; the models say (runtime.models.Models)"
+            continue
+        assert len(branches) == 1, f"{module}: {FRONT_END_LEVEL_BRANCHES[module]}: one branch, found lines {branches}"
+        line = branches[0]
+        assert any("#" in source[i - 1] for i in range(max(1, line - 2), line + 1)), f"{module}:{line}: say why the level is this front end's business"
+
+
+def test_the_server_the_chat_and_eval_name_no_byte_level_type():
+    """They hold loaded models as `runtime.models.Models`, plans as `LevelPlan`, streams as
+    `LevelStream`: what a level does is the runtime's."""
+    for module, path in MODULES.items():
+        if not module.startswith(("localcos.server", "localcos.tui", "localcos.eval")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and "runtime" in node.module:
+                named = [a.name for a in node.names if a.name.startswith("Byte")]
+                assert not named, f"{module}:{node.lineno}: imports {named[0]}"
 
 
 def _calls(name: str):

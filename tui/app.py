@@ -19,17 +19,18 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, ProgressBar
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from localcos.chat import ChatFormatter, Conversation, Message as ChatMessage, OwnTemplates, chat_templates
+from localcos.chat import ChatFormatter, Conversation, Message as ChatMessage, Templates, chat_templates
 from localcos.config import OPTIONS, Settings
 from localcos.config.resolve import request_level
 from localcos.config.specs import GenerationConfig
 from localcos.conversations import ConversationStore, Turn
 from localcos.core.level import Level
-from localcos.ensemble import Ensemble, load_at
+from localcos.ensemble import Ensemble, LevelEnsemble, load_at
 from localcos.errors import LocalcosError, StorageError
 from localcos.files import write_text
 from localcos.runtime import Completion, Stream
-from localcos.runtime.bytelevel import ByteModels, ByteStream, decoding_level
+from localcos.runtime.bytelevel import decoding_level
+from localcos.stats import reply_progress
 
 from .prefs import CHAT_DEFAULTS, Prefs
 from .prompt import PromptArea
@@ -37,14 +38,14 @@ from .screens import FORM, ConversationsScreen, HelpScreen, ModelsScreen, Settin
 from .transcript import Transcript
 from .widgets import Legend, LiveReply, MessageView, StatsPanel, code_blocks
 
-Loader = Callable[[Callable[[int, int, str], None]], "tuple[Ensemble | ByteModels, ChatFormatter | OwnTemplates]"]
+Loader = Callable[[Callable[[int, int, str], None]], "tuple[LevelEnsemble, Templates]"]
 
 
 def load_for(settings: Settings) -> Loader:
     """The loader of `settings`: the ensemble, and its chat formatter; at the byte level (models
     of different tokenizers) the byte-level models, each rendering the chat in its own template."""
 
-    def loader(progress: Callable[[int, int, str], None]) -> tuple[Ensemble | ByteModels, ChatFormatter | OwnTemplates]:
+    def loader(progress: Callable[[int, int, str], None]) -> tuple[LevelEnsemble, Templates]:
         decoding_level(settings)  # what the level does not decode, refused before anything loads
         models = load_at(settings.load, settings.combiner(), progress=progress)
         try:
@@ -124,14 +125,14 @@ class ChatApp(App):
         self.kept_id: int | None = None  # the kept conversation on screen (None: not kept yet)
         self._open_on_load = open_id
         self.load_error: BaseException | None = None
-        self.ensemble: Ensemble | ByteModels | None = None
-        self.formatter: ChatFormatter | OwnTemplates | None = None
+        self.ensemble: LevelEnsemble | None = None
+        self.formatter: Templates | None = None
         # one model loaded for the mixed level on its own tokens, and its template: where a reply
         # the mixed level does not serve decodes (`config.resolve.request_level`, per reply)
         self.views: dict[Level, tuple[Ensemble, ChatFormatter]] = {}
         self.reply_level = Level.TOKEN  # the level the last (or running) reply decodes at
         self.conversation: Conversation | None = None
-        self.stream: Stream | ByteStream | None = None  # the reply being generated
+        self.stream: Stream | None = None  # the reply being generated
         self.reply_view: MessageView | None = None
         self.prompt_tokens = 0
         self.replies: list[dict] = []  # transcript records with stats
@@ -175,7 +176,7 @@ class ChatApp(App):
 
     # --- loading ----------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
-    def load_models(self, loader: Loader) -> tuple[Ensemble | ByteModels, ChatFormatter | OwnTemplates]:
+    def load_models(self, loader: Loader) -> tuple[LevelEnsemble, Templates]:
         def loading(i: int, n: int, name: str) -> None:
             self.post_message(ModelLoading(i, n, name))
 
@@ -187,7 +188,7 @@ class ChatApp(App):
         bar.update(total=event.n, progress=event.i)
         self.query_one("#prompt", PromptArea).placeholder = f"Loading {Path(event.name).name} ({event.i + 1}/{event.n})..."
 
-    def _loaded(self, ensemble: Ensemble | ByteModels, formatter: ChatFormatter | OwnTemplates) -> None:
+    def _loaded(self, ensemble: LevelEnsemble, formatter: Templates) -> None:
         old, self.ensemble, self.formatter = self.ensemble, ensemble, formatter
         if old is not None:  # another ensemble for the same conversation
             old.close()
@@ -301,13 +302,13 @@ class ChatApp(App):
             self._keep(Turn("user", text))
         self.reply_view = self._add_message("assistant")
         self.stream, self.prompt_tokens = stream, self.conversation.formatter.size(tokens)
-        self.query_one(StatsPanel).live = LiveReply(config.method or "ensemble", 0, 0.0, self._unit, self._level)
+        self.query_one(StatsPanel).live = LiveReply(config.method or "ensemble", 0, 0.0, self.reply_level)
         self.refresh_bindings()  # show Stop in the footer
         self.generate(stream)
         return True
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
-    def generate(self, stream: Stream | ByteStream) -> Completion | None:
+    def generate(self, stream: Stream) -> Completion | None:
         """Run the decoding loop in a thread; post the tokens to the UI about ten times a second
         (each update relayouts the screen on the UI thread, holding the GIL the decoding loop
         needs between llama.cpp calls: with the demo pair, 20 updates/s decoded a quarter slower)."""
@@ -315,7 +316,7 @@ class ChatApp(App):
         t0 = last = time.perf_counter()
         pending: list = []
         for chunk in stream.chunks():
-            pending.extend((ev.text, ev.origin) for ev in chunk.tokens)
+            pending.extend((ev.text, ev.origin) for ev in chunk.pieces)
             now = time.perf_counter()
             if now - last > 0.1:
                 self.post_message(TokensArrived(pending, now - t0))
@@ -333,27 +334,17 @@ class ChatApp(App):
         await view.add_tokens(event.pieces)
         self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
         panel = self.query_one(StatsPanel)
-        generated = len(view.tokens.plain) if self._unit == "chars" else view.n_tokens
-        panel.live = LiveReply(self.settings.generation.method or "ensemble", generated, event.seconds, self._unit, self._level)
-        panel.context = self._context_used(None if self._unit == "chars" else view.n_tokens)
+        length, in_context = reply_progress(self.reply_level, view.n_tokens, view.tokens.plain)
+        panel.live = LiveReply(self.settings.generation.method or "ensemble", length, event.seconds, self.reply_level)
+        panel.context = self._context_used(in_context)
 
-    def _decides(self, config: GenerationConfig) -> tuple[Ensemble | ByteModels, Level]:
+    def _decides(self, config: GenerationConfig) -> tuple[LevelEnsemble, Level]:
         """The models a reply with these settings decodes on, and its level, decided once per reply
         (`config.resolve.request_level`); the conversation renders in that level's templates."""
         assert self.ensemble is not None and self.formatter is not None and self.conversation is not None
         level = request_level(self.ensemble.level, config, needs_tokens=False, token_view=bool(self.views))
         ensemble, self.conversation.formatter = self.views.get(level, (self.ensemble, self.formatter))
         return ensemble, level
-
-    @property
-    def _level(self) -> str:
-        """The level the reply decodes at, as the stats name it."""
-        return self.reply_level.value
-
-    @property
-    def _unit(self) -> str:
-        """What a reply is counted in: tokens, or characters at the byte and mixed levels."""
-        return self.reply_level.unit
 
     def _reply_done(self, completion: Completion | None) -> None:
         view, self.stream = self.reply_view, None
@@ -365,7 +356,7 @@ class ChatApp(App):
         self.conversation.reply(completion.text)
         panel = self.query_one(StatsPanel)
         panel.stats, panel.live = completion.stats, None
-        panel.context = self._context_used(completion.stats.tokens if completion.stats.level.unit == "tokens" else None)
+        panel.context = self._context_used(completion.stats.context_tokens)
         settings = {"combine": asdict(self.settings.combine), "generation": asdict(self.settings.generation)}
         stats = completion.stats.to_dict()
         self.replies.append({"prompt": self.conversation.messages[-2].content if len(self.conversation.messages) > 1 else "",

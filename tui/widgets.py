@@ -13,7 +13,8 @@ from textual.reactive import reactive
 from textual.widgets import Markdown, Static
 
 from localcos.core.decoding import Origin
-from localcos.stats import GenerationStats
+from localcos.core.level import Level
+from localcos.stats import GenerationStats, dash, level_details
 
 # Colours of token origins; drafts take the colour of the model that proposed them.
 MODEL_STYLES = ["green", "cyan", "magenta", "blue"]
@@ -138,10 +139,9 @@ class LiveReply:
     """What is known of a reply while it streams."""
 
     method: str
-    tokens: int  # generated so far, in `unit`
+    length: int  # generated so far, in its level's unit (`Level.unit`)
     seconds: float
-    unit: str = "tokens"  # or "chars" (the byte and mixed levels)
-    level: str = "token"  # the level it decodes at
+    level: Level = Level.TOKEN  # the level it decodes at
 
 
 class StatsPanel(Static):
@@ -155,42 +155,24 @@ class StatsPanel(Static):
 
     def render(self) -> Text:
         s, live = self.stats, self.live
+        level: Level | None = None
         if live is not None:  # a reply is streaming: its own numbers, the rest from the last one
-            method, length, level, in_chars = live.method, live.tokens, live.level, live.unit == "chars"
+            method, length, level = live.method, live.length, live.level
             speed = length / live.seconds if live.seconds > 0 else None
         elif s is not None:
-            method, level, in_chars = s.method, s.level.value, s.level.in_bytes
-            length, speed = (s.chars, s.chars_per_second) if in_chars else (s.tokens, s.tokens_per_second)
+            method, length, speed, level = s.method, s.length, s.per_second, s.level
         else:
-            method, length, speed, level, in_chars = "-", 0, None, "-", False
-        unit = "chars" if in_chars else "tokens"
-        acceptance = "-"
-        if s is not None and s.level.in_bytes and s.drafted:
-            acceptance = f"{s.accepted}/{s.drafted}"
-        elif s is not None and s.acceptance_rate is not None:
-            acceptance = format(s.acceptance_rate, ".0%")
-        lines = [("level", level), ("method", method), (f"{unit}/s", _fmt(speed, ".1f")), (unit, str(length)), ("acceptance", acceptance)]
-        if not in_chars:
-            speedup = None
-            if s is not None:
-                speedup = s.speedup_estimate if s.method != "ensemble" else (1.0 if s.tokens else None)
-            lines += [
-                ("mean accepted", _fmt(s.mean_accepted if s else None, ".2f")),
-                ("looked up", f"{s.lookup_accepted}/{s.lookup_proposed}" if s and s.lookup_proposed else "-"),
-                ("calls/token", _fmt(s.calls_per_token if s else None, ".2f")),
-                ("speedup (est.)", _fmt(speedup, ".2f", "x")),
-            ]
+            method, length, speed = "-", 0, None
+        unit = (level or Level.TOKEN).unit
+        lines = [("level", level.value if level else "-"), ("method", method), (f"{unit}/s", dash(speed, ".1f")), (unit, str(length)),
+                 ("acceptance", s.acceptance if s else "-"), *level_details(level or Level.TOKEN, s)]  # fmt: skip
         text = _table([*lines, ("context", self.context)])
         if s is None or not s.models:
             return text
-        if s.level.in_bytes:
-            text.append("calls/char, paths\n", style="dim")
-            for m, paths in zip(s.models, s.most_paths):
-                text.append(f"  {m.name[:14]:<14} {m.calls / max(s.chars, 1):.2f} {paths}\n")
-        else:
-            text.append("calls per model\n", style="dim")
-            for m in s.models:
-                text.append(f"  {m.name[:18]:<18} {m.calls}\n")
+        heading, per_model = s.per_model()
+        text.append(f"{heading}\n", style="dim")
+        for line in per_model:
+            text.append(f"  {line}\n")
         return text
 
 
@@ -202,10 +184,6 @@ def _table(lines: list[tuple[str, str]]) -> Text:
         text.append(f"{k:<15}", style="dim")
         text.append(f"{v}\n")
     return text
-
-
-def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
-    return "-" if x is None else format(x, spec) + suffix
 
 
 class Legend(Static):

@@ -251,7 +251,7 @@ def _bench_bytes(args: argparse.Namespace, settings, level: Level) -> int:
         if bad:
             raise ConfigError(message, param=param)
     # where the level's default method is the ensemble's step (the mixed level's), that alone
-    default_methods = "ensemble" if default_method(len(settings.load.paths), level.value) == "ensemble" else "ensemble,cos"
+    default_methods = "ensemble" if default_method(len(settings.load.paths), level) == "ensemble" else "ensemble,cos"
     methods = [parse_choice(m, "--methods", ("ensemble", "cos")) for m in (args.methods or default_methods).split(",")]
     gammas = [OPTIONS["byte_gamma"].check(g) for g in (args.byte_gammas or "auto,8").split(",")]
     temperatures, max_tokens, repeat, seed, prompts = _common(args)

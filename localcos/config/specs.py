@@ -293,7 +293,7 @@ class GenerationConfig:
         return Sampler(self.temperature if "temperature" in chain else 1.0, self.top_k if "top_k" in chain else 0,
                        self.top_p if "top_p" in chain else 1.0, self.min_p if "min_p" in chain else 0.0)  # fmt: skip
 
-    def for_models(self, n: int, level: str = "auto") -> GenerationConfig:
+    def for_models(self, n: int, level: Level | str = "auto") -> GenerationConfig:
         """This config for an ensemble of n models decoding at `level`: its method, or the
         default (`default_method`; cos where the context is the proposer)."""
         if self.method is not None:
@@ -321,7 +321,7 @@ class GenerationConfig:
         return replace(self, **changes)
 
 
-def default_method(n_models: int, level: str = "auto", lookahead: bool = False) -> str:
+def default_method(n_models: int, level: Level | str = "auto", lookahead: bool = False) -> str:
     """The method every front end takes when none is given (the command line, the chat, the
     server, `Ensemble`, `ByteEnsemble`, presets): cos for two or more models (it samples from r
     exactly, and with --gamma auto, the default, it takes the ensemble's own step wherever drafts
@@ -334,14 +334,14 @@ INFILL_CANDIDATES = 128  # the most candidates the infill sampler compares (top_
 MIXED_GATE = 0.5  # the gate of one model's mixed level where none is given (the preset coder-plus's)
 
 
-def mixed_gate(gate: float | None, level: str, n: int, second_prompt: bool) -> float | None:
+def mixed_gate(gate: float | None, level: Level | str, n: int, second_prompt: bool) -> float | None:
     """The gate a combination decodes with: one model's mixed level takes `MIXED_GATE` where none
     is given; elsewhere (several models, or a second prompt's member, whose gate is the user's
     choice) the gate given, if any."""
     return MIXED_GATE if gate is None and level == "mixed" and n == 1 and not second_prompt else gate
 
 
-def check_level(level: str, generation: GenerationConfig, gated: bool) -> None:
+def check_level(level: Level | str, generation: GenerationConfig, gated: bool) -> None:
     """The byte and mixed levels' rules, written once (the settings layer checks them before any
     model loads, the byte level's planning for every request, and a one-model mixed-level server
     to route a request that breaks them to the token level): no lookahead there (its branches are
@@ -388,7 +388,7 @@ def check_for_models(
     combine: CombineSpec | None = None,
     chat_template_model: int = 0,
     json: bool = False,
-    level: str = "auto",
+    level: Level | str = "auto",
     second_prompt: bool = False,
 ) -> None:
     """What the settings must satisfy for an ensemble of n models (and, with `second_prompt`,

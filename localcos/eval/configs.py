@@ -101,15 +101,15 @@ def parse_config(text: str, base: Settings, n_params: Sequence[int], run: Level 
         raise ConfigError(f"--variant {name}: --level {level.value}: this run decodes at the token level (its models share a tokenizer); "
                           f"give the run itself --level {level.value}", param="variant")  # fmt: skip
     if level.in_bytes and "method" not in values and "method" not in base.given:  # the default method of the level it decodes at
-        values["method"] = default_method(len(n_params), level.value)
+        values["method"] = default_method(len(n_params), level)
     settings = base.with_values(values, check=False)
-    gate = mixed_gate(settings.combine.gate, level.value, len(n_params), contrast is not None)
+    gate = mixed_gate(settings.combine.gate, level, len(n_params), contrast is not None)
     if gate != settings.combine.gate:  # a variant's new combination on one model's mixed level: its default gate, as `generate` takes it
         settings = base.with_values({**values, "gate": gate}, check=False)
     # checked as the command line is, at the level this configuration decodes at (before any model loads)
     try:
         check_for_models(settings.generation, len(n_params), combine=settings.combine, chat_template_model=settings.chat_template_model,
-                         level=level.value, second_prompt=contrast is not None)  # fmt: skip
+                         level=level, second_prompt=contrast is not None)  # fmt: skip
     except ConfigError as e:
         raise ConfigError(f"--variant {name}: {e}", param="variant") from None
     if settings.generation.lookahead is not None and run.in_bytes:

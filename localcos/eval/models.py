@@ -14,7 +14,7 @@ from .contrast import TRANSFORMS
 if TYPE_CHECKING:
     from ..config import LoadSpec, Settings
     from ..infill import Infill
-    from ..ensemble import ByteEnsemble, Ensemble
+    from ..ensemble import Ensemble, LevelEnsemble
     from .configs import EvalConfig
 
 NOTHING_TO_CHANGE = "{}: nothing to change in this task; decoded by the lead model alone"
@@ -22,7 +22,7 @@ NOTHING_TO_CHANGE = "{}: nothing to change in this task; decoded by the lead mod
 
 class EvalModels:
     """The run's models, loaded once for every configuration (`ensemble.load_at`: at the token
-    level an `Ensemble`, at the byte and mixed levels a `ByteEnsemble`), each configuration
+    level an `Ensemble`, at the byte and mixed levels its byte-level facade), each configuration
     planned and completed on them without asking which (`runtime.models.Models`); a model that also decodes alone on its own tokens
     there (`load_alone`) does so on the same loaded model (`Ensemble.beside`).
 
@@ -41,8 +41,8 @@ class EvalModels:
         self.run = run
         self.alone: dict[int, Ensemble] = {}  # model index -> that model alone, on its own tokens
         second_prompt = load.second_prompt
-        self.models: Ensemble | ByteEnsemble = load_at(load, WeightedEnsemble() if second_prompt else settings.combiner(), progress=progress)
-        self.plain: Ensemble | ByteEnsemble = self.models.without_second(settings.combiner()) if second_prompt else self.models
+        self.models: LevelEnsemble = load_at(load, WeightedEnsemble() if second_prompt else settings.combiner(), progress=progress)
+        self.plain: LevelEnsemble = self.models.without_second(settings.combiner()) if second_prompt else self.models
 
     @property
     def names(self) -> list[str]:

@@ -70,7 +70,7 @@ class ByteScheduler(Rounds):
                 self.live.remove(sequence)
                 self._finish(sequence, item, finished)
             elif sequence.on_chunk is not None:
-                sequence.on_chunk(Chunk(item, ()))
+                sequence.on_chunk(Chunk(item, (), tokenless=True))
         return finished
 
     def drop(self, sequence: Submission) -> None:

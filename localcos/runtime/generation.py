@@ -42,10 +42,24 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class Chunk:
-    """What one round of decoding produced: the text that became final and the tokens committed."""
+    """What one round of decoding produced: the text that became final and the tokens committed
+    (`tokenless`: text the byte and mixed levels sampled, which commit no tokens of one
+    vocabulary)."""
 
     text: str
     tokens: tuple[TokenEvent, ...]
+    tokenless: bool = False
+
+    @property
+    def pieces(self) -> tuple[TokenEvent, ...]:
+        """What to show as it arrives, with where it came from: the tokens committed, or a
+        tokenless chunk's text as one sampled piece."""
+        if self.tokenless:
+            return (TokenEvent(-1, self.text, SAMPLED),) if self.text else ()
+        return self.tokens
+
+
+SAMPLED = Origin("sample")  # a piece of byte-level text, as the chat colours it
 
 
 Work = Generator["Evaluate | Together | Chunk", "np.ndarray | list[np.ndarray] | None", "Completion"]

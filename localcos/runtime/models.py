@@ -16,11 +16,19 @@ from collections.abc import Iterable, Sequence
 from ..core.level import Level
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from ..backend import Model
     from ..config.specs import GenerationConfig
     from ..core.combiners import BoundCombiner, Combiner
     from .bytelevel.results import BytePlan
     from .completion import Completion
+    from .loaded import LoadedModels
     from .plan import Plan
+    from .scheduler import Rounds
+
+    # a plan at the level of the models it was made on: what a front end holds without naming the level
+    LevelPlan: TypeAlias = Plan | BytePlan
 
 
 class Models(Protocol):
@@ -28,9 +36,14 @@ class Models(Protocol):
 
     n_ctx: int
     second_member: int | None
+    loaded: list[Model]  # each model once, as loaded
+    models: list[Model]  # per member: the models, then a second prompt's member's (the lead again)
 
     @property
     def level(self) -> Level: ...
+
+    @property
+    def parallel(self) -> int: ...
 
     @property
     def names(self) -> list[str]: ...
@@ -44,7 +57,7 @@ class Models(Protocol):
     def bind(self, combiner: Combiner | BoundCombiner) -> BoundCombiner: ...
 
     def plan(self, prompt: Any, config: GenerationConfig, combiner: Combiner | BoundCombiner | None = None, *, param: str = "prompt",
-             second_prompt: Any = None, level: Level | None = None) -> Plan | BytePlan: ...  # fmt: skip
+             second_prompt: Any = None, level: Level | None = None) -> LevelPlan: ...  # fmt: skip
 
     def complete(self, plan: Any, n: int = 1) -> list[Completion]: ...
 
@@ -58,3 +71,17 @@ class Models(Protocol):
 
     def close(self) -> None: ...
 
+
+
+def scheduler_for(models: Models, slots: list[int], token: LoadedModels | None = None) -> Rounds:
+    """The scheduler that runs the generations of `models` (a server's engine drives any): the
+    token level's over `slots` of their sequences; the byte level's, one generation at a time;
+    and where one model loaded for the mixed level serves requests on its own tokens too
+    (`token`, over `slots` of its sequences), both, one level at a time (`BothLevels`)."""
+    from .bytescheduler import BothLevels, ByteScheduler
+    from .scheduler import Scheduler
+
+    if not models.level.in_bytes:
+        return Scheduler(models, slots=slots)  # type: ignore[arg-type]
+    byte = ByteScheduler(models)  # type: ignore[arg-type]
+    return byte if token is None else BothLevels(byte, Scheduler(token, slots=slots))

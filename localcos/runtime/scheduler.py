@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -93,7 +93,16 @@ class Rounds:
     def idle(self) -> bool:
         return not self.live and not self.queue
 
+    def submit(self, plan: Any, rng: np.random.Generator, *, on_chunk: Callable[[Chunk], None] | None = None, key: Any = None,
+               shares_cells: bool = False) -> Submission:  # fmt: skip
+        """Queue a generation of `plan` (a plan of the scheduler's level) drawing from `rng`."""
+        raise NotImplementedError
+
     def step(self) -> list[Submission]:
+        raise NotImplementedError
+
+    def drop(self, sequence: Submission) -> None:
+        """Abandon a live sequence (after a failed call)."""
         raise NotImplementedError
 
     def run(self) -> list[Submission]:
@@ -278,35 +287,3 @@ def run_completions(
     sequences = [scheduler.submit(plan, completion_rng(plan.config.seed, k), on_chunk=chunks_of(k), key=k) for k in range(n)]
     scheduler.run()
     return [s.completion for s in sequences]  # type: ignore[misc]
-
-
-class Stream:
-    """One completion of a plan as it is generated: iterate for its final text pieces, or
-    `chunks()` for `Chunk`s (text plus per-token origins); `completion` is set when it ends.
-    `cancel()` stops it at its next llama.cpp call or round, with finish reason "cancelled".
-    It runs in the scheduler like any other generation (completion 0 of its seed)."""
-
-    def __init__(self, loaded: LoadedModels, plan: Plan) -> None:
-        self.completion: Completion | None = None
-        self._pending: list[Chunk] = []
-        self._scheduler = Scheduler(loaded, slots=[0])
-        self._sequence = self._scheduler.submit(plan, completion_rng(plan.config.seed, 0), on_chunk=self._pending.append)
-
-    @property
-    def cancelled(self) -> bool:
-        return self._sequence.cancel_requested
-
-    def cancel(self) -> None:
-        self._sequence.cancel()
-
-    def chunks(self) -> Iterator[Chunk]:
-        while not self._scheduler.idle:
-            self._scheduler.step()
-            while self._pending:
-                yield self._pending.pop(0)
-        self.completion = self._sequence.completion
-
-    def __iter__(self) -> Iterator[str]:
-        for chunk in self.chunks():
-            if chunk.text:
-                yield chunk.text

@@ -31,15 +31,15 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 from ..errors import Cancelled
-from ..runtime.bytelevel import ByteModels, BytePlan
-from ..runtime.bytescheduler import BothLevels, ByteScheduler
 from ..runtime.completion import Completion
 from ..runtime.generation import completion_rng
-from ..runtime.loaded import LoadedModels
-from ..runtime.scheduler import Scheduler, Submission, State
+from ..runtime.models import scheduler_for
+from ..runtime.scheduler import Submission, State
 
 if TYPE_CHECKING:
-    from ..runtime.plan import Plan
+    from ..runtime.loaded import LoadedModels
+    from ..runtime.models import LevelPlan, Models
+    from ..runtime.scheduler import Rounds
 
 
 class QueueFull(Exception):
@@ -52,7 +52,7 @@ class Generation:
     random stream of the plan's seed it draws from (`completion_rng`)."""
 
     index: int
-    plan: Plan | BytePlan  # the level the engine's scheduler decodes at
+    plan: LevelPlan  # at the level the engine's scheduler decodes at
     stream: int = 0
 
 
@@ -103,24 +103,16 @@ class Job:
 class Engine:
     """Runs jobs on one ensemble: their generations decoded together, first come first served."""
 
-    def __init__(self, loaded: LoadedModels | ByteModels, max_queue: int = 64, token: LoadedModels | None = None) -> None:
+    def __init__(self, loaded: Models, max_queue: int = 64, token: LoadedModels | None = None) -> None:
         self.loaded = loaded
         self.max_queue = max_queue
-        # the token level's sequences: the models', or where one model is loaded for the mixed
+        # the sequences token-level requests decode on: where one model is loaded for the mixed
         # level, its own tokens beside it (`token`: its requests the mixed level does not serve)
-        tokens = loaded if isinstance(loaded, LoadedModels) else token
-        parallel = tokens.parallel if tokens is not None else loaded.parallel
+        parallel = (token or loaded).parallel
         generation_slots = list(range(max(1, parallel - 1)))
         self.scoring_slot = parallel - 1
         self._scoring_shared = self.scoring_slot in generation_slots  # one slot: scoring waits for it
-        # the byte level (models of different tokenizers) runs one generation at a time, its own way
-        self.scheduler: Scheduler | ByteScheduler | BothLevels
-        if isinstance(loaded, LoadedModels):
-            self.scheduler = Scheduler(loaded, slots=generation_slots)
-        elif token is None:
-            self.scheduler = ByteScheduler(loaded)
-        else:
-            self.scheduler = BothLevels(ByteScheduler(loaded), Scheduler(token, slots=generation_slots))
+        self.scheduler: Rounds = scheduler_for(loaded, generation_slots, token)
         self.parallel = len(generation_slots)  # generations decoded at once, at most
         self._arrivals: queue.Queue[Job | None] = queue.Queue()
         self._unstarted: set[Job] = set()  # submitted, not started: what max_queue counts
@@ -236,8 +228,8 @@ class Engine:
 
                 rng = completion_rng(g.plan.config.seed, g.stream)
                 # an echo's generations share the cells its prompt was just scored in
-                # the engine's one scheduler takes its level's plans (a byte-level server plans BytePlans)
-                sequence = self.scheduler.submit(g.plan, rng, on_chunk=on_chunk, key=(job, g.index),  # type: ignore[arg-type]
+                # the engine's one scheduler takes plans at the level of the models it runs (`scheduler_for`)
+                sequence = self.scheduler.submit(g.plan, rng, on_chunk=on_chunk, key=(job, g.index),
                                                  shares_cells=job.prepare is not None)  # fmt: skip
                 job.sequences.append(sequence)
 

@@ -11,7 +11,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 from collections.abc import Callable, Sequence
 
 from ..chat import ChatFormatter, Message, OwnTemplates, second_conversation
@@ -22,7 +22,6 @@ from ..core.combiners import BoundCombiner
 from ..core.level import Level
 from ..errors import Cancelled, LocalcosError, RemoteError
 from ..grammar import Constraint, ToolCallFormat, tool_call_format, tool_grammar
-from ..runtime.bytelevel import ByteModels, BytePlan
 from ..runtime.completion import Completion
 from ..runtime.loaded import LoadedModels
 from ..runtime.models import Models
@@ -32,6 +31,9 @@ from ..stats import GenerationStats
 from . import responses as out
 from .engine import Generation, Job
 from .requests import ChatCompletionRequest, ChatMessage, CompletionRequest
+
+if TYPE_CHECKING:
+    from ..runtime.models import LevelPlan
 
 
 class APIError(Exception):
@@ -67,11 +69,11 @@ def from_localcos(e: LocalcosError, param: str | None = None) -> APIError:
 @dataclass
 class ServedEnsemble:
     """What the server serves: one loaded ensemble and how to talk about it. At the byte level
-    (`ByteModels`: models of different tokenizers) every model renders a conversation in its
+    (models of different tokenizers) every model renders a conversation in its
     own chat template (`OwnTemplates`). Every route plans through `runtime.models.Models`, on
     the models a request decodes on (`decide`), and never asks which level they are at."""
 
-    ensemble: LoadedModels | ByteModels
+    ensemble: Models
     settings: Settings
     alias: str
     formatter: ChatFormatter | OwnTemplates | None  # None: the models carry no chat template
@@ -104,7 +106,7 @@ class ServedEnsemble:
     def one_vocabulary(self) -> bool:
         """Whether token ids mean one thing here (the tokenizer routes need it): the models share
         a tokenizer, or one model loaded for the mixed level has its own beside it."""
-        return Level.TOKEN in self._at
+        return Level.TOKEN in self._at  # the server's business: /tokenize and /detokenize speak one vocabulary
 
     def templates(self, models: Models) -> ChatFormatter | OwnTemplates | None:
         """What renders a conversation for `models`: the token view's own, else the loaded
@@ -143,7 +145,7 @@ class Request:
     to answer."""
 
     route: Literal["completion", "chat", "infill"]
-    plans: list[Plan] | list[BytePlan]  # BytePlan: the byte level
+    plans: list[LevelPlan]  # at the level of the models it decodes on
     prompt_texts: list[str]
     n: int
     stream: bool
@@ -186,7 +188,7 @@ def settings_for(served: ServedEnsemble, request: Any, max_tokens: int, constrai
         raise from_localcos(e) from None
 
 
-def plans_of(models: Models, settings: Settings, prompts: Sequence[Any], param: str, second: list[int] | None = None) -> list[Plan] | list[BytePlan]:
+def plans_of(models: Models, settings: Settings, prompts: Sequence[Any], param: str, second: list[int] | None = None) -> list[LevelPlan]:
     """One runtime plan per prompt on `models` (what the request decodes on: `decide`), the
     combination bound to them once for all of them: a misfit (weights for another number of
     models, cd over three, a prompt too long, a second prompt without its member, what the level
@@ -195,7 +197,7 @@ def plans_of(models: Models, settings: Settings, prompts: Sequence[Any], param: 
     the second prompt's member reads, where it is not the request's negative_prompt (a chat's)."""
     try:
         bound = models.bind(settings.combiner())
-        return [models.plan(p, settings.generation, bound, param=param, second_prompt=second) for p in prompts]  # type: ignore[return-value]
+        return [models.plan(p, settings.generation, bound, param=param, second_prompt=second) for p in prompts]
     except LocalcosError as e:
         raise from_localcos(e, param) from None
 
@@ -235,7 +237,7 @@ def plan_completion(served: ServedEnsemble, request: CompletionRequest) -> Reque
 
 
 def chat_plans(served: ServedEnsemble, settings: Settings, conversation: list[Message], models: Models,
-               definitions: list[dict] | None = None) -> list[Plan] | list[BytePlan]:  # fmt: skip
+               definitions: list[dict] | None = None) -> list[LevelPlan]:  # fmt: skip
     """The plan of a conversation on `models` through their chat template (at the byte levels
     each model's own), which describes the `definitions` of tools; where a member reads a second
     prompt, the conversation as it reads it. The one way every chat route renders a chat."""
@@ -337,7 +339,7 @@ def generations(request: Request) -> list[Generation]:
     j of `Ensemble.generate_many` does."""
     if request.max_tokens == 0:
         return []
-    plans: list[Plan | BytePlan] = list(request.plans)
+    plans: list[LevelPlan] = list(request.plans)
     return [Generation(p * request.n + j, plan, j) for p, plan in enumerate(plans) for j in range(request.n)]
 
 

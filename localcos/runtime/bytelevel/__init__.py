@@ -14,7 +14,7 @@ that keep the text valid UTF-8, and text is emitted as characters complete.
 from .generation import ByteGeneration, run_to_end
 from .level import BYTE_OPTIONS, byte_vocab, decoding_level, refuse_byte_options
 from .member import ByteMember
-from .models import ByteModels, ByteStream
+from .models import ByteModels
 from .results import BytePlan
 from .symbols import RULED_OUT, combine_symbols, floor_ruled_out, gate_opens
 
@@ -25,7 +25,6 @@ __all__ = [
     "ByteMember",
     "ByteModels",
     "BytePlan",
-    "ByteStream",
     "byte_vocab",
     "combine_symbols",
     "decoding_level",

@@ -50,7 +50,7 @@ def decoding_level(settings: Settings, also_given: Sequence[str] = (), *, scorin
                           "--level token); at the byte level it reads one text", param="negative_prompt")  # fmt: skip
     if level.in_bytes:
         # the gate belongs to a combination, checked where one is resolved (eval's variants each bring their own)
-        check_level(level.value, settings.generation, gated=True)
+        check_level(level, settings.generation, gated=True)
         if (settings.load.parallel or 1) > 1:
             raise ConfigError("--parallel: the byte level decodes one generation at a time (models with different tokenizers)", param="parallel")
         if "chat_template_model" in settings.given:

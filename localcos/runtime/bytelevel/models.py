@@ -22,8 +22,7 @@ from ...core.speedmodel import CallProfile, Costs
 from ...errors import ConfigError
 from ...grammar import Matcher, byte_symbols
 from ...infill import Infill
-from ...core.decoding import Origin
-from ..generation import Chunk, TokenEvent, completion_rng
+from ..generation import completion_rng
 from ..profile import profile as call_profile
 from .generation import ByteGeneration
 from .level import byte_vocab
@@ -99,8 +98,8 @@ class ByteModels:
         from ..loaded import load_models, second_prompt_host
 
         if not spec.level.in_bytes:
-            raise ConfigError("these models are to decode at the token level (LoadedModels; ensemble.load_at picks by level): "
-                              "give level byte or mixed to load them here", param="level")  # fmt: skip
+            raise ConfigError(f"level {spec.level.value}: the byte level's models load for level byte or mixed (at the token level, "
+                              "Ensemble loads them; ensemble.load_at picks by level)", param="level")  # fmt: skip
         if any(spec.rpc):  # a model on RPC servers decodes one sequence; its paths need byte_paths of them
             raise ConfigError("--rpc: not available at the byte level (each model holds --byte-paths sequences here; "
                               "a model on RPC servers decodes one)", param="rpc")  # fmt: skip
@@ -213,12 +212,6 @@ class ByteModels:
                 raise ConfigError(f"{what}: not available at the byte level (these models have different tokenizers)",
                                   param=what.split(":")[0], code="unsupported_parameter")  # fmt: skip
 
-    def stream(self, prompts: Sequence[Sequence[int]], *, config: GenerationConfig, second_prompt: Sequence[int] | None = None) -> ByteStream:
-        """A completion of `prompts` (each model's own tokens; `second_prompt` as `plan` reads
-        it) as a stream of text pieces, drawing from random stream 0 of `config.seed` (as
-        `generate` does)."""
-        return ByteStream(self, self.plan(prompts, config, second_prompt=second_prompt), completion_rng(config.seed, 0))
-
     @property
     def parallel(self) -> int:
         """Generations decoded at once: one (its paths take the models' sequences)."""
@@ -247,7 +240,7 @@ class ByteModels:
         tokens)."""
         prompts = self.prompts(prompt, phrasing=config.phrasing, config=config) if isinstance(prompt, (str, Infill)) else list(prompt)
         level = self.level if level is None else level
-        config = config.for_models(len(self.models), level.value)
+        config = config.for_models(len(self.models), level)
         check_second_member(config, self.second_member is not None, json=True)
         prompts = list(prompts)
         if second_prompt is not None:
@@ -262,7 +255,7 @@ class ByteModels:
             if len(p) >= m.n_ctx:
                 raise ConfigError(f"the prompt is {len(p)} tokens for {m.name}, which holds {m.n_ctx}", param=param)
         bound = self.combiner if combiner is None else self.bind(combiner)
-        check_level(level.value, config, isinstance(bound.combiner, Gated))
+        check_level(level, config, isinstance(bound.combiner, Gated))
         assert config.method in ("ensemble", "cos"), "for_models names the method, check_level allows these"
         return BytePlan(tuple(tuple(p) for p in prompts), config, bound, config.method, level)
 
@@ -309,29 +302,3 @@ class ByteModels:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-SAMPLED = Origin("sample")  # a piece of byte-level text, as the chat colours it
-
-
-class ByteStream:
-    """A byte-level completion streamed as the chat reads a token-level `Stream`: `chunks()`
-    yields each new piece of text (one event per piece: the byte level has no tokens), `cancel()`
-    stops it at the next byte, `completion` is set once it ends."""
-
-    def __init__(self, models: ByteModels, plan: BytePlan, rng: np.random.Generator) -> None:
-        self._cancelled = False
-        self.generation = models.start(plan, rng, cancelled=lambda: self._cancelled)
-        self.completion: Completion | None = None
-
-    def cancel(self) -> None:
-        self._cancelled = True
-
-    def chunks(self) -> Iterator[Chunk]:
-        for piece in self.generation.run():
-            yield Chunk(piece, (TokenEvent(-1, piece, SAMPLED),))
-        self.completion = self.generation.completion
-
-    def __iter__(self) -> Iterator[str]:
-        for chunk in self.chunks():
-            yield chunk.text
