@@ -31,7 +31,7 @@ from .runtime.completion import Completion
 from .runtime.loaded import LoadedModels
 from .infill import Infill
 from .runtime.plan import Prompt, plan
-from .runtime.stream import Stream
+from .runtime.run import Stream, complete
 from .runtime.scoring import Loglikelihood, Scores, loglikelihood, score_tokens
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ class Ensemble(LoadedModels):
         its own random stream (`runtime.completion_rng`), the first of them the one `generate`
         and `stream` draw from.
         """
-        return self.complete(plan(self, prompt, _token_config(config, settings), combiner, second_prompt=second_prompt), n)
+        return complete(self, plan(self, prompt, _token_config(config, settings), combiner, second_prompt=second_prompt), n)
 
     def stream(
         self,
@@ -318,7 +318,7 @@ class ByteEnsemble(ByteModels):
     ) -> list[Completion]:
         """`n` completions of one prompt, one after another; completion k draws from random
         stream k of the seed (as `generate --n` and a server's choices do)."""
-        return self.complete(self._plan(prompt, config, combiner, settings, second_prompt), n)
+        return complete(self, self._plan(prompt, config, combiner, settings, second_prompt), n)
 
     def stream(
         self,

@@ -23,7 +23,7 @@ NOTHING_TO_CHANGE = "{}: nothing to change in this task; decoded by the lead mod
 class EvalModels:
     """The run's models, loaded once for every configuration (`ensemble.load_at`: at the token
     level an `Ensemble`, at the byte and mixed levels its byte-level facade), each configuration
-    planned and completed on them without asking which (`runtime.models.Models`); a model that also decodes alone on its own tokens
+    planned and completed on them without asking which (`runtime.models.Models`, `runtime.run.complete`); a model that also decodes alone on its own tokens
     there (`load_alone`) does so on the same loaded model (`Ensemble.beside`).
 
     `load` provisions what every configuration needs (`configs.run_load`): with its
@@ -76,7 +76,9 @@ class EvalModels:
             else:
                 models = self.models
         plan = models.plan(prompt, settings.generation, combiner, second_prompt=second, level=config.level)
-        c = models.complete(plan)[0]  # type: ignore[arg-type]  # a plan of these models
+        from ..runtime.run import complete  # llama.cpp's layer: loaded with the models, not with eval's settings
+
+        (c,) = complete(models, plan)
         return Generated(c.text, c.measured(unit), c.stats.seconds, c.stats.llama_seconds, note)
 
     def writes_script(self, config: EvalConfig) -> bool:

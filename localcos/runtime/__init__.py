@@ -1,6 +1,6 @@
 """The runtime: loaded models (`loaded`), a request planned once against them (`plan`), one
 generation as a coroutine (`generation`), the one scheduler that runs every generation
-(`scheduler`), one completion streamed at any level (`stream`), and the one scorer
+(`scheduler`), a plan run at any level (`run`: to its end, or streamed), and the one scorer
 (`scoring`). Nothing here imports the `Ensemble` facade."""
 
 from .completion import Completion
@@ -8,7 +8,7 @@ from .generation import Chunk, TokenEvent, completion_rng
 from .loaded import LoadedModels
 from .plan import Plan, plan
 from .scheduler import Scheduler, State, Submission, run_completions
-from .stream import Stream
+from .run import Stream, complete
 
 __all__ = [
     "Chunk",
@@ -20,6 +20,7 @@ __all__ = [
     "State",
     "Stream",
     "TokenEvent",
+    "complete",
     "completion_rng",
     "plan",
     "run_completions",

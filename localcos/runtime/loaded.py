@@ -26,7 +26,6 @@ from .profile import profile as call_profile
 
 if TYPE_CHECKING:
     from ..config.specs import GenerationConfig, LoadSpec
-    from .completion import Completion
     from .plan import Plan, Prompt
 
 T = TypeVar("T")
@@ -260,13 +259,6 @@ class LoadedModels:
         if level not in (None, Level.TOKEN):
             raise ConfigError(f"level {Level(level).value}: these models share a tokenizer and decode at the token level", param="level")
         return plan(self, prompt, config, combiner, param=param, second_prompt=second_prompt)
-
-    def complete(self, plan: Plan, n: int = 1) -> list[Completion]:
-        """`n` completions of `plan`, completion k drawing from random stream k of its seed
-        (`runtime.scheduler.run_completions`: up to `parallel` at once)."""
-        from .scheduler import run_completions
-
-        return run_completions(self, plan, n)
 
     def without_second(self, combiner: Combiner):  # -> an instance of type(self)
         """These models as loaded, without the member reading a second prompt (its sequences

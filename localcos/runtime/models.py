@@ -3,7 +3,8 @@
 `LoadedModels` (models sharing a tokenizer: the token level) and
 `runtime.bytelevel.ByteModels` (models of any tokenizers: the byte and mixed levels) both
 implement `Models`. A front end loads once (`ensemble.load_at`) and then plans, refuses what
-the models cannot serve and reports without asking which level it is: the level is a property
+the models cannot serve, runs its plans (`runtime.run`: `complete`, `Stream`) and reports
+without asking which level it is: the level is a property
 of the models (`level`), decided where they were named (`config.specs.decide_level`) and, where
 one model serves two levels, per request (`config.resolve.request_level`).
 """
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
     from ..config.specs import GenerationConfig
     from ..core.combiners import BoundCombiner, Combiner
     from .bytelevel.results import BytePlan
-    from .completion import Completion
     from .loaded import LoadedModels
     from .plan import Plan
     from .scheduler import Rounds
@@ -58,8 +58,6 @@ class Models(Protocol):
 
     def plan(self, prompt: Any, config: GenerationConfig, combiner: Combiner | BoundCombiner | None = None, *, param: str = "prompt",
              second_prompt: Any = None, level: Level | None = None) -> LevelPlan: ...  # fmt: skip
-
-    def complete(self, plan: Any, n: int = 1) -> list[Completion]: ...
 
     def prefill_plan(self, plan: Any) -> Plan | None: ...
 

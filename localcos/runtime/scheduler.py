@@ -112,6 +112,17 @@ class Rounds:
             done.extend(self.step())
         return done
 
+    def complete(self, plan: Any, n: int, on_chunk: Callable[[int, Chunk], None] | None = None) -> list[Completion]:
+        """`n` completions of `plan`, completion k drawing from `completion_rng(seed, k)` (and
+        handing its chunks to `on_chunk(k, chunk)`), run to their ends."""
+
+        def chunks_of(k: int) -> Callable[[Chunk], None] | None:
+            return None if on_chunk is None else lambda chunk: on_chunk(k, chunk)
+
+        sequences = [self.submit(plan, completion_rng(plan.config.seed, k), on_chunk=chunks_of(k), key=k) for k in range(n)]
+        self.run()
+        return [s.completion for s in sequences]  # type: ignore[misc]
+
 
 class Scheduler(Rounds):
     """Sequences of `loaded` decoded together, one per slot; `slots` limits which slots it may
@@ -278,12 +289,6 @@ def run_completions(
     observe: Callable[[Submission], None] | None = None,
 ) -> list[Completion]:
     """`n` completions of one plan, completion k drawing from `completion_rng(seed, k)`; up to
-    `loaded.parallel` decode at once, and their prompt is evaluated once."""
-    scheduler = Scheduler(loaded, observe=observe)
-
-    def chunks_of(k: int) -> Callable[[Chunk], None] | None:
-        return None if on_chunk is None else lambda chunk: on_chunk(k, chunk)
-
-    sequences = [scheduler.submit(plan, completion_rng(plan.config.seed, k), on_chunk=chunks_of(k), key=k) for k in range(n)]
-    scheduler.run()
-    return [s.completion for s in sequences]  # type: ignore[misc]
+    `loaded.parallel` decode at once, and their prompt is evaluated once (`observe`: see
+    `Scheduler`)."""
+    return Scheduler(loaded, observe=observe).complete(plan, n, on_chunk)

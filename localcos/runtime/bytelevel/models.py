@@ -22,7 +22,6 @@ from ...core.speedmodel import CallProfile, Costs
 from ...errors import ConfigError
 from ...grammar import Matcher, byte_symbols
 from ...infill import Infill
-from ..generation import completion_rng
 from ..profile import profile as call_profile
 from .generation import ByteGeneration
 from .level import byte_vocab
@@ -174,13 +173,6 @@ class ByteModels:
     def bind(self, combiner: Combiner | BoundCombiner) -> BoundCombiner:
         """`combiner` fitted to these models' members (`LoadedModels.bind`)."""
         return combiner.bind(len(self.models), self.n_params)
-
-    def complete(self, plan: BytePlan, n: int = 1) -> list[Completion]:
-        """`n` completions of `plan`, one after another; completion k draws from random stream
-        k of its seed (as `generate --n` and a server's choices do)."""
-        from .generation import run_to_end
-
-        return [run_to_end(self.start(plan, completion_rng(plan.config.seed, k))) for k in range(n)]
 
     def without_second(self, combiner: Combiner):  # -> an instance of type(self)
         """These models as loaded, without the member reading a second prompt

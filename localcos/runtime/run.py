@@ -1,5 +1,6 @@
-"""One completion streamed as it is generated (`Stream`), at any level: it runs in the scheduler
-of its models' level (`runtime.models.scheduler_for`), as the server's generations do."""
+"""A plan run at any level, to its end (`complete`) or streamed as it is generated (`Stream`): in
+the scheduler of its models' level (`runtime.models.scheduler_for`), as the server's
+generations are."""
 
 from __future__ import annotations
 
@@ -12,6 +13,13 @@ from .models import scheduler_for
 if TYPE_CHECKING:
     from .completion import Completion
     from .models import LevelPlan, Models
+
+
+def complete(models: Models, plan: LevelPlan, n: int = 1) -> list[Completion]:
+    """`n` completions of `plan` on `models`, completion k drawing from random stream k of its
+    seed (as `generate --n` and a server's choices do): up to `parallel` at once at the token
+    level (their prompt evaluated once), one after another at the byte and mixed levels."""
+    return scheduler_for(models, list(range(models.parallel))).complete(plan, n)
 
 
 class Stream:
