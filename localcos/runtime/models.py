@@ -4,9 +4,9 @@
 `runtime.bytelevel.ByteModels` (models of any tokenizers: the byte and mixed levels) both
 implement `Models`. A front end loads once (`ensemble.load_at`) and then plans, refuses what
 the models cannot serve, runs its plans (`runtime.run`: `complete`, `Stream`) and reports
-without asking which level it is: the level is a property
-of the models (`level`), decided where they were named (`config.specs.decide_level`) and, where
-one model serves two levels, per request (`config.resolve.request_level`).
+without asking which level it is: the level is a property of the models (`level`), decided
+where they were named (`config.specs.decide_level`) and, where one model serves two levels, per
+request (`config.resolve.request_level`).
 """
 
 from __future__ import annotations
@@ -68,7 +68,6 @@ class Models(Protocol):
     def own_tokens(self) -> int | None: ...
 
     def close(self) -> None: ...
-
 
 
 def scheduler_for(models: Models, slots: list[int], token: LoadedModels | None = None) -> Rounds:

@@ -26,8 +26,8 @@ class Stream:
     """One completion of a plan as it is generated: iterate for its final text pieces, or
     `chunks()` for `Chunk`s (text plus per-token origins; at the byte and mixed levels, text
     only); `completion` is set when it ends. `cancel()` stops it at its next llama.cpp call or
-    round (the byte levels: byte), with finish reason "cancelled". It runs in the scheduler of
-    its models' level like any other generation (completion 0 of its seed)."""
+    round (at the byte and mixed levels, its next byte), with finish reason "cancelled". It runs
+    in the scheduler of its models' level like any other generation (completion 0 of its seed)."""
 
     def __init__(self, models: Models, plan: LevelPlan) -> None:
         self.completion: Completion | None = None

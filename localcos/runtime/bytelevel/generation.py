@@ -75,7 +75,9 @@ class _Round:
 
 class ByteGeneration:
     """One completion at the byte level: `run()` yields text as characters complete and returns
-    the `Completion`.
+    the `Completion`. Its ensemble step and cos are its own, not strategies of `core.decoding`'s
+    decoder (whose unit is a token of one vocabulary): here the unit is one of 257 symbols, r
+    marginalised over each model's paths (docs/architecture.md, "Two levels, one face").
 
     Args:
         members: the models' byte views over their sequences (`Member`).
