@@ -73,12 +73,12 @@ def test_a_draft_token_the_grammar_refuses_is_rejected_and_the_matcher_rolls_bac
         rows = m.evaluate(seq[len(m.tokens) :], 3)
         for j in range(3):
             dec.rows[i][len(prompt) + j + 1] = rows[j]
-    assert dec.mask(len(prompt) + 2) is None  # past the refused token: no mask
+    assert dec.constraint.mask(len(prompt) + 2) is None  # past the refused token: no mask
     assert dec.constraint.consumed == []  # the matcher stopped before it
     assert dec.verify_pending(3)  # rejected at once: r, constrained, gives an odd token nothing
     assert len(dec.committed) == len(prompt) + 1 and dec.committed[-1] % 2 == 0  # resampled: even
     assert_invariants(dec)
-    dec.mask(len(dec.committed))
+    dec.constraint.mask(len(dec.committed))
     assert dec.constraint.consumed == dec.committed[len(prompt) :]  # rolled back and moved on
 
 

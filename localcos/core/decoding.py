@@ -8,8 +8,9 @@ back after a rejection.
 
 A constraint (structured output, `localcos.grammar`) is a token mask that depends on the tokens
 so far: it is applied to r (renormalised) and to every proposer's distribution at every draft
-position, the matcher following the committed and pending tokens and rolling back with them, so
-the accept/residual step is exact for the constrained r, for every method.
+position, the matcher following the committed and pending tokens and rolling back with them
+(`core.constrained`), so the accept/residual step is exact for the constrained r, for every
+method.
 
 The core never calls llama.cpp itself: a step is a generator that yields an `Evaluate` (model i,
 these tokens, logits for the last n) wherever it needs a model's logits, and receives them. A
@@ -38,8 +39,8 @@ from collections.abc import Set as AbstractSet
 
 import numpy as np
 
-from ..errors import ConfigError
 from .combiners import BoundCombiner
+from .constrained import SequenceConstraint
 from .lookup import LookupState, worth_drafting
 from .sampling import Sampler, softmax
 from .speedmodel import AutoGamma, Costs
@@ -199,12 +200,8 @@ class Decoder:
         # --gamma auto prices its drafts at what they add to those calls
         self.others = others or (lambda: 0)
         self.spent = 0.0  # the estimated cost of the calls this completion asked for
-        # the constraint's matcher follows committed + pending (lazily, `_sync`); masks[p]: the
-        # tokens allowed at position p, kept while p can still be verified
-        self.constraint = constraint
-        self.masks: dict[int, np.ndarray] = {}
-        self._allowed: np.ndarray | None = None  # a reused vocabulary-sized buffer
-        self._settled = 0  # tokens after the prompt the matcher consumed that are committed
+        # the constraint's matcher follows committed + pending (`core.constrained`)
+        self.constraint = None if constraint is None else SequenceConstraint(constraint, len(prompt), self.sequence, lambda: len(self.committed))
         self.origins: list[Origin] = []
         self.finish_reason: str | None = None
         self.end_token: int | None = None  # the end-of-generation token that ended the completion
@@ -341,8 +338,8 @@ class Decoder:
         """Roll every model back to the first `length` tokens (a rejection at position `length`)."""
         for i in range(len(self.slots)):
             self.rollback_model(i, length)
-        for p in [p for p in self.masks if p > length]:
-            del self.masks[p]
+        if self.constraint is not None:
+            self.constraint.forget(after=length)
 
     def scored_by_all(self) -> int:
         """How many of the oldest pending tokens every model r needs there has a row for (with a
@@ -434,71 +431,13 @@ class Decoder:
         return self.sampler.finalize(q, copy=True)
 
     # --- the constraint -------------------------------------------------------------------------
-    def mask(self, position: int) -> np.ndarray | None:
-        """The constraint's bitmask at `position`: the tokens allowed after sequence()[:position];
-        None past a pending token the constraint refuses (a draft made without it), where r does
-        not matter: verification rejects that token first, as r gives it nothing."""
-        assert self.constraint is not None
-        if position in self.masks:
-            return self.masks[position]
-        if not self._sync(position):
-            return None
-        kept = self.masks[position] = self.constraint.mask()
-        return kept
-
     def allows(self, token: int, position: int) -> bool:
-        if self.constraint is None:
-            return True
-        mask = self.mask(position)
-        return mask is not None and self.constraint.allows(token, mask)
-
-    def _sync(self, position: int) -> bool:
-        """Bring the matcher to exactly the tokens after the prompt before `position`; False when
-        one of them is refused (the matcher stops before it)."""
-        assert self.constraint is not None
-        want = self.sequence()[self.n_prompt : position]
-        have = self.constraint.consumed
-        n = min(len(want), len(have))
-        k = min(self._settled, n)  # committed tokens it consumed never change
-        while k < n and want[k] == have[k]:
-            k += 1
-        self.constraint.rollback(len(have) - k)
-        self._settled = min(k, len(self.committed) - self.n_prompt)
-        for token in want[k:]:
-            if not self.constraint.consume(token):
-                return False
-        self._settled = min(len(want), len(self.committed) - self.n_prompt)
-        return True
+        """Whether the constraint (if any) allows `token` at `position`."""
+        return self.constraint is None or self.constraint.allows(token, position)
 
     def _constrain(self, rows: np.ndarray, positions: Sequence[int], logits: bool = False) -> np.ndarray:
-        """Rows (probabilities, renormalised, or logits) with the disallowed tokens removed, in
-        place. A row the constraint leaves without mass (r is zero, in float32, on every allowed
-        token) becomes uniform over the allowed tokens."""
-        if self.constraint is None:
-            return rows
-        from ..grammar import unpack
-
-        vocab = rows.shape[1]
-        if self._allowed is None or len(self._allowed) != vocab:
-            self._allowed = np.empty(vocab, dtype=bool)
-        for row, position in zip(rows, positions):
-            mask = self.mask(position)
-            if mask is None:
-                continue  # past a refused draft token: never sampled from (see `mask`)
-            allowed = unpack(mask, vocab, out=self._allowed)
-            if logits:
-                row[~allowed] = -np.inf
-                continue
-            row[~allowed] = 0.0
-            total = row.sum(dtype=np.float64)
-            if total > 0:
-                row /= np.float32(total)
-                continue
-            n_allowed = int(allowed.sum())
-            if n_allowed == 0:
-                raise ConfigError("the constraint allows no token of this vocabulary here (does it fit these models' tokenizer?)", param=self.constraint.kind)
-            row[allowed] = np.float32(1.0 / n_allowed)
-        return rows
+        """Rows restricted to what the constraint allows at `positions` (`SequenceConstraint.restrict`), in place."""
+        return rows if self.constraint is None else self.constraint.restrict(rows, positions, logits)
 
     # --- proposing, verifying, committing ------------------------------------------------------
     def propose(self, i: int, bonus: bool = False) -> int:
@@ -653,7 +592,9 @@ class Decoder:
             self.pending.clear()
             self.rollback(n)
         # rows before the first uncommitted position are no longer needed
-        caches: list[dict[int, Any]] = [*self.rows, *self.probs, self.masks, self.gates]
+        caches: list[dict[int, Any]] = [*self.rows, *self.probs, self.gates]
         for cache in caches:
             for p in [p for p in cache if p < n]:
                 del cache[p]
+        if self.constraint is not None:
+            self.constraint.forget(before=n)
