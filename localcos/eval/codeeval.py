@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Generated:
-    """A completion: its text, its length in what max_tokens counts (tokens, or characters at
-    the byte level), the seconds it took to decode (after the prompt) and of them the seconds
-    inside llama.cpp."""
+    """A completion: its text, its length in the run's unit (`Level.unit`: tokens, or characters
+    in a run at the byte or mixed level: `Completion.measured`), the seconds it took to decode
+    (after the prompt) and of them the seconds inside llama.cpp."""
 
     text: str
     length: int
