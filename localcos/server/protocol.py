@@ -339,8 +339,7 @@ def generations(request: Request) -> list[Generation]:
     j of `Ensemble.generate_many` does."""
     if request.max_tokens == 0:
         return []
-    plans: list[LevelPlan] = list(request.plans)
-    return [Generation(p * request.n + j, plan, j) for p, plan in enumerate(plans) for j in range(request.n)]
+    return [Generation(p * request.n + j, plan, j) for p, plan in enumerate(request.plans) for j in range(request.n)]
 
 
 def prepare(served: ServedEnsemble, request: Request, job: Job, slot: int) -> None:
