@@ -136,6 +136,10 @@ def test_byte_level_generate_stream_and_generate_many_after_other_requests_are_a
             dropped.append(stream.completion.stats.dropped_mass)  # type: ignore[union-attr]
             texts.append(ens.generate_many(PROMPT, 2, max_tokens=32, temperature=0.8, seed=5)[0].text)
             assert ens.generate(PROMPT, max_tokens=32, temperature=0.0, method="ensemble").text == want_greedy
+        # what a viewer shows as it arrives (the chat's `Chunk.pieces`) is the text, every piece
+        # sampled: the byte level commits no tokens of one vocabulary
+        shown = [piece for chunk in ens.stream(PROMPT, max_tokens=32, temperature=0.8, seed=5).chunks() for piece in chunk.pieces]
+        assert "".join(piece.text for piece in shown) == want and {piece.origin.kind for piece in shown} == {"sample"}
     assert texts == [want] * len(texts)
     assert sum(dropped[0]) > 0 and dropped == [dropped[0]] * len(dropped)
 
