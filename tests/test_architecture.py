@@ -175,8 +175,8 @@ def test_the_level_is_asked_only_by_the_settings_layer_and_at_the_listed_front_e
 
 
 def test_the_server_the_chat_and_eval_name_no_byte_level_type():
-    """They hold loaded models as `runtime.models.Models`, plans as `LevelPlan`, streams as
-    `LevelStream`: what a level does is the runtime's."""
+    """They hold loaded models as `runtime.models.Models`, plans as `LevelPlan`, streams as the
+    one `runtime.run.Stream`: what a level does is the runtime's."""
     for module, path in MODULES.items():
         if not module.startswith(("localcos.server", "localcos.tui", "localcos.eval")):
             continue

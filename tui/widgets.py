@@ -163,9 +163,10 @@ class StatsPanel(Static):
             method, length, speed, level = s.method, s.length, s.per_second, s.level
         else:
             method, length, speed = "-", 0, None
-        unit = (level or Level.TOKEN).unit
+        shown = level or Level.TOKEN  # before any reply: the token level's lines, every value "-"
+        unit = shown.unit
         lines = [("level", level.value if level else "-"), ("method", method), (f"{unit}/s", dash(speed, ".1f")), (unit, str(length)),
-                 ("acceptance", s.acceptance if s else "-"), *level_details(level or Level.TOKEN, s)]  # fmt: skip
+                 ("acceptance", s.acceptance if s else "-"), *level_details(shown, s)]  # fmt: skip
         text = _table([*lines, ("context", self.context)])
         if s is None or not s.models:
             return text
