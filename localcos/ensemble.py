@@ -7,17 +7,17 @@
         for piece in ens.stream("Once upon a time", method="cos"):
             print(piece, end="", flush=True)
 
-A thin facade over the runtime: every call is planned once (`runtime.plan`; at the byte level
-`ByteModels.plan`) and run by the scheduler of its level (`runtime.models.scheduler_for`: the
-one scheduler, `runtime.scheduler`; at the byte level one generation at a time, as the server's
-`ByteScheduler` runs them), so `generate`, `stream` and `generate_many` give the same text for
-one seed, as the command line and the server do.
+A thin facade over the runtime, one generation face at both levels (`Generating`): every call is
+planned once by the models (`Models.plan`) and run by the scheduler of their level
+(`runtime.models.scheduler_for`: the one scheduler, `runtime.scheduler`; at the byte level one
+generation at a time, as the server's `ByteScheduler` runs them), so `generate`, `stream` and
+`generate_many` give the same text for one seed, as the command line and the server do.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 from collections.abc import Callable, Sequence
 
 from .config.specs import GenerationConfig, LoadSpec
@@ -26,20 +26,96 @@ from .core.level import Level
 from .errors import ConfigError
 from .models.registry import model_path
 from .chat import Message, OwnTemplates
-from .runtime.bytelevel import ByteModels, BytePlan, refuse_byte_options
+from .runtime.bytelevel import ByteModels
 from .runtime.completion import Completion
 from .runtime.loaded import LoadedModels
-from .infill import Infill
-from .runtime.plan import Prompt, plan
+from .runtime.plan import Prompt
 from .runtime.run import Stream, complete
 from .runtime.scoring import Loglikelihood, Scores, loglikelihood, score_tokens
 
 if TYPE_CHECKING:
     from .backend.rpc import Endpoint
+    from .runtime.models import LevelPlan, Models
     from .scoring.bytescore import ByteScore
 
 
-class Ensemble(LoadedModels):
+class Generating:
+    """The generation face of both facades (`Ensemble`, `ByteEnsemble`), written once: a call is
+    planned by the models (`Models.plan`, which checks it once for every front end) and run in
+    the scheduler of their level (`runtime.run`), so `generate`, `stream` and `generate_many`
+    give the same text for one seed, as the command line and the server do."""
+
+    def generate(
+        self,
+        prompt: Prompt | Sequence[Sequence[int]],
+        *,
+        config: GenerationConfig | None = None,
+        combiner: Combiner | BoundCombiner | None = None,
+        second_prompt: str | Sequence[int] | None = None,
+        **settings: object,
+    ) -> Completion:
+        """Generate one completion of `prompt`: raw text, what to fill in at a cursor (an `Infill`,
+        read through the models' fill-in-the-middle tokens), or its tokens (token ids at the token
+        level; at the byte level each model's prompt tokens: `ByteEnsemble.chat_prompts`).
+
+        Settings are a `GenerationConfig` (`config`), or its fields as keywords (over `config`):
+        method ("ensemble", "sd", "naive-cos", "cos"; default cos, as on the command line:
+        `config.default_method`; the byte level decodes "ensemble" and "cos"), max_tokens (at the
+        byte level the lead model's tokens: the gate's lead, cd's expert, else the largest model,
+        as it would count them alone), temperature (0 = greedy), top_k, top_p, min_p, seed, stop
+        (strings), ignore_eos, gamma ("auto", the default, or one value, or one per model),
+        byte_gamma (the byte level's: bytes a proposer drafts, or "auto"), proposer (model
+        index), negative_prompt (what a member reading a second prompt reads:
+        `load(second_prompt=True)`), lookahead ((K, L): greedy, looking ahead where r is unsure,
+        `load(lookahead=...)`) and lookahead_threshold. An option the models' level does not read
+        is a `ConfigError`, not ignored. `combiner` replaces the ensemble's for this call;
+        `second_prompt` gives the second prompt as it is read (token ids: a chat's rendering)
+        instead of negative_prompt's text.
+        """
+        return self.generate_many(prompt, 1, config=config, combiner=combiner, second_prompt=second_prompt, **settings)[0]
+
+    def generate_many(
+        self,
+        prompt: Prompt | Sequence[Sequence[int]],
+        n: int,
+        *,
+        config: GenerationConfig | None = None,
+        combiner: Combiner | BoundCombiner | None = None,
+        second_prompt: str | Sequence[int] | None = None,
+        **settings: object,
+    ) -> list[Completion]:
+        """`n` independent completions of one prompt. With a seed the whole list is reproducible,
+        however many run at once: completion k draws from its own random stream
+        (`runtime.completion_rng`), the first of them the one `generate` and `stream` draw from.
+        At the token level up to `parallel` of them decode at once (their rows share llama_decode
+        calls; the prompt is evaluated once); at the byte level one after another."""
+        models = cast("Models", self)
+        return complete(models, _plan(models, prompt, config, combiner, settings, second_prompt), n)
+
+    def stream(
+        self,
+        prompt: Prompt | Sequence[Sequence[int]],
+        *,
+        config: GenerationConfig | None = None,
+        combiner: Combiner | BoundCombiner | None = None,
+        second_prompt: str | Sequence[int] | None = None,
+        **settings: object,
+    ) -> Stream:
+        """Like `generate`, but returns a `Stream` that yields text pieces as they become final
+        (at the byte level, as characters complete)."""
+        models = cast("Models", self)
+        return Stream(models, _plan(models, prompt, config, combiner, settings, second_prompt))
+
+
+def _plan(models: Models, prompt: Prompt | Sequence[Sequence[int]], config: GenerationConfig | None, combiner: Combiner | BoundCombiner | None,
+          settings: dict[str, object], second_prompt: str | Sequence[int] | None) -> LevelPlan:  # fmt: skip
+    """The plan of a facade's call: `config` (default: the defaults) with the keyword settings
+    over it, an option the models' level does not read refused first."""
+    models.refuse_unread(settings, json=True, remedy="load them with ByteEnsemble")
+    return models.plan(prompt, (config or GenerationConfig()).with_values(settings), combiner, second_prompt=second_prompt)
+
+
+class Ensemble(Generating, LoadedModels):
     """One or more GGUF models sharing one tokenizer, decoded together (one model alone is the
     model as llama.cpp decodes it, or with a second prompt's member, a model against itself).
 
@@ -148,76 +224,8 @@ class Ensemble(LoadedModels):
         place of the context."""
         return loglikelihood(self, context, continuations, combiner=combiner, second_prompt=second_prompt)
 
-    # --- generation ------------------------------------------------------------------------------
-    def generate(
-        self,
-        prompt: Prompt,
-        *,
-        config: GenerationConfig | None = None,
-        combiner: Combiner | BoundCombiner | None = None,
-        second_prompt: str | Sequence[int] | None = None,
-        **settings: object,
-    ) -> Completion:
-        """Generate one completion of `prompt` (raw text, token ids, or what to fill in at a
-        cursor: an `Infill`, read through the models' fill-in-the-middle tokens).
 
-        Settings are a `GenerationConfig` (`config`), or its fields as keywords (over `config`):
-        method ("ensemble", "sd", "naive-cos", "cos"; default cos, as on the command line:
-        `config.default_method`), max_tokens, temperature (0 = greedy), top_k, top_p, min_p,
-        seed, stop (strings), ignore_eos, gamma ("auto", the default, or one value, or one per
-        model), proposer (model index), negative_prompt (what a member reading a second prompt
-        reads: `load(second_prompt=True)`), lookahead ((K, L): greedy, looking ahead where r is
-        unsure, `load(lookahead=...)`) and lookahead_threshold. `combiner` replaces the
-        ensemble's for this call; `second_prompt` gives the second prompt as it is read (token
-        ids: a chat's rendering) instead of negative_prompt's text.
-        """
-        return self.generate_many(prompt, 1, config=config, combiner=combiner, second_prompt=second_prompt, **settings)[0]
-
-    def generate_many(
-        self,
-        prompt: Prompt,
-        n: int,
-        *,
-        config: GenerationConfig | None = None,
-        combiner: Combiner | BoundCombiner | None = None,
-        second_prompt: str | Sequence[int] | None = None,
-        **settings: object,
-    ) -> list[Completion]:
-        """`n` independent completions of one prompt; the prompt is evaluated once.
-
-        Up to `parallel` of them decode at once (their rows share llama_decode calls). With a
-        seed the whole list is reproducible, however many run at once: completion k draws from
-        its own random stream (`runtime.completion_rng`), the first of them the one `generate`
-        and `stream` draw from.
-        """
-        return complete(self, plan(self, prompt, _token_config(config, settings), combiner, second_prompt=second_prompt), n)
-
-    def stream(
-        self,
-        prompt: Prompt,
-        *,
-        config: GenerationConfig | None = None,
-        combiner: Combiner | BoundCombiner | None = None,
-        second_prompt: str | Sequence[int] | None = None,
-        **settings: object,
-    ) -> Stream:
-        """Like `generate`, but returns a `Stream` that yields text pieces as they become final."""
-        return Stream(self, plan(self, prompt, _token_config(config, settings), combiner, second_prompt=second_prompt))
-
-
-def _config(config: GenerationConfig | None, settings: dict[str, object]) -> GenerationConfig:
-    """`config` (default: the defaults) with the keyword settings over it."""
-    return (config or GenerationConfig()).with_values(settings)
-
-
-def _token_config(config: GenerationConfig | None, settings: dict[str, object]) -> GenerationConfig:
-    """`_config` for models that decode at the token level: a keyword only the byte level reads
-    (byte_gamma) is a `ConfigError`, not ignored."""
-    refuse_byte_options(settings, json=True, remedy="load them with ByteEnsemble")
-    return _config(config, settings)
-
-
-class ByteEnsemble(ByteModels):
+class ByteEnsemble(Generating, ByteModels):
     """One or more GGUF models of any tokenizers, combined exactly at the byte level: each model's
     distribution over the next byte, marginalised over its tokenisations, combined by the
     combiner, sampled byte by byte (docs/algorithm.md, section 10).
@@ -289,49 +297,6 @@ class ByteEnsemble(ByteModels):
         lead's) own chat template (`second_prompt` of `generate`)."""
         return OwnTemplates(self).second_tokens(messages)
 
-    def generate(
-        self,
-        prompt: str | Infill | Sequence[Sequence[int]],
-        *,
-        config: GenerationConfig | None = None,
-        combiner: Combiner | None = None,
-        second_prompt: Sequence[int] | None = None,
-        **settings: object,
-    ) -> Completion:
-        """One completion of `prompt` (text, or each model's prompt tokens: `chat_prompts`).
-        Settings as `Ensemble.generate`'s; method "cos" (the default) or "ensemble", byte_gamma
-        (bytes a proposer drafts, or "auto"); max_tokens counts the lead model's tokens (the gate's
-        lead, cd's expert, else the largest model), as it would count them alone. `second_prompt`:
-        what a member reading a second prompt reads, in its model's tokens (a chat's rendering:
-        `second_chat_prompt`), instead of negative_prompt's text."""
-        return self.generate_many(prompt, 1, config=config, combiner=combiner, second_prompt=second_prompt, **settings)[0]
-
-    def generate_many(
-        self,
-        prompt: str | Infill | Sequence[Sequence[int]],
-        n: int,
-        *,
-        config: GenerationConfig | None = None,
-        combiner: Combiner | None = None,
-        second_prompt: Sequence[int] | None = None,
-        **settings: object,
-    ) -> list[Completion]:
-        """`n` completions of one prompt, one after another; completion k draws from random
-        stream k of the seed (as `generate --n` and a server's choices do)."""
-        return complete(self, self._plan(prompt, config, combiner, settings, second_prompt), n)
-
-    def stream(
-        self,
-        prompt: str | Infill | Sequence[Sequence[int]],
-        *,
-        config: GenerationConfig | None = None,
-        combiner: Combiner | None = None,
-        second_prompt: Sequence[int] | None = None,
-        **settings: object,
-    ) -> Stream:
-        """Like `generate`, but a `Stream` that yields text pieces as characters complete."""
-        return Stream(self, self._plan(prompt, config, combiner, settings, second_prompt))
-
     def bits_per_byte(
         self, text: str, *, combiners: Sequence[Combiner] | None = None, window: int | None = None, prune: float = 0.0
     ) -> ByteScore:
@@ -345,10 +310,6 @@ class ByteEnsemble(ByteModels):
 
         with self.pruning(prune):
             return bits_per_byte(self, text, list(combiners or [self.combiner.combiner]), window=window or self.n_ctx - 2)
-
-    def _plan(self, prompt: str | Infill | Sequence[Sequence[int]], config: GenerationConfig | None, combiner: Combiner | None, settings: dict,
-              second_prompt: Sequence[int] | None = None) -> BytePlan:  # fmt: skip
-        return self.plan(prompt, _config(config, settings), combiner, second_prompt=second_prompt)
 
 
 # what `load_at` returns: the facade at the level of the spec (a front end reads `level`, never the type)

@@ -5,7 +5,8 @@
    backend/ imports nothing above it and runtime/ no front end; outside runtime/ no branch asks
    whether models are byte-level models (they say their level), the level is compared only by
    the settings layer that decides it and at the few listed places where it is a front end's
-   business, and the server, the chat and eval name no byte-level type.
+   business, and the server, the chat and eval name no byte-level type; the front ends load
+   models by level only through `ensemble.load_at`.
 2. Errors are routed by their type, `param` and `code`, never by their text: no `... in str(e)`;
    every `ConfigError` names its setting (`param`).
 3. Every user-facing error message is written in one file.
@@ -184,6 +185,29 @@ def test_the_server_the_chat_and_eval_name_no_byte_level_type():
             if isinstance(node, ast.ImportFrom) and node.module and "runtime" in node.module:
                 named = [a.name for a in node.names if a.name.startswith("Byte")]
                 assert not named, f"{module}:{node.lineno}: imports {named[0]}"
+
+
+# the front ends that load models of one tokenizer by construction, so at the token level only
+SINGLE_LEVEL_LOADS = {
+    "localcos.cli.demo": "the synthetic demo pair, written with one tokenizer",
+    "localcos.cli.models": "quantize's check: the quantised file beside its source, one tokenizer",
+}
+
+
+def test_front_ends_load_models_by_level_only_through_load_at():
+    """`ensemble.load_at` is the one load by level: outside the runtime and the facade, no front
+    end loads a level's models itself (`from_spec`, `ByteModels.load`), but where its models have
+    one tokenizer by construction (listed)."""
+    loads = collections.defaultdict(list)
+    for module, path in MODULES.items():
+        if module.startswith(("localcos.runtime", "localcos.ensemble")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+                owner, method = node.func.value.id, node.func.attr
+                if method == "from_spec" or (owner.startswith("Byte") and method == "load"):
+                    loads[module].append(node.lineno)
+    assert set(loads) == set(SINGLE_LEVEL_LOADS), dict(loads)
 
 
 def _calls(name: str):

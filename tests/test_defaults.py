@@ -50,7 +50,7 @@ def test_ensemble_plans_cos_with_auto_and_a_fixed_gamma_only_when_asked(models):
 def test_byte_ensemble_plans_cos_with_byte_gamma_auto(real_models):
     with ByteEnsemble.load([real_models["qwen2"], real_models["llama3"]], n_ctx=256) as ens:
         assert ens.level is Level.BYTE
-        planned = ens._plan("Hello", None, None, {})
+        planned = ens.plan("Hello", GenerationConfig())  # what generate plans with no settings
         assert planned.method == "cos" and planned.config.byte_gamma == "auto"
         assert ens.generate("Hello", max_tokens=8, seed=1).stats.method == "cos"
     # one model: the mixed level unless named; "auto" is decide_level's word (token for one model),

@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..core.sizes import cheapest
-    from ..ensemble import Ensemble
+    from ..ensemble import Ensemble, load_at
     from ..runtime.bytelevel import decoding_level
     from ..tools import bench
 
@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
         return _bench_bytes(args, settings, level)
     settings, plan = _token_plan(args, settings)
     rss_start = bench.current_rss_mb()
-    with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress) as ens:
+    with load_at(settings.load, settings.combiner(), progress=loading_progress) as ens:
+        assert isinstance(ens, Ensemble), "the token level's models, as decoding_level said"
         rss_loaded = bench.current_rss_mb()
         proposer = cheapest(ens.n_params) if plan.proposer is None else plan.proposer
         big = largest(ens.n_params)
@@ -236,7 +237,7 @@ def _bench_bytes(args: argparse.Namespace, settings, level: Level) -> int:
 
     from ..config import OPTIONS, default_method
     from ..config.parse import parse_choice
-    from ..ensemble import Ensemble
+    from ..ensemble import Ensemble, load_at
     from ..files import write_text
     from ..runtime.bytelevel import ByteModels
     from ..runtime.profile import cpu_name, describe
@@ -256,7 +257,8 @@ def _bench_bytes(args: argparse.Namespace, settings, level: Level) -> int:
     gammas = [OPTIONS["byte_gamma"].check(g) for g in (args.byte_gammas or "auto,8").split(",")]
     temperatures, max_tokens, repeat, seed, prompts = _common(args)
     prompts = [p for p in prompts for _ in range(repeat)]
-    with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress) as models:
+    with load_at(settings.load, settings.combiner(), progress=loading_progress) as models:
+        assert isinstance(models, ByteModels), "the byte level's models, as decoding_level said"
         n_models = len(models.models)
         members = _members(args.alone, n_models)
         alone_ids = [largest([m.n_params for m in models.models])] if isinstance(members, str) else list(members)

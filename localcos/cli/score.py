@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..ensemble import Ensemble
+    from ..ensemble import Ensemble, load_at
     from ..scoring import choices as choice_task, perplexity as perplexity_task
     from ..scoring.sweep import combiners_for, grid as sweep_grid, label, parse_sweep
     from ..runtime.scoring import SCORING_LOGIT_ROWS
@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     # branch on the level here, where the scorer is chosen
     if decoding_level(settings, scoring=True).in_bytes:
         return _score_bytes(args, settings, text, items, grid, labels, sweep)
-    with Ensemble.from_spec(settings.load, settings.combiner(), progress=loading_progress, max_logit_rows=SCORING_LOGIT_ROWS) as ens:
+    with load_at(settings.load, settings.combiner(), progress=loading_progress, max_logit_rows=SCORING_LOGIT_ROWS) as ens:
+        assert isinstance(ens, Ensemble), "the token level's models, as decoding_level said"
         combiners = [s.combiner() for s in grid]
         names = ens.names
         rss_loaded = current_rss_mb()
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         rows, speed = _choice_rows(args.choices, choices, bound, labels, names, seconds)
     host = (seconds - llama) / seconds if seconds > 0 else 0.0
     print(f"\n{seconds:.2f}s, {speed}; {host:.0%} of the time outside llama.cpp (combining); peak host memory +{rss.peak - rss_loaded:.0f} MiB")
-    report = {
+    report: dict = {
         "models": [str(p) for p in settings.load.paths],
         "kind": "perplexity" if args.file else "choices",
         "sweep": [{"name": x.name, "values": list(x.values)} for x in sweep],
@@ -173,6 +174,7 @@ def _choice_rows(file: str, choices, bound: list[str], labels: list[str], names:
 def _score_bytes(args: argparse.Namespace, settings, text: str | None, items: list | None, grid: list, labels: list[str], sweep) -> int:
     """score at the byte level: bits per byte of the text (--file), or the accuracy on a
     multiple-choice set (--choices), under r and each model alone."""
+    from ..ensemble import load_at
     from ..scoring.bytescore import bits_per_byte, byte_choices, windows_of
     from ..runtime.bytelevel import ByteModels
 
@@ -183,7 +185,8 @@ def _score_bytes(args: argparse.Namespace, settings, text: str | None, items: li
         assert items is not None, "--file or --choices, one of them"
         texts = max(len(item.choices) for item in items)
     lanes = max(1, min(texts, MAX_LANES))
-    with ByteModels.load(settings.load, settings.combiner(), progress=loading_progress, lanes=lanes) as models:
+    with load_at(settings.load, settings.combiner(), progress=loading_progress, lanes=lanes) as models:
+        assert isinstance(models, ByteModels), "the byte level's models, as decoding_level said"
         t0 = time.perf_counter()
         combiners = [s.combiner() for s in grid]
         with _Progress("bytes" if text is not None else "items") as bar:
