@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict
 
 from localcos import Contrastive, Ensemble, WeightedEnsemble
 from localcos.chat import ChatFormatter, Message
 from localcos.config import parse_gamma
+from localcos.core.sizes import largest
 from localcos.tools import bench
 from localcos.tools.prompts import BUILTIN_PROMPTS
 from localcos.models.registry import Registry
@@ -66,7 +66,7 @@ def main() -> None:
         prompts = [("code", text) for text in BUILTIN_PROMPTS["code"][: args.prompts]]
         prompts += [("chat", tokens) for tokens in chat]  # token ids: the template's special tokens stay special
         names = ["0.5B", "1.5B"]
-        big = bench.largest(ens.n_params)
+        big = largest(ens.n_params)
         configs = bench.configurations(["ensemble", *args.methods.split(",")], gammas, members=[0, 1])
         print(
             f"real pair: {', '.join(str(p.name) for p in paths)}; {len(prompts)} prompts (code, chat) x {args.max_tokens} tokens; "
@@ -91,7 +91,7 @@ def main() -> None:
             print(bench.format_table(rows, names, title))
             noise = sorted(bench.timing_noise(runs))
             print(f"\ntiming noise (the ensemble twice per prompt): median {noise[len(noise) // 2]:.1%}, max {noise[-1]:.1%}")
-            report["tables"].append({"combiner": ens.combiner.describe(), "rows": [asdict(r) for r in rows], "runs": [r.to_dict() for r in runs]})
+            report["tables"].append({"combiner": ens.combiner.describe(), "rows": [r.to_dict() for r in rows], "runs": [r.to_dict() for r in runs]})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

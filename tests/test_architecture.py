@@ -140,7 +140,6 @@ FRONT_END_LEVEL_BRANCHES = {
     "localcos.ensemble": "load_at: which runtime holds the models (the one load by level)",
     "localcos.chat": "chat_templates: one template for one vocabulary, each model's own otherwise",
     "localcos.cli.score": "the byte level's scorer (bits per byte, each model on its own tokens) is its own",
-    "localcos.cli.bench": "the byte level's bench (characters per second, each model on its own tokens) is its own",
     "localcos.server.protocol": "one_vocabulary: the tokenizer routes answer only where token ids mean one thing",
 }
 # the settings layer decides the level (of a run, of a request, of an eval configuration): its rules compare it

@@ -38,7 +38,7 @@ def test_configurations_always_include_the_baseline():
     assert configs[0] == Config("ensemble", None)
     assert [c.label for c in configs[1:]] == ["cos/1", "cos/3", "cos/auto", "sd/1", "sd/3", "sd/auto"]
     with_big = configurations(["cos"], [3], members=[1])
-    assert [c.label for c in with_big] == ["model 1 alone", "ensemble", "cos/3"]
+    assert [c.label for c in with_big] == ["alone-1", "ensemble", "cos/3"]
 
 
 def _run(prompt, method, gamma, tokens, seconds, accepted=0, rejected=0, calls=(10, 10), model_seconds=(0.1, 1.0)):
@@ -67,11 +67,11 @@ def test_summary_by_hand():
     ]
     rows = {(r.task, r.method): r for r in summarize(runs, proposer=0, n_models=2)}
     cos = rows[("all", "cos")]
-    assert cos.tokens_per_second == pytest.approx(20 / 1.3)
+    assert cos.per_second == pytest.approx(20 / 1.3)
     assert cos.speedup == pytest.approx((20 / 1.3) / 10)
     assert cos.min_prompt_speedup == pytest.approx(10 / 0.8 / 10)
     assert cos.acceptance == pytest.approx(14 / 20)
-    assert cos.calls_per_token == pytest.approx([0.6, 0.3])
+    assert cos.calls_per_unit == pytest.approx([0.6, 0.3])
     assert cos.cost_ratio == pytest.approx(0.1)  # 0.1 s vs 1.0 s per 10 calls
     assert cos.expected == pytest.approx(expected_speedup("cos", 0.7, 3, 0.1))
     assert cos.measured_over_expected == pytest.approx(cos.speedup / cos.expected)
@@ -234,6 +234,8 @@ def test_bench_command(models, tmp_path):
         else:
             assert r["speedup"] > 0 and 0 <= r["acceptance"] <= 1
             assert r["cost_ratio"] > 0
+        if r["method"] not in ("ensemble", "alone") and r["temperature"] == 0:  # greedy: every method writes r's text
+            assert r["same_text"] == 2 and r["vs_ensemble_there"] == pytest.approx(r["speedup"]), r
     with open(out_csv) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(report["summary"]) and "measured_over_expected" in rows[0]

@@ -295,7 +295,7 @@ def test_bench_and_score_at_the_mixed_level(real_models, tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "b.json").read_text())
     assert report["level"] == "mixed" and [r["config"] for r in report["summary"]] == ["ensemble", "alone-0"]  # the model on its own tokens beside
-    assert all(0 <= r["host"] < 1 for r in report["summary"]) and "host" in proc.stdout
+    assert all(0 <= r["host_fraction"] < 1 for r in report["summary"]) and "host" in proc.stdout
     # same text: the prompts where the model alone wrote the mixed level's very text, and the speed there
     texts = {r["config"]: r["text"] for r in report["runs"]}
     alone = report["summary"][1]

@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_options(p, ["models", "hardware", "combination", "level"], defaults=DEFAULTS, exclude={"parallel", "byte_gamma", "negative_prompt", "cfg_scale"})
     g = p.add_argument_group("what to compare")
-    g.add_argument("--methods", default=None, help="default: all four (at the byte level: ensemble,cos)")
+    g.add_argument("--methods", default=None,
+                   help="default: every method the level decodes (all four; at the byte level ensemble,cos; at the mixed level ensemble)")  # fmt: skip
     g.add_argument("--alone", default="largest", help="models that also decode alone: largest (default), all, none, or indices (0,1)")
     g.add_argument("--gamma", dest="gammas", default=None, help="proposal lengths to sweep, and/or auto (default auto,1,3,5)")
     g.add_argument("--byte-gamma", dest="byte_gammas", default=None,
@@ -40,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-tokens", default="64", help="tokens per generation (default 64; at the byte and mixed levels the lead model's tokens)")
     g.add_argument("--repeat", default="1", help="runs per prompt and setting (default 1)")
     g.add_argument("--seed", default="0", help="seed of the first run (default 0)")
-    g.add_argument("--per-task", action="store_true", help="also print a table per task")
+    g.add_argument("--per-task", action="store_true", help="also a table per task (in --json and --csv too)")
     g.add_argument(
         "--sequences", default=None, metavar="N,N",
         help="instead: aggregate tokens/s with this many sequences decoded together (e.g. 1,2,4,8), each method and gamma",
@@ -52,90 +53,114 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+# what each level's draft length sweeps where none is given (`Level.draft_length` names the setting)
+DRAFT_SWEEPS = {"gamma": "auto,1,3,5", "byte_gamma": "auto,8"}
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..core.sizes import cheapest
-    from ..ensemble import Ensemble, load_at
+    from dataclasses import replace
+
+    from ..ensemble import load_at
     from ..runtime.bytelevel import decoding_level
     from ..tools import bench
 
     if args.plot:
         require_matplotlib()
     settings = resolve(args, DEFAULTS)
-    level = decoding_level(settings, also_given=["byte_gamma"] if args.byte_gammas is not None else [])  # the bench's own list
-    if level.in_bytes:  # the byte level's bench (characters per second, each model alone on its own tokens) is its own: chosen here once
-        return _bench_bytes(args, settings, level)
-    settings, plan = _token_plan(args, settings)
+    level = decoding_level(settings, also_given=[name for name, given in _drafts(args).items() if given is not None])  # the bench's own
+    plan = _plan(args, settings, level)
+    spec = replace(settings.load, parallel=max(plan.sequences)) if plan.sequences else settings.load
     rss_start = bench.current_rss_mb()
-    with load_at(settings.load, settings.combiner(), progress=loading_progress) as ens:
-        assert isinstance(ens, Ensemble), "the token level's models, as decoding_level said"
+    models = load_at(spec, settings.combiner(), progress=loading_progress)
+    with models:
         rss_loaded = bench.current_rss_mb()
-        proposer = cheapest(ens.n_params) if plan.proposer is None else plan.proposer
-        big = largest(ens.n_params)
-        alone = [big] if plan.members == "largest" else plan.members
-        configs = bench.configurations(plan.methods, plan.gammas, members=[] if plan.levels else alone)
         names = [Path(p).name for p in settings.load.paths]
-        with _progress_bar() as progress, bench.RssSampler() as rss:
-            if plan.levels:
-                throughput = bench.run_throughput(ens, plan.prompts, configs, plan.temperatures, plan.levels, max_tokens=plan.max_tokens,
-                                                  rounds=plan.repeat, seed=plan.seed, proposer=proposer, progress=progress)  # fmt: skip
-            else:
-                runs = bench.run_benchmark(ens, plan.prompts, configs, plan.temperatures, max_tokens=plan.max_tokens, repeat=plan.repeat,
-                                           seed=plan.seed, proposer=proposer, progress=progress)  # fmt: skip
-        if plan.levels:
+        if plan.sequences:
+            if max(plan.sequences) > models.parallel:
+                raise ConfigError(f"--sequences {max(plan.sequences)}: these models decode {models.parallel} generation(s) at a time "
+                                  f"({level.value} level)", param="sequences")  # fmt: skip
+            configs = bench.configurations(plan.methods, plan.gammas)
+            with _progress_bar() as progress:
+                throughput = bench.run_throughput(models, plan.prompts, configs, plan.temperatures, plan.sequences, max_tokens=plan.max_tokens,
+                                                  rounds=plan.repeat, seed=plan.seed, proposer=plan.proposer, progress=progress)  # fmt: skip
             print(
-                f"localcos bench: {', '.join(names)} | combine {ens.combiner.description} | sequences decoded together: "
-                f"{', '.join(map(str, plan.levels))} | {len(plan.prompts)} prompts in turn | max {plan.max_tokens} tokens | {plan.repeat} pass(es)"
+                f"localcos bench: {', '.join(names)} | combine {models.combiner.description} | sequences decoded together: "
+                f"{', '.join(map(str, plan.sequences))} | {len(plan.prompts)} prompts in turn | max {plan.max_tokens} tokens | {plan.repeat} pass(es)"
             )
             print(bench.format_throughput(throughput, names))
             if args.json:
                 bench.write_json(args.json, {"machine": bench.machine(), "throughput": [asdict(r) for r in throughput]})
             return 0
-        _report_runs(args, settings, plan, ens, runs, names, proposer, big, alone, (rss_start, rss_loaded, rss.peak))
+        big = largest(models.n_params)
+        alone = [big] if isinstance(plan.members, str) else plan.members  # "largest"
+        configs = bench.configurations(plan.methods, plan.gammas, members=alone)
+        with _progress_bar() as progress, bench.RssSampler() as rss:
+            runs = bench.run_benchmark(models, plan.prompts, configs, plan.temperatures, max_tokens=plan.max_tokens, repeat=plan.repeat,
+                                       seed=plan.seed, proposer=plan.proposer, progress=progress)  # fmt: skip
+        _report_runs(args, settings, plan, models, runs, names, big, alone, (rss_start, rss_loaded, rss.peak))
     return 0
 
 
+def _drafts(args: argparse.Namespace) -> dict[str, str | None]:
+    """The draft lengths given, by the setting each is (gamma: tokens; byte_gamma: bytes)."""
+    return {"gamma": args.gammas, "byte_gamma": args.byte_gammas}
+
+
 @dataclass(frozen=True)
-class _TokenPlan:
-    """What the token-level bench runs, read from its options before anything loads."""
+class _Plan:
+    """What the bench runs, read from its options before anything loads."""
 
     methods: list[str]
-    gammas: list[int | str]
+    gammas: list[int | str]  # draft lengths, in the level's setting (`Level.draft_length`)
     temperatures: list[float]
     max_tokens: int
     repeat: int
     seed: int
     prompts: list[tuple[str, str]]
-    levels: list[int] | None  # sequences decoded together (--sequences), or None
+    sequences: list[int] | None  # sequences decoded together (--sequences), or None
     members: list[int] | str  # the models alone beside, or "largest"
     proposer: int | None
 
 
-def _token_plan(args: argparse.Namespace, settings):
-    """The settings (with the sequences --sequences needs) and the plan of the token-level bench;
-    every generation's rules checked before anything loads."""
-    from dataclasses import replace
-
-    from ..config import GenerationConfig, check_for_models
-    from ..config.parse import parse_choice, parse_gamma, parse_int, parse_ints
+def _plan(args: argparse.Namespace, settings, level: Level) -> _Plan:
+    """The plan of the bench at `level`: the methods it decodes (default: all of them; the
+    ensemble's step for one model), the draft lengths in its setting; every generation's rules
+    checked before anything loads (a draft length or a proposer the level does not read is
+    refused by the level's rules: `config.specs.check_level`)."""
+    from ..config import GenerationConfig, check_for_models, check_level, level_methods
+    from ..config.parse import parse_choice, parse_int, parse_ints
     from ..core.decoding import METHODS
 
-    methods = [parse_choice(m, "--methods", METHODS) for m in (args.methods or "ensemble,sd,naive-cos,cos").split(",")]
-    gammas: list[int | str] = []
-    for g in (args.gammas or "auto,1,3,5").split(","):
-        gamma = parse_gamma(g)
-        if isinstance(gamma, tuple):  # cannot happen for one item; keeps the types honest
-            raise ConfigError(f"--gamma sweeps single values, got {g!r}", param="gamma")
-        gammas.append(gamma)  # type: ignore[arg-type]
-    temperatures, max_tokens, repeat, seed, prompts = _common(args)
-    levels = sorted(set(parse_ints(args.sequences, "--sequences", minimum=1))) if args.sequences else None
-    if levels:
-        settings = replace(settings, load=replace(settings.load, parallel=max(levels)))
     n_models = len(settings.load.paths)
+    # one model: the ensemble's step is all it decodes (a draft needs a second member)
+    default_methods = level_methods(level) if n_models > 1 else ("ensemble",)
+    methods = [parse_choice(m, "--methods", METHODS) for m in args.methods.split(",")] if args.methods else list(default_methods)
+    drafts = _drafts(args)
+    sweep = drafts[level.draft_length] or DRAFT_SWEEPS[level.draft_length]
+    gammas = [_one_draft_length(level.draft_length, g) for g in sweep.split(",")]
+    other = {name: [_one_draft_length(name, g) for g in given.split(",")] for name, given in drafts.items()
+             if given is not None and name != level.draft_length}  # fmt: skip
+    temperatures, max_tokens, repeat, seed, prompts = _common(args)
+    sequences = sorted(set(parse_ints(args.sequences, "--sequences", minimum=1))) if args.sequences else None
     members = _members(args.alone, n_models)
     proposer = parse_int(args.proposer, "--proposer", minimum=0) if args.proposer is not None else None
     for method in methods:
-        check_for_models(GenerationConfig(method=method, proposer=proposer), n_models)
-    return settings, _TokenPlan(methods, gammas, temperatures, max_tokens, repeat, seed, prompts, levels, members, proposer)
+        configs = [GenerationConfig(method=method, proposer=proposer).with_values({name: g})
+                   for name, values in [(level.draft_length, gammas), *other.items()] for g in values]  # fmt: skip
+        for config in configs:
+            check_for_models(config, n_models)
+            check_level(level, config, gated=True)  # the gate: the settings' own, checked with them (`decoding_level`)
+    return _Plan(methods, gammas, temperatures, max_tokens, repeat, seed, prompts, sequences, members, proposer)
+
+
+def _one_draft_length(name: str, value: str) -> int | str:
+    """One value of a draft-length sweep (--gamma's or --byte-gamma's): a length, or auto."""
+    from ..config import OPTIONS
+
+    length = OPTIONS[name].check(value)
+    if isinstance(length, tuple):  # one per model: a setting of its own, not one point of a sweep
+        raise ConfigError(f"{OPTIONS[name].what()} sweeps single values, got {value!r}", param=name)
+    return length
 
 
 @contextmanager
@@ -155,59 +180,80 @@ def _progress_bar() -> Iterator[Callable[[int, int, str], None]]:
         yield progress
 
 
-def _report_runs(args: argparse.Namespace, settings, plan: _TokenPlan, ens, runs, names: list[str], proposer: int, big: int, alone: list[int],
+def _report_runs(args: argparse.Namespace, settings, plan: _Plan, models, runs, names: list[str], big: int, alone: list[int],
                  memory: tuple[float, float, float]) -> None:  # fmt: skip
-    """The bench's table, its notes (timing noise, call costs, memory), --json, --csv, --plot."""
+    """The bench's table and notes (timing noise, the level against a model alone, call costs,
+    memory), --json, --csv, --plot."""
     from ..models.weights import type_name
     from ..runtime.profile import advice, cpu_name, describe
     from ..tools import bench
 
     rss_start, rss_loaded, peak = memory
-    rows = bench.summarize(runs, proposer, len(names), largest_model=big)
+    level = models.level
+    # the cost model's proposer: the one given, else the one the drafting runs report (none where the models take turns)
+    proposer = plan.proposer if plan.proposer is not None else next((r.stats.proposer for r in runs if r.stats.proposer is not None), None)
+    rows = bench.summarize(runs, len(names), unit=level.unit, proposer=proposer, largest_model=big)
     tasks = sorted({t for t, _ in plan.prompts})
-    shown = rows if args.per_task else [r for r in rows if r.task == "all"]
+    shown = rows if args.per_task else [r for r in rows if r.task == "all"]  # the table, --json's summary and --csv
+    drafting = f" | proposer {names[proposer]}" if proposer is not None else ""
     print(
-        f"localcos bench: {', '.join(names)} | combine {ens.combiner.description} | proposer {names[proposer]} | "
-        f"{len(plan.prompts)} prompts ({', '.join(tasks)}) x {plan.repeat} | max {plan.max_tokens} tokens"
+        f"localcos bench ({level.value} level): {', '.join(names)} | combine {models.combiner.description}{drafting} | "
+        f"{len(plan.prompts)} prompts ({', '.join(tasks)}) x {plan.repeat} | max {plan.max_tokens} tokens | {cpu_name()}"
     )
     print(bench.format_table(shown, names, f"{settings.name} "))
     if alone:
-        print(f"\nalone-I: model I decoding by itself ({', '.join(f'{i} = {names[i]}' for i in alone)}); "
-              f"/big: tokens/s as a fraction of the largest model alone ({names[big]})")
+        print(f"\nalone-I: model I decoding by itself on its own tokens ({', '.join(f'{i} = {names[i]}' for i in alone)}); "
+              f"/big: speed as a fraction of the largest model alone ({names[big]}); same: the prompts where a configuration wrote "
+              "the ensemble's very text, x there: its speed there against the ensemble's")  # fmt: skip
+    for r in shown:
+        if r.method == bench.ALONE and r.task == "all" and r.same_text and r.vs_ensemble_there:
+            runs_at = len({(x.prompt, x.repeat) for x in runs if x.temperature == r.temperature and x.method == "ensemble"})
+            print(f"the {level.value} level, where {r.config} wrote the same text ({r.same_text} of {runs_at} prompts at T={r.temperature:g}): "
+                  f"{1 / r.vs_ensemble_there:.2f}x its speed")  # fmt: skip
     noise = sorted(bench.timing_noise(runs))
     if noise:
         print(
             f"\ntiming noise: the ensemble ran each prompt twice (before and after the others); the two runs "
             f"differ by {noise[len(noise) // 2]:.1%} in the median, {noise[-1]:.1%} at most. Speedups use both."
         )
-    print(f"\nbatched calls on this machine ({cpu_name()}, {ens.models[0].n_threads} threads), from the models' profiles:")
-    for name, model, profile in zip(names, ens.models, ens.profiles):
+    print(f"\nbatched calls on this machine ({cpu_name()}, {models.loaded[0].n_threads} threads), from the models' profiles "
+          "(what an auto draft length plans with):")  # fmt: skip
+    for name, model, profile in zip(names, models.loaded, models.costs.profiles):
         print(f"  {name}: {describe(profile)}")
         file_type = model.meta("general.file_type") or ""
         tip = advice((type_name(int(file_type)) if file_type.isdigit() else None) or "?", profile)
         if tip:
             print(f"    {tip}")
-    sizes = sum(m.size_bytes for m in ens.models) / 2**20
+    sizes = sum(m.size_bytes for m in models.loaded) / 2**20
     print(
         f"\nmemory: {rss_start:.0f} MiB before loading the models, {rss_loaded:.0f} MiB after, "
         f"peak while generating {peak:.0f} MiB (+{peak - rss_loaded:.0f} MiB; model weights {sizes:.0f} MiB)"
     )
     report = {
         "models": [str(p) for p in settings.load.paths],
-        "combiner": ens.combiner.description,
+        "level": level.value,
+        "combiner": models.combiner.description,
         "proposer": proposer,
-        "settings": {"methods": plan.methods, "gammas": plan.gammas, "temperatures": plan.temperatures, "max_tokens": plan.max_tokens,
-                     "repeat": plan.repeat, "prompts": len(plan.prompts)},  # fmt: skip
+        "settings": {
+            "methods": plan.methods,
+            level.draft_length: plan.gammas,
+            "temperatures": plan.temperatures,
+            "max_tokens": plan.max_tokens,
+            "repeat": plan.repeat,
+            "prompts": len(plan.prompts),
+            "byte_paths": settings.load.byte_paths,
+            "byte_prune": settings.load.byte_prune,
+        },  # fmt: skip
         "machine": bench.machine(),
         "memory_mib": {"before_load": rss_start, "after_load": rss_loaded, "peak": peak, "weights": sizes},
         "timing_noise": noise,
-        "summary": [asdict(r) for r in rows],
+        "summary": [r.to_dict() for r in shown],
         "runs": [r.to_dict() for r in runs],
     }
     if args.json:
         bench.write_json(args.json, report)
     if args.csv:
-        bench.write_csv(args.csv, rows)
+        bench.write_csv(args.csv, shown)
     if args.plot:
         plot_speedups(args.plot, rows, settings.name or "bench")
 
@@ -228,67 +274,6 @@ def _common(args: argparse.Namespace):
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(str(e), param="prompts") from None
     return temperatures, max_tokens, repeat, seed, prompts[:limit] if limit else prompts
-
-
-def _bench_bytes(args: argparse.Namespace, settings, level: Level) -> int:
-    """The bench at the byte level: the byte-level ensemble and cos at each --byte-gamma, and the
-    largest model alone (its own token path), in characters per second."""
-    import json
-
-    from ..config import OPTIONS, default_method
-    from ..config.parse import parse_choice
-    from ..ensemble import Ensemble, load_at
-    from ..files import write_text
-    from ..runtime.bytelevel import ByteModels
-    from ..runtime.profile import cpu_name, describe
-    from ..tools import bench, bytebench
-
-    refused = [(args.gammas is not None, "gamma", "--gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N,N"),
-               (args.sequences is not None, "sequences", "--sequences: the byte level decodes one generation at a time"),
-               (args.proposer is not None, "proposer", "--proposer: at the byte level the models take turns proposing (cos)"),
-               (args.plot is not None or args.csv is not None, "plot", "--plot and --csv: not available at the byte level yet; --json is"),
-               (args.per_task, "per_task", "--per-task: not available at the byte level yet")]  # fmt: skip
-    for bad, param, message in refused:
-        if bad:
-            raise ConfigError(message, param=param)
-    # where the level's default method is the ensemble's step (the mixed level's), that alone
-    default_methods = "ensemble" if default_method(len(settings.load.paths), level) == "ensemble" else "ensemble,cos"
-    methods = [parse_choice(m, "--methods", ("ensemble", "cos")) for m in (args.methods or default_methods).split(",")]
-    gammas = [OPTIONS["byte_gamma"].check(g) for g in (args.byte_gammas or "auto,8").split(",")]
-    temperatures, max_tokens, repeat, seed, prompts = _common(args)
-    prompts = [p for p in prompts for _ in range(repeat)]
-    with load_at(settings.load, settings.combiner(), progress=loading_progress) as models:
-        assert isinstance(models, ByteModels), "the byte level's models, as decoding_level said"
-        n_models = len(models.models)
-        members = _members(args.alone, n_models)
-        alone_ids = [largest([m.n_params for m in models.models])] if isinstance(members, str) else list(members)
-        alone = {i: Ensemble.beside(models, i) for i in alone_ids}
-        configs = bytebench.byte_configurations(methods, gammas, alone_ids)
-        runs = bytebench.run_byte_benchmark(models, alone, prompts, configs, temperatures, max_tokens=max_tokens, seed=seed)
-        names = [Path(p).name for p in settings.load.paths]
-        rows = bytebench.summarize_bytes(runs)
-        print(f"localcos bench ({level.value} level): {', '.join(names)} | combine {models.combiner.description} | {len(prompts)} prompts | "
-              f"max {max_tokens} tokens | --byte-paths {settings.load.byte_paths}, --byte-prune {settings.load.byte_prune:g} | {cpu_name()}")  # fmt: skip
-        print(bytebench.format_byte_table(rows, names))
-        if alone_ids:
-            print(f"\nalone-I: model I on its own token path ({', '.join(f'{i} = {names[i]}' for i in alone_ids)}); same text: the "
-                  "prompts where it wrote the ensemble's very text, x ens there: its speed there against the ensemble's")  # fmt: skip
-        for r in rows:
-            if r.same_text and r.vs_ensemble_there:
-                print(f"the {level.value} level, where {r.config} wrote the same text ({r.same_text} of {len(prompts)} prompts at T={r.temperature:g}): "
-                      f"{1 / r.vs_ensemble_there:.2f}x its speed")  # fmt: skip
-        noise = sorted(bytebench.timing_noise(runs))
-        if noise:
-            print(f"\ntiming noise: the ensemble ran each prompt twice (before and after the others); the two runs differ by "
-                  f"{noise[len(noise) // 2]:.1%} in the median, {noise[-1]:.1%} at most. Ratios use both.")  # fmt: skip
-        print("\nbatched calls on this machine, from the models' profiles (what --byte-gamma auto plans with):")
-        for name, profile in zip(names, models.costs.profiles):
-            print(f"  {name}: {describe(profile)}")
-    if args.json:
-        report = {"models": [str(p) for p in settings.load.paths], "level": level.value, "machine": bench.machine(),
-                  "summary": [r.__dict__ for r in rows], "runs": [r.to_dict() for r in runs]}  # fmt: skip
-        write_text(args.json, json.dumps(report, indent=1))
-    return 0
 
 
 def _members(value: str, n_models: int) -> list[int] | str:

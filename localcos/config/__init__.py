@@ -8,7 +8,18 @@ config -> runtime.
 from .options import GROUPS, OPTIONS, Option
 from .parse import Gamma, format_gamma, format_rpc, parse_gamma, parse_rpc, parse_served_combine
 from .resolve import resolve, resolve_server
-from .specs import CombineSpec, GenerationConfig, LoadSpec, ServerSpec, Settings, check_for_models, check_level, default_method, default_parallel
+from .specs import (
+    CombineSpec,
+    GenerationConfig,
+    LoadSpec,
+    ServerSpec,
+    Settings,
+    check_for_models,
+    check_level,
+    default_method,
+    default_parallel,
+    level_methods,
+)
 
 __all__ = [
     "GROUPS",
@@ -26,6 +37,7 @@ __all__ = [
     "default_parallel",
     "format_gamma",
     "format_rpc",
+    "level_methods",
     "parse_gamma",
     "parse_rpc",
     "parse_served_combine",

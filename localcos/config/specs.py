@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Mapping, Sequence
 
 from ..backend.worker import layers_to_offload
+from ..core.decoding import METHODS
 from ..core.combiners import COMBINERS, Combiner, CustomCombiner, custom_name, gated, load_function, make_combiner
 from ..core.level import Level
 from ..core.sampling import Sampler
@@ -341,6 +342,13 @@ def mixed_gate(gate: float | None, level: Level | str, n: int, second_prompt: bo
     return MIXED_GATE if gate is None and level == "mixed" and n == 1 and not second_prompt else gate
 
 
+def level_methods(level: Level | str) -> tuple[str, ...]:
+    """The methods a level decodes (what `check_level` lets through): all four at the token
+    level; the ensemble's step and cos at the byte level (the models take turns drafting bytes);
+    the ensemble's step at the mixed level (its whole tokens are not drafted)."""
+    return {"token": METHODS, "byte": ("ensemble", "cos"), "mixed": ("ensemble",)}[Level(level).value]
+
+
 def check_level(level: Level | str, generation: GenerationConfig, gated: bool) -> None:
     """The byte and mixed levels' rules, written once (the settings layer checks them before any
     model loads, the byte level's planning for every request, and a one-model mixed-level server
@@ -365,14 +373,14 @@ def check_level(level: Level | str, generation: GenerationConfig, gated: bool) -
         if constraint is not None:
             raise ConfigError("a JSON schema or grammar: not available at the mixed level (it decodes with the ensemble's step: "
                               "--method ensemble)", param=constraint)  # fmt: skip
-        if generation.method not in (None, "ensemble"):
+        if generation.method not in (None, *level_methods(level)):
             raise ConfigError(f"--method {generation.method}: not available at the mixed level (it decodes with the ensemble's step: "
                               "--method ensemble)", param="method")  # fmt: skip
     if generation.gamma != "auto":
         raise ConfigError("gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
     if generation.samplers is not None and "infill" in generation.samplers:
         raise ConfigError(f"samplers: infill merges tokens by their texts: not available at the {level} level (--level token)", param="samplers")
-    if generation.method not in (None, "ensemble", "cos"):
+    if generation.method not in (None, *level_methods(level)):
         raise ConfigError(f"method {generation.method}: not available at the byte level yet (models with different tokenizers, or "
                           "level byte); ensemble or cos", param="method")  # fmt: skip
     if generation.proposer is not None or generation.lookup == "on":

@@ -29,3 +29,9 @@ class Level(str, Enum):
         """What a generation's length is counted in for people: tokens, or characters where the
         models decode through their byte views (their tokens are not one vocabulary's)."""
         return "chars" if self.in_bytes else "tokens"
+
+    @property
+    def draft_length(self) -> str:
+        """The setting that says how long a draft is at this level: gamma (tokens of the one
+        vocabulary) or, where the models decode through their byte views, byte_gamma (bytes)."""
+        return "byte_gamma" if self.in_bytes else "gamma"
