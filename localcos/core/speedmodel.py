@@ -325,6 +325,10 @@ class AutoGamma:
         """
         n = self.n_models
         order = [proposer] + [i for i in range(n) if i != proposer]
+        used = [i for i in range(n) if self.used is None or self.used[i]]
+        # what the walk reads per model, read once (the estimates do not move during it)
+        alpha = [self.alpha(i) for i in range(n)]
+        one_row = [cost(i, 1) for i in range(n)]
         # stream index 0 is the token resampled at the last rejection, which no cache holds yet
         have = [0] * n  # stream tokens each model has evaluated
         alphas: list[float] = [1.0]  # per stream token: its proposer's acceptance rate
@@ -333,18 +337,19 @@ class AutoGamma:
         seconds = tokens = 0.0
         for turn in range(horizon * n):
             m = order[turn % n]
-            seconds += alive * cost(m, len(alphas) - have[m])
-            have[m] = len(alphas)
+            streamed = len(alphas)
+            seconds += alive * cost(m, streamed - have[m])
+            have[m] = streamed
             # a token is verified once every model r uses has evaluated the token before it
-            newest = min(min(h for h, used in zip(have, self.used or ()) if used), len(alphas) - 1)
+            newest = min(min([have[i] for i in used]), streamed - 1)
             for i in range(verified + 1, newest + 1):
                 tokens += alive  # accepted, or rejected and replaced: one token either way
                 alive *= alphas[i]
             verified = newest
             drafts = gamma if m == proposer else 1
-            seconds += alive * (drafts - 1) * cost(m, 1)  # the first reuses the catch-up row
-            have[m] = len(alphas) + drafts - 1
-            alphas.extend([self.alpha(m)] * drafts)
+            seconds += alive * (drafts - 1) * one_row[m]  # the first reuses the catch-up row
+            have[m] = streamed + drafts - 1
+            alphas.extend([alpha[m]] * drafts)
             if alive < 1e-3:
                 break
         return tokens / seconds if seconds > 0 else math.inf
