@@ -343,6 +343,10 @@ def test_bench_compares_the_byte_level_methods_and_a_model_alone(pair, tmp_path)
     refused = run_cli("bench", "--models", models, "--gamma", "3", "--max-tokens", "8")
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and len(lines) == 1 and "--byte-gamma" in lines[0]
+    refused = run_cli("bench", "--models", models, "--sequences", "1,2", "--max-tokens", "8")  # before any model loads
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and lines == ["localcos: error: --sequences: the byte level decodes one generation at a time (models with "
+                                                 "different tokenizers)"], refused.stderr  # fmt: skip
 
 
 def test_the_python_api_combines_two_tokenizers_as_the_command_line_does(pair):

@@ -60,6 +60,7 @@ DRAFT_SWEEPS = {"gamma": "auto,1,3,5", "byte_gamma": "auto,8"}
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from ..config.parse import parse_ints
     from ..ensemble import load_at
     from ..runtime.bytelevel import decoding_level
     from ..tools import bench
@@ -67,18 +68,18 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         require_matplotlib()
     settings = resolve(args, DEFAULTS)
-    level = decoding_level(settings, also_given=[name for name, given in _drafts(args).items() if given is not None])  # the bench's own
-    plan = _plan(args, settings, level)
-    spec = replace(settings.load, parallel=max(plan.sequences)) if plan.sequences else settings.load
+    sequences = sorted(set(parse_ints(args.sequences, "--sequences", minimum=1))) if args.sequences else None
+    if sequences:  # the sequences decoded together are the models' parallel
+        settings = replace(settings, load=replace(settings.load, parallel=max(sequences)))
+    given = [name for name, value in _drafts(args).items() if value is not None]  # the bench's own options
+    level = decoding_level(settings, also_given=given, parallel_flag="--sequences")
+    plan = _plan(args, settings, level, sequences)
     rss_start = bench.current_rss_mb()
-    models = load_at(spec, settings.combiner(), progress=loading_progress)
+    models = load_at(settings.load, settings.combiner(), progress=loading_progress)
     with models:
         rss_loaded = bench.current_rss_mb()
         names = [Path(p).name for p in settings.load.paths]
         if plan.sequences:
-            if max(plan.sequences) > models.parallel:
-                raise ConfigError(f"--sequences {max(plan.sequences)}: these models decode {models.parallel} generation(s) at a time "
-                                  f"({level.value} level)", param="sequences")  # fmt: skip
             configs = bench.configurations(plan.methods, plan.gammas)
             with _progress_bar() as progress:
                 throughput = bench.run_throughput(models, plan.prompts, configs, plan.temperatures, plan.sequences, max_tokens=plan.max_tokens,
@@ -122,13 +123,13 @@ class _Plan:
     proposer: int | None
 
 
-def _plan(args: argparse.Namespace, settings, level: Level) -> _Plan:
+def _plan(args: argparse.Namespace, settings, level: Level, sequences: list[int] | None) -> _Plan:
     """The plan of the bench at `level`: the methods it decodes (default: all of them; the
     ensemble's step for one model), the draft lengths in its setting; every generation's rules
     checked before anything loads (a draft length or a proposer the level does not read is
     refused by the level's rules: `config.specs.check_level`)."""
     from ..config import GenerationConfig, check_for_models, check_level, level_methods
-    from ..config.parse import parse_choice, parse_int, parse_ints
+    from ..config.parse import parse_choice, parse_int
     from ..core.decoding import METHODS
 
     n_models = len(settings.load.paths)
@@ -141,7 +142,6 @@ def _plan(args: argparse.Namespace, settings, level: Level) -> _Plan:
     other = {name: [_one_draft_length(name, g) for g in given.split(",")] for name, given in drafts.items()
              if given is not None and name != level.draft_length}  # fmt: skip
     temperatures, max_tokens, repeat, seed, prompts = _common(args)
-    sequences = sorted(set(parse_ints(args.sequences, "--sequences", minimum=1))) if args.sequences else None
     members = _members(args.alone, n_models)
     proposer = parse_int(args.proposer, "--proposer", minimum=0) if args.proposer is not None else None
     for method in methods:

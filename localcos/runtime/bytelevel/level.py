@@ -30,7 +30,7 @@ def byte_vocab(model: Model) -> ByteVocab:
 BYTE_OPTIONS = ("byte_paths", "byte_prune", "byte_gamma")  # read by the byte level only
 
 
-def decoding_level(settings: Settings, also_given: Sequence[str] = (), *, scoring: bool = False) -> Level:
+def decoding_level(settings: Settings, also_given: Sequence[str] = (), *, scoring: bool = False, parallel_flag: str = "--parallel") -> Level:
     """The level the models of `settings` decode at (`settings.load.level`), the one place a front end
     asks. An option given (in `settings`, or `also_given`: options a front end took itself) that
     the level chosen would not read is refused in one line: the byte level's own for models that
@@ -40,7 +40,8 @@ def decoding_level(settings: Settings, also_given: Sequence[str] = (), *, scorin
     there) and --parallel above 1 (a byte-level generation takes every model's sequences: one at
     a time). With `scoring` (`localcos score`, which reads the probabilities of a given text), the
     mixed level (a way of decoding) and a second prompt's member at the byte level are refused
-    too. So these are refused before any model loads."""
+    too. So these are refused before any model loads. `parallel_flag`: what the front end calls
+    the sequences decoded at once (the bench's --sequences)."""
     level = settings.load.level
     if scoring and level is Level.MIXED:
         raise ConfigError("--level mixed is a way of decoding (whole tokens where the lead is sure); score reads the byte level's "
@@ -52,7 +53,8 @@ def decoding_level(settings: Settings, also_given: Sequence[str] = (), *, scorin
         # the gate belongs to a combination, checked where one is resolved (eval's variants each bring their own)
         check_level(level, settings.generation, gated=True)
         if (settings.load.parallel or 1) > 1:
-            raise ConfigError("--parallel: the byte level decodes one generation at a time (models with different tokenizers)", param="parallel")
+            raise ConfigError(f"{parallel_flag}: the byte level decodes one generation at a time (models with different tokenizers)",
+                              param=parallel_flag.removeprefix("--"))  # fmt: skip
         if "chat_template_model" in settings.given:
             raise ConfigError("--chat-template-model: at the byte level each model reads the conversation in its own chat template",
                               param="chat_template_model")  # fmt: skip
