@@ -207,8 +207,8 @@ def _report_runs(args: argparse.Namespace, settings, plan: _Plan, models, runs, 
               "the ensemble's very text, x there: its speed there against the ensemble's")  # fmt: skip
     for r in shown:
         if r.method == bench.ALONE and r.task == "all" and r.same_text and r.vs_ensemble_there:
-            runs_at = len({(x.prompt, x.repeat) for x in runs if x.temperature == r.temperature and x.method == "ensemble"})
-            print(f"the {level.value} level, where {r.config} wrote the same text ({r.same_text} of {runs_at} prompts at T={r.temperature:g}): "
+            prompts_at = len({x.prompt for x in runs if x.temperature == r.temperature and x.method == "ensemble"})
+            print(f"the {level.value} level, where {r.config} wrote the same text ({r.same_text} of {prompts_at} prompts at T={r.temperature:g}): "
                   f"{1 / r.vs_ensemble_there:.2f}x its speed")  # fmt: skip
     noise = sorted(bench.timing_noise(runs))
     if noise:
