@@ -39,9 +39,10 @@ from collections.abc import Set as AbstractSet
 
 import numpy as np
 
+from .branches import Branches
 from .combiners import BoundCombiner
 from .constrained import SequenceConstraint
-from .lookup import LookupState, worth_drafting
+from .lookup import LookupState
 from .sampling import Sampler, softmax
 from .speedmodel import AutoGamma, Costs
 from .text import TextAssembler
@@ -68,9 +69,9 @@ class Phase(Enum):
 @dataclass(frozen=True)
 class Evaluate:
     """A request to the driver: model `model` appends `tokens` to its sequence (`branch` 0) or to
-    the sequence of one of its lookahead branches (1 on: `Decoder.branches`) and answers with the logits after
-    the last `n_logits` of them ([n_logits, vocab]); `phase` says what for. A driver puts a
-    generation's branch requests to one model in one call."""
+    the sequence of one of its lookahead branches (1 on: `core.branches.Branches`) and answers
+    with the logits after the last `n_logits` of them ([n_logits, vocab]); `phase` says what for.
+    A driver puts a generation's branch requests to one model in one call."""
 
     model: int
     tokens: list[int]
@@ -213,12 +214,8 @@ class Decoder:
         self.gates: dict[int, bool] = {}
         self.gate_decided = 0
         self.gate_opened = 0
-        # lookahead: each member's own sequence (itself, not a view) and the sequences of its
-        # branches after it; positions looked ahead from, and where another branch than r's
-        # likeliest token won
-        self.branches = [list(b) for b in branches]
-        self.looked_ahead = 0
-        self.lookahead_changed = 0
+        # lookahead: each member's own sequence (itself, not a view) and its branches' after it
+        self.branches = Branches(branches)
         if len(self.committed) >= max_length:
             self.finish_reason = "length"
 
@@ -357,23 +354,6 @@ class Decoder:
         return k
 
     # --- lookahead's branches ------------------------------------------------------------------
-    def branch_out(self, k: int) -> None:
-        """Branches 1 to k of every member hold what its own sequence holds (the same cells): each
-        starts from the committed tokens; the sequence itself is left as it is until one wins."""
-        assert self.branches and k < len(self.branches[0]), "the plan checks that the branches were loaded"
-        for own, *others in self.branches:
-            for branch in others[:k]:
-                branch.hold(own)
-
-    def keep_branch(self, j: int) -> None:
-        """Branch j (1 on) won: every member's own sequence holds what that branch holds (its
-        cells), and every branch's sequence is emptied, so nothing of a losing branch stays in
-        any cache."""
-        for own, *others in self.branches:
-            own.hold(others[j - 1])
-            for branch in others:
-                branch.truncate(0)
-
     def branch_rows(self, rows: Sequence[np.ndarray | None]) -> np.ndarray:
         """r (temperature 1, before the sampler's transforms) from each member's rows of the
         branches ([branches, vocab]; None for a member r does not use): the combiner's own
@@ -464,21 +444,16 @@ class Decoder:
         looked-up token saves what the alternative would spend on it: in cos, a single-token
         draft call of `caller` (every model scores a row for it either way); with no model
         drafting, this completion's cost per token."""
-        lookup = self.lookup
-        room = self.draft_room()
-        if lookup is None or lookup.settings.mode == "off" or room <= 0:
+        if self.lookup is None:
             return 0
-        candidate = lookup.index.continuation([d.token for d in self.pending], lookup.settings)[:room]
-        if not candidate:
-            return 0
-        k = len(candidate)
-        if lookup.settings.mode == "auto":
-            saved = self._token_cost() if caller is None or self.costs is None else self.costs(caller, 1)
-            k = worth_drafting(candidate, lookup.outcomes.alpha, self._rows_cost(caller), saved)
-            if k == 0:
-                lookup.watch(len(self.committed), [d.token for d in self.pending], candidate)
+
+        def saving() -> float:
+            return self._token_cost() if caller is None or self.costs is None else self.costs(caller, 1)
+
+        pending = [d.token for d in self.pending]
+        candidate = self.lookup.drafts(len(self.committed), pending, self.draft_room(), self._rows_cost(caller), saving)
         appended = 0
-        for token in candidate[:k]:
+        for token in candidate:
             if not self.allows(token, len(self.committed) + len(self.pending)):
                 break  # r gives it nothing: the draft ends before it
             self.pending.append(Draft(token, LOOKUP, None))

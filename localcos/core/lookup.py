@@ -130,6 +130,25 @@ class LookupState:
     watched_from: int = 0  # the position of watched[0]
     watched_drafts: int = 0  # how many of watched are pending drafts (their outcome is not lookup's)
 
+    def drafts(self, position: int, pending: Sequence[int], room: int, extra_cost: Callable[[int], float],
+               saving: Callable[[], float]) -> list[int]:  # fmt: skip
+        """The looked-up continuation of `pending` (the draft tokens after the committed ones,
+        which end at `position`) to draft now, at most `room` tokens: all of it where the mode is
+        on; in auto mode as many as pay (`worth_drafting`: an accepted one saves `saving()`,
+        against what their rows add to the next calls, `extra_cost`), and where none does, the
+        continuation watched instead."""
+        if self.settings.mode == "off" or room <= 0:
+            return []
+        candidate = self.index.continuation(list(pending), self.settings)[:room]
+        if not candidate:
+            return []
+        k = len(candidate)
+        if self.settings.mode == "auto":
+            k = worth_drafting(candidate, self.outcomes.alpha, extra_cost, saving())
+            if k == 0:
+                self.watch(position, pending, candidate)
+        return list(candidate[:k])
+
     def watch(self, position: int, drafts: Sequence[int], continuation: Sequence[int]) -> None:
         """Watch `continuation`, which would follow `drafts` from `position` on (one at a time)."""
         if not self.watched:

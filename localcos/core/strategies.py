@@ -228,7 +228,7 @@ class Lookahead(Strategy):
         first = top_tokens(r, self.candidates)
         branches = [[int(t)] for t in first]
         scores = np.log(r[first].astype(np.float64))
-        dec.branch_out(len(first))
+        dec.branches.out(len(first))
         live = [j for j, t in enumerate(first) if not dec.is_end(int(t))]
         for _ in range(min(self.length, dec.budget() - 1)):
             if not live:
@@ -245,9 +245,7 @@ class Lookahead(Strategy):
                 scores[j] += np.log(np.float64(r_rows[row, token]))
             live = [j for j in live if not dec.is_end(branches[j][-1])]
         best = int(np.argmax(scores / np.array([len(b) for b in branches])))
-        dec.keep_branch(best + 1)
-        dec.looked_ahead += 1
-        dec.lookahead_changed += best != 0
+        dec.branches.keep(best + 1)
         dec.commit(branches[best], [Origin("lookahead" if best else "sample")] * len(branches[best]))
 
 

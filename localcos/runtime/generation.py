@@ -256,8 +256,8 @@ class Generation:
             lookup_accepted=spec.lookup_accepted,
             gate_decided=dec.gate_decided,
             gate_opened=dec.gate_opened,
-            looked_ahead=dec.looked_ahead,
-            lookahead_changed=dec.lookahead_changed,
+            looked_ahead=dec.branches.looked_ahead,
+            lookahead_changed=dec.branches.changed,
             gamma=None if strategy.gammas is None or strategy.auto else list(strategy.gammas),  # None: chosen as it went
             proposer=strategy.proposer,
             seed=plan.config.seed,
