@@ -203,12 +203,12 @@ def _report_runs(args: argparse.Namespace, settings, plan: _Plan, models, runs, 
     print(bench.format_table(shown, names, f"{settings.name} "))
     if alone:
         print(f"\nalone-I: model I decoding by itself on its own tokens ({', '.join(f'{i} = {names[i]}' for i in alone)}); "
-              f"/big: speed as a fraction of the largest model alone ({names[big]}); same: the prompts where a configuration wrote "
+              f"/big: speed as a fraction of the largest model alone ({names[big]}); same: the generations where a configuration wrote "
               "the ensemble's very text, x there: its speed there against the ensemble's")  # fmt: skip
     for r in shown:
         if r.method == bench.ALONE and r.task == "all" and r.same_text and r.vs_ensemble_there:
-            prompts_at = len({x.prompt for x in runs if x.temperature == r.temperature and x.method == "ensemble"})
-            print(f"the {level.value} level, where {r.config} wrote the same text ({r.same_text} of {prompts_at} prompts at T={r.temperature:g}): "
+            generations = len({(x.prompt, x.repeat) for x in runs if x.temperature == r.temperature and x.method == "ensemble"})
+            print(f"the {level.value} level, where {r.config} wrote the same text ({r.same_text} of {generations} generations at T={r.temperature:g}): "
                   f"{1 / r.vs_ensemble_there:.2f}x its speed")  # fmt: skip
     noise = sorted(bench.timing_noise(runs))
     if noise:

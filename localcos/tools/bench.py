@@ -125,7 +125,7 @@ class Row:
     measured_over_expected: float | None
     expected_with_batch_cost: float | None
     host_fraction: float
-    same_text: int | None = None  # prompts where it wrote the ensemble's very text (None: the ensemble's own row)
+    same_text: int | None = None  # generations (prompt, repeat) where it wrote the ensemble's very text (None: the ensemble's own row)
     vs_ensemble_there: float | None = None  # its speed over those prompts against the ensemble's
     of_largest: float | None = None  # speed as a fraction of the largest model's alone
     unit: str = "tokens"
@@ -348,10 +348,13 @@ def _row(task: str, temperature: float, group: list[Run], baseline: list[Run], p
     # worst prompt: the configuration against the ensemble on the same prompt (and repeats)
     theirs = _by_prompt(baseline)
     mine = _by_prompt(group)
-    per_prompt = [_speed(runs, unit) / _speed(theirs[p], unit) for p, runs in mine.items() if _speed(theirs.get(p, []), unit) > 0]
-    # the prompts where it wrote the ensemble's very text: its speed there against the ensemble's
-    same = [p for p, runs in mine.items() if p in theirs and all(r.text == theirs[p][0].text for r in runs)]
-    there = _speed([r for p in same for r in theirs[p]], unit)
+    their_speed = {p: _speed(runs, unit) for p, runs in theirs.items()}
+    per_prompt = [_speed(runs, unit) / their_speed[p] for p, runs in mine.items() if their_speed.get(p, 0.0) > 0]
+    # the generations (a prompt at a repeat: one seed) where it wrote the ensemble's very text,
+    # and its speed there against the ensemble's
+    ensemble_text = {(r.prompt, r.repeat): r.text for r in baseline if not r.again}
+    same = {(r.prompt, r.repeat) for r in group if ensemble_text.get((r.prompt, r.repeat)) == r.text}
+    there = _speed([r for r in baseline if (r.prompt, r.repeat) in same], unit)
     length = sum(r.length(unit) for r in group)
     acceptance = counted["acceptance_rate"]
     # cost ratio c: one proposer call / one call of the costliest other model, from the
@@ -399,7 +402,7 @@ def _row(task: str, temperature: float, group: list[Run], baseline: list[Run], p
         expected_with_batch_cost=expected_b,
         host_fraction=total.host_fraction or 0.0,
         same_text=None if method == "ensemble" else len(same),
-        vs_ensemble_there=_speed([r for r in group if r.prompt in same], unit) / there if method != "ensemble" and there > 0 else None,
+        vs_ensemble_there=_speed([r for r in group if (r.prompt, r.repeat) in same], unit) / there if method != "ensemble" and there > 0 else None,
         unit=unit,
     )
 
