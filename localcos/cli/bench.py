@@ -158,7 +158,7 @@ def _one_draft_length(name: str, value: str) -> int | str:
     from ..config import OPTIONS
 
     length = OPTIONS[name].check(value)
-    if isinstance(length, tuple):  # one per model: a setting of its own, not one point of a sweep
+    if isinstance(length, tuple):  # cannot happen for one item; keeps the types honest
         raise ConfigError(f"{OPTIONS[name].what()} sweeps single values, got {value!r}", param=name)
     return length
 

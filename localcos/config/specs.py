@@ -346,7 +346,7 @@ def level_methods(level: Level | str) -> tuple[str, ...]:
     """The methods a level decodes (what `check_level` lets through): all four at the token
     level; the ensemble's step and cos at the byte level (the models take turns drafting bytes);
     the ensemble's step at the mixed level (its whole tokens are not drafted)."""
-    return {"token": METHODS, "byte": ("ensemble", "cos"), "mixed": ("ensemble",)}[Level(level).value]
+    return {Level.TOKEN: METHODS, Level.BYTE: ("ensemble", "cos"), Level.MIXED: ("ensemble",)}[Level(level)]
 
 
 def check_level(level: Level | str, generation: GenerationConfig, gated: bool) -> None:

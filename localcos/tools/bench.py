@@ -98,8 +98,8 @@ class Run:
 class Row:
     """Aggregated results of one configuration on one task at one temperature, in the level's
     unit (`unit`; the JSON names the unit's fields by it: `to_dict`). A value the level does not
-    count is None: the cost model's (acceptance rate, c, b, expected) at the token level, the
-    draft symbols judged, rounds without a draft and paths at the byte and mixed levels."""
+    count is None: the cost model's (acceptance rate, c, b, expected) are the token level's; the
+    draft symbols judged, rounds without a draft and paths are the byte and mixed levels'."""
 
     task: str
     temperature: float
