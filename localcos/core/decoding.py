@@ -451,7 +451,7 @@ class Decoder:
             return self._token_cost() if caller is None or self.costs is None else self.costs(caller, 1)
 
         pending = [d.token for d in self.pending]
-        candidate = self.lookup.drafts(len(self.committed), pending, self.draft_room(), self._rows_cost(caller), saving)
+        candidate = self.lookup.drafts(len(self.committed), pending, self.draft_room(), lambda: self._rows_cost(caller), saving)
         appended = 0
         for token in candidate:
             if not self.allows(token, len(self.committed) + len(self.pending)):

@@ -130,13 +130,14 @@ class LookupState:
     watched_from: int = 0  # the position of watched[0]
     watched_drafts: int = 0  # how many of watched are pending drafts (their outcome is not lookup's)
 
-    def drafts(self, position: int, pending: Sequence[int], room: int, extra_cost: Callable[[int], float],
+    def drafts(self, position: int, pending: Sequence[int], room: int, extra_cost: Callable[[], Callable[[int], float]],
                saving: Callable[[], float]) -> list[int]:  # fmt: skip
         """The looked-up continuation of `pending` (the draft tokens after the committed ones,
         which end at `position`) to draft now, at most `room` tokens: all of it where the mode is
         on; in auto mode as many as pay (`worth_drafting`: an accepted one saves `saving()`,
-        against what their rows add to the next calls, `extra_cost`), and where none does, the
-        continuation watched instead."""
+        against what k of their rows add to the next calls, `extra_cost()(k)`), and where none
+        does, the continuation watched instead. The costs are asked for only in auto mode, with
+        a candidate to price."""
         if self.settings.mode == "off" or room <= 0:
             return []
         candidate = self.index.continuation(list(pending), self.settings)[:room]
@@ -144,7 +145,7 @@ class LookupState:
             return []
         k = len(candidate)
         if self.settings.mode == "auto":
-            k = worth_drafting(candidate, self.outcomes.alpha, extra_cost, saving())
+            k = worth_drafting(candidate, self.outcomes.alpha, extra_cost(), saving())
             if k == 0:
                 self.watch(position, pending, candidate)
         return list(candidate[:k])
