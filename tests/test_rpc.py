@@ -96,7 +96,7 @@ def test_cos_sampling_over_rpc_follows_the_combined_distribution(models, model_d
     names, comb, sampling, _ = SAMPLING_CASES["we-t1"]
     paths = [cached_model(RIVAL, model_dir) if n == "rival" else models[n] for n in names]
     # the verifier of the first round on the server: every round crosses the network
-    check_sampling("rpc/we-t1", paths, comb, sampling, (("cos", 2),), n_completions=1600, rpc=[(), (rpc_pair[0].endpoint,)])
+    check_sampling("rpc/we-t1", paths, comb, sampling, (("cos", 2),), n_completions=1600, parallel=1, rpc=[(), (rpc_pair[0].endpoint,)])
 
 
 # --- faults ---------------------------------------------------------------------------------------

@@ -193,14 +193,16 @@ def test_sampled_tokens_follow_the_combined_distribution(models, model_dir, case
 
 
 def check_sampling(case, paths, comb, sampling, methods, n_completions=N_COMPLETIONS, generation=None, prompt="The river runs past the old mill",
-                   depths=(1, 2), **load_options):  # fmt: skip
+                   depths=(1, 2), parallel=8, **load_options):  # fmt: skip
     """N 3-token completions per (method, gamma): token 1, and tokens 2 and 3 after the two most
     common prefixes, each follow r computed from fresh local models (a chi-square bound from
     `statcheck`). `depths`: the prefix lengths after which the next token is checked (a flat r
     leaves no 2-token prefix with enough samples). `generation`: more generation settings (lookup ...); `load_options` go to
-    `Ensemble.load` (such as `rpc`)."""
+    `Ensemble.load` (such as `rpc`). `parallel` completions decode at once, as `generate --n`
+    runs them (their rows share llama.cpp calls, which these tiny models spend most of their time
+    on); each draws from its own random stream, so the law checked is the same."""
     sampler = Sampler(**sampling)
-    with Ensemble.load(paths, comb, n_ctx=256, **load_options) as ens:
+    with Ensemble.load(paths, comb, n_ctx=256, parallel=parallel, **load_options) as ens:
         prompt_tokens = ens.tokenize(prompt)
 
         def exact(prefix):
