@@ -21,9 +21,10 @@ from localcos.testing.invariants import checked
 from statcheck import assert_law
 
 LENGTH = 3
-# draws per case: a chi-square test on a few hundred joint outcomes at ALPHA = 1e-4 detects a
-# shift of ~2% of the mass, far less than any broken accept/residual step moves
-N = 3000
+# draws per case: a chi-square test on a few hundred joint outcomes at ALPHA = 1e-4 sees a broken
+# draft, cache, turn or accept/residual step; an acceptance or residual off by ~10% moves too
+# little mass for it, and is the kernel's own test (tests/test_verify.py, many draws per pair)
+N = 2000
 
 
 def joint_test(models, combiner, method, gamma, settings, seed, prompt=(1, 2), **generation):
