@@ -28,6 +28,7 @@ from localcos.eval.sandbox import run_program, Limits
 from localcos.infill import Budget, FimTokens, fim_prompt
 from localcos.testing.invariants import checked
 from statcheck import assert_law
+from test_fake_decoding import N  # the fakes' joint-law sample size
 from test_server import serving
 
 QWEN_FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
@@ -172,7 +173,7 @@ def test_every_method_samples_the_infill_samplers_r_exactly(method, gamma):
     models = [_Fake(seed=40 + i, n_vocab=12, n_params=1000 * (i + 1), sharpness=1.0) for i in range(2)]  # " t1" begins " t10", " t11"
     ens = Ensemble(models, WeightedEnsemble([0.5, 0.5]))
     settings = dict(top_k=6, top_p=0.95, samplers=("top_k", "top_p", "infill"))
-    outs = checked(ens).generate_many([1, 2], 3000, method=method, gamma=gamma, max_tokens=3, seed=zlib.crc32(method.encode()), **settings)
+    outs = checked(ens).generate_many([1, 2], N, method=method, gamma=gamma, max_tokens=3, seed=zlib.crc32(method.encode()), **settings)
     sampler = replace(Sampler(top_k=6, top_p=0.95), infill=ens.infill_sampler())
     law = exact_joint(models, ens.combiner, sampler, [1, 2], 3)
     assert law.keys() != exact_joint(models, ens.combiner, Sampler(top_k=6, top_p=0.95), [1, 2], 3).keys()  # it changes r here
