@@ -40,10 +40,10 @@ def test_random_pairs_emit_r():
 
 
 def test_few_pairs_with_many_draws_see_a_slightly_wrong_acceptance_or_residual():
-    """Power where the pairs above spread their draws thin: 4 random pairs x 30k draws. Averaged
-    over random pairs, an acceptance of min(1, 1.1 r/q) fails one of the four with probability
-    ~0.999 and a residual of max(0, r - 0.9 q) with ~0.8 (non-central chi-square at ALPHA); the
-    end-to-end joint-law tests (tests/test_fake_decoding.py) see neither reliably."""
+    """Power where the pairs above spread their draws thin: 4 random pairs x 30k draws, so that
+    an acceptance or a residual off by a tenth (min(1, 1.1 r/q), max(0, r - 0.9 q)) fails here,
+    where the end-to-end joint-law tests (tests/test_fake_decoding.py) move too little mass to
+    see it (the power of each: docs/development.md)."""
     rng = np.random.default_rng(4096)
     for k in range(4):
         r, q = random_pair(rng)
