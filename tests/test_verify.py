@@ -31,23 +31,17 @@ def random_pair(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return r, q
 
 
-def test_random_pairs_emit_r():
-    """60 random (r, q) pairs x 2000 draws = 120k verifications."""
-    rng = np.random.default_rng(2024)
-    for k in range(60):
+@pytest.mark.parametrize("pairs, draws, seed", [(60, 2000, 2024), (4, 30000, 4096)], ids=["many-pairs", "many-draws"])
+def test_random_pairs_emit_r(pairs, draws, seed):
+    """Random (r, q) pairs, 120k verifications either way: many pairs (shapes) with few draws
+    each see a broken step; few pairs with many draws each see an acceptance or a residual off by
+    a tenth (min(1, 1.1 r/q), max(0, r - 0.9 q)), which the end-to-end joint-law tests
+    (tests/test_fake_decoding.py) move too little mass to see (the power of each:
+    docs/development.md)."""
+    rng = np.random.default_rng(seed)
+    for k in range(pairs):
         r, q = random_pair(rng)
-        assert_matches(emitted(r, q, 2000, rng), r, f"pair {k}")
-
-
-def test_few_pairs_with_many_draws_see_a_slightly_wrong_acceptance_or_residual():
-    """Power where the pairs above spread their draws thin: 4 random pairs x 30k draws, so that
-    an acceptance or a residual off by a tenth (min(1, 1.1 r/q), max(0, r - 0.9 q)) fails here,
-    where the end-to-end joint-law tests (tests/test_fake_decoding.py) move too little mass to
-    see it (the power of each: docs/development.md)."""
-    rng = np.random.default_rng(4096)
-    for k in range(4):
-        r, q = random_pair(rng)
-        assert_matches(emitted(r, q, 30000, rng), r, f"pair {k}")
+        assert_matches(emitted(r, q, draws, rng), r, f"pair {k}")
 
 
 def edge_cases():
