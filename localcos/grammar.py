@@ -209,8 +209,9 @@ class Matcher:
                 raise RuntimeError(f"the constraint could not roll back {n} tokens: {self._matcher.get_error()}")
             del self.consumed[-n:]
 
-    def allows(self, token: int, mask: np.ndarray) -> bool:
-        return bool((int(mask[token >> 5]) >> (token & 31)) & 1)
+    def binds(self) -> bool:
+        """A grammar constrains every position (its end included)."""
+        return True
 
 
 def unpack(mask: np.ndarray, n_vocab: int, out: np.ndarray | None = None) -> np.ndarray:

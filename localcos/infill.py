@@ -2,35 +2,60 @@
 
 An editor sends the text before the cursor (`Infill.prefix`), the text after it (`suffix`), the
 part of the cursor's line already typed (`typed`, llama-server's `prompt`) and, on llama-server's
-/infill, other files as repository-level context (`extra`). The model reads them as its makers
-trained it, token for token as the server its client was written for lays them out:
+/infill, other files as repository-level context (`extra`). The prompt is laid out in one of
+three ways (`INFILL_LAYOUTS`, the setting `infill_layout`):
+
+- `makers`: as the models' makers trained them, token for token as the server an editor's client
+  was written for lays them out:
 
     [BOS] [PRE] prefix typed [SUF] suffix [MID]         no repository context (`extra` None)
     [REPO]myproject\\n [SEP]name\\n text ... [SEP]filename\\n [BOS] [PRE] prefix typed [SUF] suffix [MID]
 
-the first the FIM prompt of the models' makers and of Ollama's templates (`.Prompt`, `.Suffix`),
-the second llama-server's /infill (`format_prompt_infill` in the llama.cpp localcos runs on),
-which writes the repository's header wherever the model has those tokens, extra chunks or not.
-The typed part's tokens follow the prefix's (the model then goes on with the word the cursor is
-in); the extra chunks are the tail of what the context leaves; only the prefix's last
-`3 window / 4` and the suffix's first `window / 4 - 2 - len(typed)` tokens are read
-(llama-server's n_batch is the window). The model then writes the middle and ends it with an
-end-of-generation token (llama.cpp counts the FIM pad, repository and file-separator tokens
-among them).
+  the first the FIM prompt of the models' makers and of Ollama's templates (`.Prompt`, `.Suffix`),
+  the second llama-server's /infill (`format_prompt_infill` in the llama.cpp localcos runs on),
+  which writes the repository's header wherever the model has those tokens, extra chunks or not.
+  The typed part's tokens follow the prefix's (the model then goes on with the word the cursor is
+  in); the extra chunks are the tail of what the context leaves; only the prefix's last
+  `3 window / 4` and the suffix's first `window / 4 - 2 - len(typed)` tokens are read
+  (llama-server's n_batch is the window).
+- `makers-healed`: the same, with the cursor's token healed (below).
+- `cached`: the suffix first, then the text before the cursor, which the model goes on from (the
+  joint SPM order StarCoder and Code Llama read, after the same repository header):
 
-The FIM tokens are llama.cpp's: the GGUF header's `tokenizer.ggml.fim_*_token_id`, else found by
-their text (`<|fim_prefix|>`, `<fim-prefix>`, `<PRE>`...), as llama.cpp finds them. No I/O here
-besides the models' tokenizers.
+    [BOS] [PRE] [SUF] suffix [MID] prefix typed
+
+  Everything a keystroke changes is then at the prompt's end, so a server that keeps the cells of
+  the last request evaluates only what was typed. Because the model no longer reads the suffix
+  right after the cursor, a middle that runs into it is cut where it begins (`core.text`). The
+  prefix and the typed part are one text, of which at most `3 window / 4` tokens are read, cut at
+  the start of a line that is a block's first (`block_start`: a line whose text, with the line
+  before it, hashes to a multiple of `Budget.block`), so that the start moves about once every
+  `block` lines while an editor's window of lines slides down the file; the suffix's first
+  `window / 4 - 2` tokens are read, whatever is typed.
+
+The cursor's token healed: the last token before the cursor is taken back and the middle must
+begin with its bytes (`core.healing`: a mask on the first tokens' rows), so the model, not the
+tokenizer, cuts the text at the cursor into tokens (a prefix ending in indentation, a word half
+typed); those bytes are the prefix's, not the middle's (`FimPrompt.cursor`).
+
+The model then writes the middle and ends it with an end-of-generation token (llama.cpp counts the
+FIM pad, repository and file-separator tokens among them). The FIM tokens are llama.cpp's: the
+GGUF header's `tokenizer.ggml.fim_*_token_id`, else found by their text (`<|fim_prefix|>`,
+`<fim-prefix>`, `<PRE>`...), as llama.cpp finds them. No I/O here besides the models' tokenizers.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .core.text import Cursor
 from .errors import ConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .backend import Model
     from .config.specs import GenerationConfig
 
@@ -40,6 +65,7 @@ FILE_NAME = "filename\n"
 EXTRA_FILE = "tmp"  # an extra chunk's name where it gives none
 # between extra chunks where the model has no file-separator token ("\n\n--- snippet ---\n\n")
 SNIPPET = "\n\n--- snippet ---\n\n"
+INFILL_LAYOUTS = ("makers", "makers-healed", "cached")
 
 
 @dataclass(frozen=True)
@@ -91,19 +117,32 @@ class FimTokens:
 class Budget:
     """How much of each part the prompt reads (llama-server's /infill): the prefix's last
     `3 window / 4` tokens, the suffix's first `suffix` tokens (default `window / 4 - 2 -
-    len(typed)`), the extra chunks' last `context - window - 2 predict` tokens."""
+    len(typed)`; in the cached layout `window / 4 - 2`), the extra chunks' last `context - window
+    - 2 predict` tokens; in the cached layout the prefix starts at a block's first line (`block`
+    lines a block, on average)."""
 
     window: int  # llama-server's n_batch
     context: int  # the context a sequence holds
     predict: int  # the most tokens the middle may take
     suffix: int | None = None
+    block: int = 16
 
     def suffix_tokens(self, typed: int) -> int:
         return max(0, self.window // 4 - (2 + typed)) if self.suffix is None else self.suffix
 
 
-def fim_prompt(model: Model, infill: Infill, budget: Budget) -> list[int]:
-    """The tokens `model` reads to fill `infill` in (see the module's docstring)."""
+@dataclass(frozen=True)
+class FimPrompt:
+    """The tokens a model reads to fill a middle in, and what the middle's text needs to know of
+    its cursor (None in the makers' layout: nothing healed, no cut at the suffix)."""
+
+    tokens: list[int]
+    cursor: Cursor | None = None
+
+
+def fim_prompt(model: Model, infill: Infill, budget: Budget, layout: str = "makers") -> FimPrompt:
+    """What `model` reads to fill `infill` in, laid out as `layout` says (see the module's
+    docstring)."""
     fim = FimTokens.of(model)
 
     def tokens(text: str, special: bool = False) -> list[int]:
@@ -118,20 +157,64 @@ def fim_prompt(model: Model, infill: Infill, budget: Budget) -> list[int]:
             extra += tokens(chunk.text)
         if fim.sep is not None:
             extra += [fim.sep, *tokens(FILE_NAME)]
-    typed = tokens(infill.typed, special=True)  # llama-server reads `prompt` with its special tokens
-    prefix = tokens(infill.prefix)
-    prefix = prefix[len(prefix) - min(len(prefix), 3 * (budget.window // 4)) :]
-    suffix = tokens(infill.suffix)[: budget.suffix_tokens(len(typed))]
     n_extra = min(max(0, budget.context - budget.window - 2 * budget.predict), len(extra))
-    bos = [model.bos] if model.add_bos else []
-    return extra[len(extra) - n_extra :] + bos + [fim.prefix, *prefix, *typed, fim.suffix, *suffix, fim.middle]
+    head = extra[len(extra) - n_extra :] + ([model.bos] if model.add_bos else [])
+    most = 3 * (budget.window // 4)  # the prefix's tokens
+    if layout == "cached":
+        before, healed = _healed(model, _last_tokens(tokens(block_start(infill.prefix + infill.typed, most, budget.block, tokens)), most))
+        suffix = tokens(infill.suffix)[: budget.suffix_tokens(0)]
+        return FimPrompt(head + [fim.prefix, fim.suffix, *suffix, fim.middle, *before], Cursor(healed, infill.suffix))
+    typed = tokens(infill.typed, special=True)  # llama-server reads `prompt` with its special tokens
+    prefix = _last_tokens(tokens(infill.prefix), most)
+    suffix = tokens(infill.suffix)[: budget.suffix_tokens(len(typed))]
+    if layout == "makers":
+        return FimPrompt(head + [fim.prefix, *prefix, *typed, fim.suffix, *suffix, fim.middle])
+    before, healed = _healed(model, prefix + typed)
+    return FimPrompt(head + [fim.prefix, *before, fim.suffix, *suffix, fim.middle], Cursor(healed))
 
 
-def infill_tokens(model: Model, infill: Infill, config: GenerationConfig) -> list[int]:
+def _last_tokens(tokens: list[int], n: int) -> list[int]:
+    return tokens[len(tokens) - min(len(tokens), n) :]
+
+
+def _healed(model: Model, tokens: list[int]) -> tuple[list[int], bytes]:
+    """The tokens before the cursor with the last taken back, and its bytes (none taken back
+    where it writes no text, a special token typed)."""
+    piece = model.piece(tokens[-1]) if tokens else b""
+    return (tokens[:-1], piece) if piece else (tokens, b"")
+
+
+def block_start(text: str, most: int, block: int, tokens: Callable[[str], list[int]]) -> str:
+    """`text` whole where its tokens are at most `most`; else from the earliest line that
+    begins a block and leaves at most that many (a line whose text and the text of the line
+    before it hash to a multiple of `block`: about one line in `block`, the same line whatever
+    comes after it, so the start stays put while lines are added at the end or dropped at the
+    start before it); where none does, the text itself (whose last `most` tokens are read)."""
+    if len(tokens(text)) <= most:
+        return text
+    lines = text.split("\n")
+    starts, at = [], 0
+    for i, line in enumerate(lines[:-1]):
+        at += len(line) + 1
+        if zlib.crc32(f"{line}\n{lines[i + 1]}".encode()) % block == 0:
+            starts.append(at)  # line i + 1 begins a block
+    lo, hi = 0, len(starts)  # the earliest start that leaves few enough tokens (fewer the later it starts)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(tokens(text[starts[mid] :])) <= most:
+            hi = mid
+        else:
+            lo = mid + 1
+    return text[starts[lo] :] if lo < len(starts) else text
+
+
+def infill_prompt(model: Model, infill: Infill, config: GenerationConfig) -> FimPrompt:
     """`fim_prompt` under `config`: llama-server's budget with `model`'s batch as its window and
-    its context, `config.max_tokens` kept free for the middle, `config.infill_suffix`. The FIM
-    prompt is its own phrasing (the makers' way to run the model): `config.phrasing` raw or auto."""
+    its context, `config.max_tokens` kept free for the middle, `config.infill_suffix`, laid out
+    as `config.infill_layout` says, in blocks of `config.infill_block` lines. The FIM prompt is its
+    own phrasing: `config.phrasing` raw or auto."""
     if config.phrasing not in ("raw", "auto"):
         raise ConfigError(f"phrasing {config.phrasing}: a fill-in-the-middle prompt is read through the model's FIM tokens, its makers' "
                           "way; leave phrasing out", param="phrasing")  # fmt: skip
-    return fim_prompt(model, infill, Budget(model.n_batch, model.n_ctx, config.max_tokens, config.infill_suffix))
+    budget = Budget(model.n_batch, model.n_ctx, config.max_tokens, config.infill_suffix, config.infill_block)
+    return fim_prompt(model, infill, budget, config.infill_layout)

@@ -16,6 +16,9 @@ Words, the same in code, JSON and the README:
   bonus          bonus tokens committed (sampled by a model right after scoring others' drafts)
   lookup_proposed, lookup_accepted
                  of the draft tokens: those looked up in the context (no model call)
+  held_proposed, held_accepted
+                 of the draft tokens: those the models' cells held after the prompt from an
+                 earlier request (an editor's last suggestion, its first characters since typed)
   calls          llama_decode calls, per model
   gate_decided, gate_opened
                  with a gated combiner: tokens committed, and those where the gate opened (the
@@ -95,6 +98,8 @@ class GenerationStats:
     bonus: int = field(default=0, metadata=_meta(levels=_TOKEN))
     lookup_proposed: int = field(default=0, metadata=_meta(levels=_TOKEN))
     lookup_accepted: int = field(default=0, metadata=_meta(levels=_TOKEN))
+    held_proposed: int = field(default=0, metadata=_meta(levels=_TOKEN))
+    held_accepted: int = field(default=0, metadata=_meta(levels=_TOKEN))
     looked_ahead: int = field(default=0, metadata=_meta(levels=_TOKEN))
     lookahead_changed: int = field(default=0, metadata=_meta(levels=_TOKEN))
     # proposal length per model (None: ensemble, or chosen online)
@@ -313,6 +318,8 @@ class _TokenReport:
             parts.append(f"mean accepted {s.mean_accepted:.2f}")
         if s.lookup_proposed:
             parts.append(f"looked up {s.lookup_accepted}/{s.lookup_proposed}")
+        if s.held_proposed:
+            parts.append(f"held {s.held_accepted}/{s.held_proposed}")
         if s.gate_decided:
             parts.append(f"gate open {s.gate_opened}/{s.gate_decided}")
         if s.looked_ahead:

@@ -25,7 +25,9 @@ from localcos.core.text import TextAssembler
 from localcos.errors import ConfigError
 from localcos.eval.codetasks import humaneval_problems, infilling_tasks, load_tasks
 from localcos.eval.sandbox import run_program, Limits
-from localcos.infill import Budget, FimTokens, fim_prompt
+from localcos.core.healing import Healing, TokenBytes
+from localcos.core.text import Cursor
+from localcos.infill import Budget, FimTokens, block_start, fim_prompt
 from localcos.testing.invariants import checked
 from statcheck import assert_law
 from test_fake_decoding import N  # the fakes' joint-law sample size
@@ -73,13 +75,13 @@ def test_the_fim_prompt_is_llama_servers_layout_token_for_token(models):
     n_extra = n_ctx - window - 2 * predict
     assert 0 < n_extra < len(header) and len(tok(prefix)) > 36 and len(tok(suffix)) > 10  # each part is cut
     expected = header[-n_extra:] + [m.bos, pre, *kept_prefix, *typed, suf, *kept_suffix, mid]
-    got = fim_prompt(m, Infill(prefix, suffix, TYPED, extra), Budget(window, n_ctx, predict))
+    got = fim_prompt(m, Infill(prefix, suffix, TYPED, extra), Budget(window, n_ctx, predict)).tokens
     assert got == expected
     # no repository context (the makers' prompt, and Ollama's and OpenAI's suffix): BOS, PRE, SUF, MID
-    plain = fim_prompt(m, Infill(PREFIX, SUFFIX), Budget(512, 4096, 64))
+    plain = fim_prompt(m, Infill(PREFIX, SUFFIX), Budget(512, 4096, 64)).tokens
     assert plain == [m.bos, pre, *tok(PREFIX), suf, *tok(SUFFIX), mid]
     # repository context with nothing to add: llama-server still writes its header and the file's name
-    alone = fim_prompt(m, Infill(PREFIX, SUFFIX, extra=()), Budget(512, 4096, 64))
+    alone = fim_prompt(m, Infill(PREFIX, SUFFIX, extra=()), Budget(512, 4096, 64)).tokens
     assert alone == [repo, *tok("myproject\n"), sep, *tok("filename\n"), *plain]
 
 
@@ -95,6 +97,136 @@ def test_fim_tokens_come_from_the_header_or_their_text_and_end_a_middle(models):
     with Ensemble.load([models["fim"]], n_ctx=256) as ens:
         fim = FimTokens.of(ens.models[0])
         assert {fim.pad, fim.repo, fim.sep} <= ens.end_tokens
+
+
+def test_the_cached_layout_reads_the_suffix_first_and_heals_the_cursors_token(models):
+    """`cached`: [BOS] PRE SUF suffix MID prefix+typed (one text), the last token taken back and
+    its bytes the cursor's healed bytes; the suffix's first window/4 - 2 tokens whatever is
+    typed; the repository header first, as in the makers' layout. `makers-healed`: the makers'
+    tokens with the last before SUF taken back."""
+    m = Model(models["fim"], vocab_only=True)
+    pre, suf, mid = (m.tokenize(t, add_bos=False, special=True)[0] for t in QWEN_FIM[:3])
+
+    def tok(text: str) -> list[int]:
+        return m.tokenize(text, add_bos=False)
+
+    budget = Budget(48, 4096, 16)
+    before = tok(PREFIX + TYPED)
+    cached = fim_prompt(m, Infill(PREFIX, SUFFIX * 3, TYPED), budget, "cached")
+    assert cached.tokens == [m.bos, pre, suf, *tok(SUFFIX * 3)[:10], mid, *before[:-1]]
+    assert cached.cursor == Cursor(m.piece(before[-1]), SUFFIX * 3) and cached.cursor.healed
+    # a keystroke changes only the prompt's end: everything up to the prefix is the same tokens
+    more = fim_prompt(m, Infill(PREFIX, SUFFIX * 3, TYPED + " the"), budget, "cached").tokens
+    assert more[: len(cached.tokens)] == cached.tokens and len(more) > len(cached.tokens)
+    makers = fim_prompt(m, Infill(PREFIX, SUFFIX * 3, TYPED), budget).tokens
+    assert makers[makers.index(suf) + 1 : -1] != cached.tokens[3:13]  # the makers' suffix budget shrinks with what is typed
+    healed = fim_prompt(m, Infill(PREFIX, SUFFIX, TYPED), budget, "makers-healed")
+    typed = m.tokenize(TYPED, add_bos=False, special=True)
+    assert healed.tokens == [m.bos, pre, *tok(PREFIX)[-36:], *typed[:-1], suf, *tok(SUFFIX)[: 12 - 2 - len(typed)], mid]
+    assert healed.cursor == Cursor(m.piece(typed[-1])) and fim_prompt(m, Infill(PREFIX, SUFFIX, TYPED), budget).cursor is None
+    extra = (ExtraChunk("import os\n", "a.py"),)
+    header = fim_prompt(m, Infill(PREFIX, SUFFIX, TYPED, extra), Budget(512, 4096, 16), "cached").tokens
+    assert header[: header.index(m.bos)] == fim_prompt(m, Infill(PREFIX, SUFFIX, TYPED, extra), Budget(512, 4096, 16)).tokens[: header.index(m.bos)]
+    # nothing before the cursor: nothing to heal
+    assert fim_prompt(m, Infill("", SUFFIX), budget, "cached").cursor == Cursor(b"", SUFFIX)
+
+
+def test_a_long_prefix_starts_at_a_blocks_first_line_which_stays_put_as_the_window_slides():
+    """block_start: a prefix over its budget starts where a line begins, leaves at most the budget,
+    and keeps its start while an editor's window of lines slides down one line at a time (a line
+    typed at the end, the first dropped), moving about once every `block` lines."""
+    lines = [f"    value_{i} = compute({i}, {i * 7 % 13})" for i in range(400)]
+
+    def tokens(text: str) -> list[int]:
+        return text.split(" ")  # type: ignore[return-value]  # a word a token: enough to count
+
+    most, block, starts = 300, 8, []
+    for top in range(0, 150):
+        window = "\n".join(lines[top : top + 100]) + "\n    typed"
+        kept = block_start(window, most, block, tokens)
+        assert window.endswith(kept) and len(tokens(kept)) <= most and (kept == window or window[len(window) - len(kept) - 1] == "\n")
+        starts.append(kept.partition("\n")[0])
+    moves = sum(a != b for a, b in zip(starts, starts[1:]))
+    assert 150 / (4 * block) < moves < 150 / (block / 4), moves  # about once every `block` lines, not at every one
+    assert block_start("short\ntext", most, block, tokens) == "short\ntext"  # within the budget: whole
+    every = [block_start("\n".join(lines[top : top + 100]), most, 1, tokens) for top in range(3)]
+    assert len({k.partition("\n")[0] for k in every}) == 3  # a block of one line: the start moves with the window
+
+
+def test_healing_allows_exactly_the_tokens_that_agree_with_the_cursors_bytes():
+    """TokenBytes and Healing against a brute-force reading of the rule: a token whose bytes
+    begin with the healed bytes still to come, or are a beginning of them that leaves a rest
+    some token writes; every token once they are written; a disagreeing token refused."""
+    pieces = [b"\n", b"    ", b"   ", b" ", b"re", b"ret", b"return", b"rn", b"\xc3", b"\xa9", b"\xc3\xa9", b"caf", b"", b"\n    ", b"zz\xff", b"\xff"]
+    vocab = TokenBytes(pieces)
+
+    def allowed(mask: np.ndarray) -> set[int]:
+        return {t for t in range(len(pieces)) if (int(mask[t >> 5]) >> (t & 31)) & 1}
+
+    def brute(rest: bytes) -> set[int]:
+        def writable(b: bytes) -> bool:
+            return not b or any(p and (p.startswith(b) or b.startswith(p) and writable(b[len(p) :])) for p in pieces)
+
+        return {t for t, p in enumerate(pieces) if p and (p.startswith(rest) or rest.startswith(p) and writable(rest[len(p) :]))}
+
+    for healed in (b"    ", b"ret", b"caf\xc3\xa9", b"\n    ", b"zz\xff", b"\xff\xff"):
+        h = Healing(vocab, healed)
+        covered = 0
+        while h.binds():
+            got = allowed(h.mask())
+            assert got == brute(healed[covered:]) and got, healed
+            token = max(got, key=lambda t: (len(pieces[t]) <= len(healed) - covered, -len(pieces[t])))  # the shortest that agrees
+            refused = next((t for t in range(len(pieces)) if t not in got), None)
+            if refused is not None:
+                assert not h.consume(refused)
+            assert h.consume(token)
+            covered += len(pieces[token])
+        assert len(allowed(h.mask())) == len(pieces)  # written: every token (as Both asks it)
+        h.rollback(len(h.consumed))
+        assert h.binds() and allowed(h.mask()) == brute(healed)
+    assert vocab.beginning_with(b"\xff").tolist() == [15] and vocab.beginning_with(b"re").tolist() == [4, 5, 6]
+
+
+def test_the_healed_bytes_are_the_prefixs_and_a_middle_that_runs_into_the_suffix_ends_where_it_begins():
+    """TextAssembler with a cursor: the healed bytes are dropped from the text; a line of the
+    middle that ends with the suffix up to its first non-blank line ends the text before it:
+    the rest of the cursor's line matched at the character (where the suffix begins inside the
+    line), a line equal to the next line, or that line after the blank text before it."""
+
+    def middle(pieces: list[str], suffix: str, healed: bytes = b"", stop: tuple[str, ...] = ()) -> TextAssembler:
+        text = TextAssembler(lambda i: pieces[i].encode(), stop, cursor=Cursor(healed, suffix))
+        streamed = ""
+        for i in range(len(pieces)):
+            ended = text.push(i)
+            streamed += text.take_final()
+            if ended:
+                break
+        text.finish()
+        assert streamed + text.take_final() == text.text  # what streams out is never taken back
+        return text
+
+    # the healed bytes, however the model cut them into tokens
+    assert middle(["    ret", "urn x", "\n"], "", healed=b"    re").text == "turn x\n"
+    assert middle(["  ", "  return", " x"], "", healed=b"    ").text == "return x"
+    # the rest of the cursor's line, where the suffix begins inside it: cut where it ends the line
+    t = middle(["foo(x", "))", "\n", "bar\n"], "))\n    return y\n")
+    assert (t.text, t.ended_by) == ("foo(x", "suffix")
+    assert middle(["x)", " + 1"], ")\n").text == "x) + 1"  # not at the line's end: kept
+    # a line equal to the suffix's first line (the cursor at a line's start, HumanEval's single lines)
+    t = middle(["    y = 1\n", "    return y", "\n", "print()"], "    return y\n\nprint(f(2))\n")
+    assert (t.text, t.ended_by) == ("    y = 1\n", "suffix")
+    assert middle(["z =     return y\n"], "    return y\n").text == "z = "  # the cursor's own line: matched at the character
+    # the cursor at a line's end: the suffix begins with a new line (and a blank one), matched with it
+    t = middle(["1", "\n", "\n    return y  ", "\n"], "\n\n    return y\n")
+    assert (t.text, t.ended_by) == ("1", "suffix")
+    t = middle(["1\n", "    z = 2\n", "    return y"], "\n    return y\n")  # at the text's end too
+    assert (t.text, t.ended_by) == ("1\n    z = 2", "suffix")
+    # a line that is not the suffix's: nothing cut; a blank suffix: no rule
+    t = middle(["1\n", "    return z\n"], "\n    return y\n")
+    assert (t.text, t.ended_by) == ("1\n    return z\n", None)
+    assert middle(["a\n", "\n"], "\n\n").text == "a\n\n"
+    # a stop string still ends the text first
+    assert middle(["a STOP", " b\n"], "\n b\n", stop=("STOP",)).ended_by == "word"
 
 
 # --- where a middle ends -------------------------------------------------------------------------------
@@ -178,6 +310,36 @@ def test_every_method_samples_the_infill_samplers_r_exactly(method, gamma):
     law = exact_joint(models, ens.combiner, sampler, [1, 2], 3)
     assert law.keys() != exact_joint(models, ens.combiner, Sampler(top_k=6, top_p=0.95), [1, 2], 3).keys()  # it changes r here
     assert_law(outs, law, f"{method} with the infill sampler")
+
+
+class _FimFake(FakeModel):
+    """A fake with FIM tokens (its last three ids): its token " t1" begins " t10" to " t13", so
+    the cursor's token healed leaves the model a choice."""
+
+    add_bos = False
+    label = "fim fake"
+
+    def fim_tokens(self) -> dict[str, int | None]:
+        return {"prefix": self.n_vocab - 3, "suffix": self.n_vocab - 2, "middle": self.n_vocab - 1}
+
+    def pieces(self) -> list[bytes]:
+        return [self.piece(t) for t in range(self.n_vocab)]
+
+
+@pytest.mark.parametrize("method, gamma, proposer", [("ensemble", None, None), ("sd", 3, None), ("cos", 2, None), ("cos", 2, "lookup")])
+def test_every_method_samples_r_healed_at_the_cursor_exactly(method, gamma, proposer):
+    """The cursor's token healed is a constraint on the first rows: the joint law of the
+    continuations is r restricted to the tokens that agree with its bytes, then r itself
+    (chi-square), for every method; the text is the middle after those bytes."""
+    models = [_FimFake(seed=50 + i, n_vocab=14, n_params=1000 * (i + 1), sharpness=1.0) for i in range(2)]
+    ens = Ensemble(models, WeightedEnsemble([0.5, 0.5]))
+    outs = checked(ens).generate_many(Infill("5 1", ""), N, method=method, gamma=gamma, proposer=proposer, max_tokens=3, infill_layout="cached",
+                                      seed=zlib.crc32(f"{method}{proposer}".encode()))  # fmt: skip
+    pre, suf, mid = 11, 12, 13
+    law = exact_joint(models, ens.combiner, Sampler(), [pre, suf, mid, 5], 3, allowed=lambda before, t: bool(before) or t == 1 or t >= 10)
+    assert_law(outs, law, f"{method} healed")
+    for out in outs[:50]:
+        assert out.text == "".join(models[0].piece(t).decode() for t in out.token_ids)[3:]  # " t1" is the prefix's
 
 
 def test_the_infill_sampler_needs_top_k_and_the_token_level():
@@ -322,6 +484,38 @@ def test_an_editors_rules_end_every_methods_text_where_they_say(method, gamma):
     assert (late.text, late.stopped_by) == ("".join(_Lines.PIECES[t] for t in (free.token_ids or [])[: first + 1]), "time")
 
 
+def _typed_through(model: Model, before: str, tokens: list[int], j: int) -> str:
+    """The text of a suggestion's first `j` tokens, as typed after `before` (its healed bytes,
+    the end of `before`'s own last token, left out)."""
+    healed = model.piece(model.tokenize(before, add_bos=False)[-1])
+    return b"".join(model.piece(t) for t in tokens[:j])[len(healed) :].decode()
+
+
+def test_a_keystroke_in_the_cached_layout_evaluates_what_was_typed_and_verifies_the_last_suggestion_as_a_draft(models):
+    """With the cells of the last request kept: typing the first tokens of the suggestion costs
+    the prompt one token, and the rest of the suggestion, held in the cells, is verified as a
+    draft in one call: the text is the model's own middle there (synthetic F32: a fresh
+    evaluation's, token for token), counted through the decode calls. A character it does not
+    have: the model writes on as usual."""
+    with Ensemble.load([models["fim"]], n_ctx=1024) as ens:
+        m = ens.models[0]
+        cached = dict(max_tokens=16, temperature=0, infill_layout="cached", proposer="lookup")
+        first = ens.generate(Infill(PREFIX, SUFFIX, TYPED), cache_prompt=True, **cached)
+        assert first.token_ids and len(first.token_ids) == 16
+        for j in (2, 5):
+            typed = TYPED + _typed_through(m, PREFIX + TYPED, first.token_ids, j)
+            own = ens.generate(Infill(PREFIX, SUFFIX, typed), **cached)  # a fresh evaluation, nothing kept
+            ens.generate(Infill(PREFIX, SUFFIX, TYPED), cache_prompt=True, **cached)  # the suggestion in the cells again
+            again = ens.generate(Infill(PREFIX, SUFFIX, typed), cache_prompt=True, **cached)
+            assert again.token_ids == own.token_ids and again.text == own.text
+            assert again.stats.prompt_evaluated == 1 < own.stats.prompt_evaluated, (j, again.stats.prompt_evaluated)
+            assert again.stats.held_proposed == again.stats.held_accepted == 16 - j, again.stats
+            # one call verifies the held draft, its bonus row the first token past it; then one a token up to max_tokens
+            assert again.stats.calls == [1 + (j - 1)] and own.stats.calls[0] == 15  # fresh: one a token, the first from the prompt's row
+        other = ens.generate(Infill(PREFIX, SUFFIX, TYPED + "Q"), cache_prompt=True, **cached)
+        assert other.stats.held_proposed == 0 and other.text == ens.generate(Infill(PREFIX, SUFFIX, TYPED + "Q"), **cached).text
+
+
 def test_ollama_and_openai_clients_fill_in_the_middle_with_suffix(fim_server, fim_pair):
     client = ollama.Client(host=fim_server.url)
     show = client.show("fim")
@@ -337,6 +531,25 @@ def test_ollama_and_openai_clients_fill_in_the_middle_with_suffix(fim_server, fi
     assert json.loads(cli.stdout)["completions"][0]["text"] == own.text
 
 
+def test_every_route_that_fills_in_the_middle_takes_the_layout(fim_server, fim_pair):
+    """`infill_layout` on /infill, Ollama's options and OpenAI's extra body: the library's text;
+    on /infill a keystroke that types the suggestion's first tokens evaluates one prompt token."""
+    with Ensemble.load(fim_pair, n_ctx=1024) as ens:
+        own = ens.generate(Infill(PREFIX, SUFFIX), max_tokens=16, temperature=0, infill_layout="cached")
+        assert own.text != ens.generate(Infill(PREFIX, SUFFIX), max_tokens=16, temperature=0).text  # the layout changes the middle
+    got = ollama.Client(host=fim_server.url).generate("fim", PREFIX, suffix=SUFFIX, options={"temperature": 0, "num_predict": 16, "infill_layout": "cached"})
+    openai_text = fim_server.client().completions.create(model="fim", prompt=PREFIX, suffix=SUFFIX, max_tokens=16, temperature=0,
+                                                         extra_body={"infill_layout": "cached"}).choices[0].text  # fmt: skip
+    assert got.response == openai_text == own.text
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": TYPED, "n_predict": 8, "temperature": 0, "infill_layout": "cached",
+            "return_tokens": True}  # fmt: skip
+    first = _infill(fim_server, body).json()
+    typed = TYPED + _typed_through(Model(fim_pair[0], vocab_only=True), PREFIX + TYPED, first["tokens"], 3)
+    second = _infill(fim_server, {**body, "prompt": typed}).json()
+    assert second["timings"]["prompt_n"] == 1 < first["timings"]["prompt_n"]
+    assert second["content"].startswith(first["content"][len(typed) - len(TYPED) :]) and second["localcos"]["held_accepted"] == 5
+
+
 def test_bad_infill_input_is_one_line_or_a_400(fim_server, models, tmp_path):
     bad = [
         ({"input_prefix": 5, "input_suffix": ""}, "input_prefix"),
@@ -345,6 +558,7 @@ def test_bad_infill_input_is_one_line_or_a_400(fim_server, models, tmp_path):
         ({"input_prefix": "", "input_suffix": "", "n_cmpl": 0}, "n_cmpl"),
         ({"input_prefix": "", "input_suffix": "", "lora": [{"id": 0, "scale": 0.5}]}, "lora"),
         ({"input_prefix": "", "input_suffix": "", "model": "other"}, "model"),
+        ({"input_prefix": "", "input_suffix": "", "infill_layout": "sideways"}, "infill_layout"),
     ]
     for body, param in bad:
         r = _infill(fim_server, body)
@@ -359,7 +573,8 @@ def test_bad_infill_input_is_one_line_or_a_400(fim_server, models, tmp_path):
     proc = run("generate", "--models", str(models["base"]), "--prompt", "a", "--suffix", "b", "--max-tokens", "2")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "t-base has no fill-in-the-middle" in proc.stderr, proc.stderr
     for args, message in ((["--suffix", "b", "--chat"], "not a chat"), (["--suffix-file", str(tmp_path / "none.py")], "no such file"),
-                          (["--context-file", str(tmp_path)], "give --suffix")):  # fmt: skip
+                          (["--context-file", str(tmp_path)], "give --suffix"),
+                          (["--suffix", "b", "--level", "byte", "--infill-layout", "cached"], "not available at the byte level")):  # fmt: skip
         proc = run("generate", "--models", str(models["fim"]), "--prompt", "a", *args)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
 
@@ -447,7 +662,7 @@ def test_sd_with_the_0_5b_drafting_fills_in_the_1_5bs_middle(trained):
     from test_trained import r_scores, score_gap_bound
 
     from localcos import GenerationConfig
-    from localcos.infill import infill_tokens
+    from localcos.infill import infill_prompt
     from localcos.testing.rows import RowLog
 
     pair = [trained("coder-0.5b"), trained("coder-1.5b")]
@@ -462,7 +677,7 @@ def test_sd_with_the_0_5b_drafting_fills_in_the_1_5bs_middle(trained):
             assert sd.stats.proposed > 0 and alone.stats.models[0].calls == 0  # the 0.5B drafts in sd, and is never run alone
             if sd.token_ids != alone.token_ids:
                 i = next((j for j, (a, b) in enumerate(zip(sd.token_ids, alone.token_ids)) if a != b), min(len(sd.token_ids), len(alone.token_ids)))
-                partings.append((t, i, alone.token_ids, sd.token_ids, infill_tokens(ens.models[1], t.infill, GenerationConfig(max_tokens=16))))
+                partings.append((t, i, alone.token_ids, sd.token_ids, infill_prompt(ens.models[1], t.infill, GenerationConfig(max_tokens=16)).tokens))
     for t, i, want, got, prompt in partings:
         noise = rows.noise(f"alone {t.task_id}", f"sd {t.task_id}")
         scores = r_scores(pair[1:], WeightedEnsemble([1]).bind(1, [1]), prompt + want[:i])
@@ -492,3 +707,23 @@ def test_llama_vims_request_on_the_trained_model_ends_its_middle_as_llama_server
         assert cut["stop_type"] == "limit" and cut["content"].startswith("return math.pi") and cut["content"].count("\n") == 1, cut
         plain = server.client().completions.create(model=server_model(server), prompt=prefix + "    ", suffix=suffix, max_tokens=48, temperature=0)
         assert plain.choices[0].text.startswith(cut["content"].rstrip("\n")) and plain.choices[0].finish_reason == "stop", plain
+
+
+@pytest.mark.real
+def test_the_cursors_token_healed_on_the_trained_model(trained):
+    """The 1.5B, greedy, both healed layouts, the cursor after indentation, inside a word and
+    after a multi-byte character: the middle's first tokens write the healed bytes (the model's
+    own cut of the text at the cursor: `    ` + ` pi`, `urn`), and the text is what follows
+    them; inside `retu` the makers' order healed finishes the word."""
+    cursors = [("def area(radius):\n    ", "\n\n\nprint(area(2))\n"), ("def area(radius):\n    retu", "\n\n\nprint(area(2))\n"),
+               ('def greet():\n    return "Zoë', "\n")]  # fmt: skip
+    with Ensemble.load([trained("coder-1.5b")], n_ctx=1024) as ens:
+        m = ens.models[0]
+        for layout in ("makers-healed", "cached"):
+            for prefix, suffix in cursors:
+                healed = m.piece(m.tokenize(prefix, add_bos=False)[-1])
+                out = ens.generate(Infill(prefix, suffix), max_tokens=12, temperature=0, infill_layout=layout)
+                written = b"".join(m.piece(t) for t in out.token_ids or [])
+                assert written.startswith(healed) and len(healed) >= (2 if "ë" in prefix else 1), (layout, prefix, written)
+                assert out.text == written[len(healed) :].decode(errors="replace")[: len(out.text)] and out.text, (layout, prefix, out.text)
+        assert ens.generate(Infill(*cursors[1]), max_tokens=12, temperature=0, infill_layout="makers-healed").text.startswith("rn ")

@@ -20,6 +20,7 @@ from ..core.lookup import LOOKUP_MODES
 from ..core.sampling import check_setting
 from ..errors import ConfigError
 from ..grammar import Constraint
+from ..infill import INFILL_LAYOUTS
 from ..models.weights import WEIGHT_TYPES
 from .parse import (
     format_gamma,
@@ -291,6 +292,16 @@ _OPTIONS = [
             "fill-in-the-middle: the most tokens of the suffix read after the cursor (default: llama-server's: a quarter of "
             "--batch-size less 2 and the typed part's tokens; the prefix's last three quarters of --batch-size are read)",
             metavar="N"),
+    _option("infill_layout", "--infill-layout", "output", "generation", _choice(INFILL_LAYOUTS),
+            "fill-in-the-middle: how the prompt is laid out: makers (the models' makers' order, prefix, suffix, middle, as "
+            "llama-server and Ollama lay it out), makers-healed (the same with the cursor's token healed: taken back, and the "
+            "middle made to begin with its bytes in tokens the model chooses), cached (the suffix first, then the prefix the "
+            "model goes on from, the cursor's token healed: with --cache-prompt a keystroke then evaluates only what was "
+            "typed; a middle that runs into the suffix ends where the suffix begins)", default="makers", choices=INFILL_LAYOUTS),
+    _option("infill_block", "--infill-block", "output", "generation", _at_least(1),
+            "fill-in-the-middle, --infill-layout cached: a prefix longer than its budget starts at the first line of a block "
+            "(a block is about N lines, its first lines chosen by their text), so its start moves about once every N lines as "
+            "an editor's window of lines slides down the file", default=16, metavar="N"),
     _option("infill_continue", "--infill-continue", "server", "generation", parse_bool,
             "/infill: a request whose typed text goes on from the last answered one's by characters that begin its "
             "suggestion gets the rest of that suggestion, with no model run (as llama.vim's own cache answers); what the "

@@ -241,6 +241,8 @@ class GenerationConfig:
     n_indent: int = 0  # a new line indented by fewer characters ends the text (0: off)
     t_max_predict_ms: float = 0.0  # after this long, the next new line ends the text (0: off)
     infill_suffix: int | None = None  # fill-in-the-middle: the most suffix tokens read (None: llama-server's rule)
+    infill_layout: str = "makers"  # fill-in-the-middle: the prompt's order (localcos.infill.INFILL_LAYOUTS)
+    infill_block: int = 16  # fill-in-the-middle, cached layout: the prefix starts at a block's first line, a block about this many lines
     infill_continue: bool = False  # /infill: typed characters that begin the last suggestion get its rest, no model run
     cache_prompt: bool = False  # reuse an earlier request's cells of the prompt exactly (not as a fresh process)
     ignore_eos: bool = False
@@ -355,7 +357,8 @@ def check_level(level: Level | str, generation: GenerationConfig, gated: bool) -
     to route a request that breaks them to the token level): no lookahead there (its branches are
     sequences of one tokenizer's tokens); drafts counted in bytes (`--byte-gamma`, not a gamma in
     tokens), the methods ensemble and cos, no proposer (the models take turns drafting bytes) and
-    no lookup (its drafts are token ids). The mixed level also needs a gate (`gated`: the gate
+    no lookup (its drafts are token ids), a fill-in-the-middle read in the makers' layout (the
+    others heal the cursor's token in one vocabulary). The mixed level also needs a gate (`gated`: the gate
     says where the lead decides whole tokens alone), decodes with the ensemble's step (its whole
     tokens are not drafted) and takes no constraint (a grammar masks bytes, not the lead's whole
     tokens)."""
@@ -380,6 +383,9 @@ def check_level(level: Level | str, generation: GenerationConfig, gated: bool) -
         raise ConfigError("gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
     if generation.samplers is not None and "infill" in generation.samplers:
         raise ConfigError(f"samplers: infill merges tokens by their texts: not available at the {level} level (--level token)", param="samplers")
+    if generation.infill_layout != "makers":
+        raise ConfigError(f"infill_layout {generation.infill_layout}: not available at the {level} level (it heals the cursor's token in "
+                          "one vocabulary; each model here reads its own: --level token)", param="infill_layout")  # fmt: skip
     if generation.method not in (None, *level_methods(level)):
         raise ConfigError(f"method {generation.method}: not available at the byte level yet (models with different tokenizers, or "
                           "level byte); ensemble or cos", param="method")  # fmt: skip

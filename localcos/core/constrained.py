@@ -5,24 +5,81 @@ caches."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ..errors import ConfigError
 
-if TYPE_CHECKING:
-    from ..grammar import Matcher
+
+class TokenMatcher(Protocol):
+    """What a constraint's state over one completion answers (`grammar.Matcher`: structured
+    output; `core.healing.Healing`: the cursor's token healed): the tokens consumed, whether it
+    constrains the next token at all, and the mask of those allowed (one bit per token id, in
+    int32 words)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def consumed(self) -> list[int]: ...
+    def binds(self) -> bool: ...
+    def mask(self) -> np.ndarray: ...
+    def consume(self, token: int) -> bool: ...
+    def rollback(self, n: int) -> None: ...
+
+
+# the mask of a position the constraint leaves free: every token, nothing to restrict
+FREE = np.zeros(0, dtype=np.int32)
+
+
+def allowed(mask: np.ndarray, token: int) -> bool:
+    """Whether `mask` (one bit per token id) has `token`'s bit."""
+    return mask is FREE or bool((int(mask[token >> 5]) >> (token & 31)) & 1)
+
+
+class Both:
+    """Two matchers at once (the cursor's token healed under a grammar): a token both allow."""
+
+    def __init__(self, first: TokenMatcher, second: TokenMatcher) -> None:
+        self.first, self.second = first, second
+        self.kind = second.kind
+
+    @property
+    def consumed(self) -> list[int]:
+        return self.first.consumed
+
+    def binds(self) -> bool:
+        return self.first.binds() or self.second.binds()
+
+    def mask(self) -> np.ndarray:
+        if not self.first.binds():
+            return self.second.mask()
+        if not self.second.binds():
+            return self.first.mask()
+        return self.first.mask() & self.second.mask()
+
+    def consume(self, token: int) -> bool:
+        if not self.first.consume(token):
+            return False
+        if not self.second.consume(token):
+            self.first.rollback(1)
+            return False
+        return True
+
+    def rollback(self, n: int) -> None:
+        self.first.rollback(n)
+        self.second.rollback(n)
 
 
 class SequenceConstraint:
-    """`matcher` (structured output) following a completion's sequence after its `n_prompt`
-    prompt tokens: `sequence()` the tokens so far (committed, then pending), `committed()` how many
-    of them are committed. The matcher follows lazily, to the position asked; masks are kept per
-    position while that position can still be verified."""
+    """`matcher` (structured output, the cursor's token healed) following a completion's
+    sequence after its `n_prompt` prompt tokens: `sequence()` the tokens so far (committed, then
+    pending), `committed()` how many of them are committed. The matcher follows lazily, to the
+    position asked; masks are kept per position while that position can still be verified (`FREE`
+    where the matcher no longer binds)."""
 
-    def __init__(self, matcher: Matcher, n_prompt: int, sequence: Callable[[], list[int]], committed: Callable[[], int]) -> None:
+    def __init__(self, matcher: TokenMatcher, n_prompt: int, sequence: Callable[[], list[int]], committed: Callable[[], int]) -> None:
         self.matcher = matcher
         self.n_prompt = n_prompt
         self._sequence = sequence
@@ -44,12 +101,16 @@ class SequenceConstraint:
             return self.masks[position]
         if not self._sync(position):
             return None
-        kept = self.masks[position] = self.matcher.mask()
+        kept = self.masks[position] = self.matcher.mask() if self.matcher.binds() else FREE
         return kept
+
+    def binds(self, position: int) -> bool:
+        """Whether the constraint restricts anything at `position`."""
+        return self.mask(position) is not FREE
 
     def allows(self, token: int, position: int) -> bool:
         mask = self.mask(position)
-        return mask is not None and self.matcher.allows(token, mask)
+        return mask is not None and allowed(mask, token)
 
     def restrict(self, rows: np.ndarray, positions: Sequence[int], logits: bool = False) -> np.ndarray:
         """Rows (probabilities, renormalised, or logits) with the disallowed tokens removed, in
@@ -62,8 +123,8 @@ class SequenceConstraint:
             self._allowed = np.empty(vocab, dtype=bool)
         for row, position in zip(rows, positions):
             mask = self.mask(position)
-            if mask is None:
-                continue  # past a refused draft token: never sampled from (see `mask`)
+            if mask is None or mask is FREE:
+                continue  # past a refused draft token: never sampled from (see `mask`); or free
             allowed = unpack(mask, vocab, out=self._allowed)
             if logits:
                 row[~allowed] = -np.inf

@@ -6,8 +6,8 @@ distribution r at given positions, proposing a draft token, verifying pending dr
 verifier in `verify.py`), committing tokens (stop conditions, text), and rolling every KV cache
 back after a rejection.
 
-A constraint (structured output, `localcos.grammar`) is a token mask that depends on the tokens
-so far: it is applied to r (renormalised) and to every proposer's distribution at every draft
+A constraint (structured output, `localcos.grammar`; the cursor's token healed, `core.healing`) is
+a token mask that depends on the tokens so far: it is applied to r (renormalised) and to every proposer's distribution at every draft
 position, the matcher following the committed and pending tokens and rolling back with them
 (`core.constrained`), so the accept/residual step is exact for the constrained r, for every
 method.
@@ -41,7 +41,7 @@ import numpy as np
 
 from .branches import Branches
 from .combiners import BoundCombiner
-from .constrained import SequenceConstraint
+from .constrained import SequenceConstraint, TokenMatcher
 from .lookup import LookupState
 from .sampling import Sampler, softmax
 from .speedmodel import AutoGamma, Costs
@@ -50,10 +50,10 @@ from .verify import verify
 
 if TYPE_CHECKING:  # a model's sequence, as the core reads it: its tokens, truncate(n), name
     from ..backend import Slot
-    from ..grammar import Matcher
 
 METHODS = ("ensemble", "sd", "naive-cos", "cos")
 LOOKUP = -1  # the proposer of a draft looked up in the context (core/lookup.py)
+HELD = -2  # the proposer of a draft the cells held after the prompt (`LookupState.held`)
 
 
 class Phase(Enum):
@@ -109,7 +109,8 @@ class Origin:
 
     kind: "sample" (drawn from r directly), "draft" (a proposer's draft token, accepted),
     "bonus" (sampled by a model from its own distribution right after scoring others' tokens,
-    then accepted; for sd: the bonus drawn from r), "lookup" (looked up in the context, accepted),
+    then accepted; for sd: the bonus drawn from r), "lookup" (looked up in the context or held
+    by the cells after the prompt, accepted),
     "resample" (drawn from the residual after a rejection). model: index of the model that
     proposed it, if any.
     """
@@ -121,7 +122,7 @@ class Origin:
 @dataclass
 class Draft:
     """A pending (not yet verified) token and the distribution its proposer sampled it from
-    (None for a looked-up token: a point mass, proposer LOOKUP)."""
+    (None for a looked-up or held token: a point mass, proposer LOOKUP or HELD)."""
 
     token: int
     proposer: int
@@ -141,6 +142,8 @@ class SpeculationStats:
     bonus: int = 0  # bonus tokens committed
     lookup_proposed: int = 0  # of the draft tokens: looked up in the context
     lookup_accepted: int = 0
+    held_proposed: int = 0  # of the draft tokens: those the cells held after the prompt
+    held_accepted: int = 0
 
 
 class Decoder:
@@ -163,7 +166,7 @@ class Decoder:
         banned: Sequence[int] = (),
         lookup: LookupState | None = None,
         costs: Costs | None = None,
-        constraint: Matcher | None = None,
+        constraint: TokenMatcher | None = None,
         others: Callable[[], int] | None = None,
         together: bool = False,
         branches: Sequence[Sequence[Slot]] = (),
@@ -402,11 +405,11 @@ class Decoder:
         """Model i's own distribution at `position` (what it proposes from), constrained."""
         if self.sampler.greedy:  # one-hot at the argmax, which the logits have already
             row = self.rows[i][position]
-            if self.constraint is not None:
+            if self.constraint is not None and self.constraint.binds(position):
                 row = self._constrain(row[None, :].copy(), [position], logits=True)[0]
             return self.sampler.finalize(row, copy=True)
         q = self.softmax(i, position)
-        if self.constraint is not None:
+        if self.constraint is not None and self.constraint.binds(position):
             q = self._constrain(q[None, :].copy(), [position])[0]
         return self.sampler.finalize(q, copy=True)
 
@@ -438,7 +441,9 @@ class Decoder:
 
     def lookup_draft(self, caller: int | None) -> int:
         """Append draft tokens looked up in the context (`core.lookup`) after the pending ones;
-        returns how many. In auto mode only as many as pay: their expected saving against what
+        returns how many. The tokens the cells held after the prompt go first, all of them,
+        while the text follows them (`LookupState.held_after`). In auto mode only as many as
+        pay: their expected saving against what
         their rows add to the next calls of `caller` (the model about to catch up and draft on
         after them; None: every model r uses, no model drafting) and of the others. An accepted
         looked-up token saves what the alternative would spend on it: in cos, a single-token
@@ -451,12 +456,15 @@ class Decoder:
             return self._token_cost() if caller is None or self.costs is None else self.costs(caller, 1)
 
         pending = [d.token for d in self.pending]
-        candidate = self.lookup.drafts(len(self.committed), pending, self.draft_room(), lambda: self._rows_cost(caller), saving)
+        held = self.lookup.held_after(len(self.committed), pending)[: self.draft_room()]
+        source, candidate = HELD, held
+        if not held:
+            source, candidate = LOOKUP, self.lookup.drafts(len(self.committed), pending, self.draft_room(), lambda: self._rows_cost(caller), saving)
         appended = 0
         for token in candidate:
             if not self.allows(token, len(self.committed) + len(self.pending)):
                 break  # r gives it nothing: the draft ends before it
-            self.pending.append(Draft(token, LOOKUP, None))
+            self.pending.append(Draft(token, source, None))
             appended += 1
             if self.is_end(token):
                 break
@@ -518,13 +526,16 @@ class Decoder:
                 self.lookup.outcomes.observe(int(ok), int(not ok))
                 self.speculation.lookup_proposed += 1
                 self.speculation.lookup_accepted += int(ok)
+            elif d.proposer == HELD:
+                self.speculation.held_proposed += 1
+                self.speculation.held_accepted += int(ok)
             elif self.observer is not None:
                 self.observer.observe_verdicts(d.proposer, int(ok), int(not ok))
         self.speculation.lookup_proposed += sum(d.proposer == LOOKUP for d in drafts[len(judged) :])
+        self.speculation.held_proposed += sum(d.proposer == HELD for d in drafts[len(judged) :])
         accepted = drafts[: verdict.accepted]
         tokens = [d.token for d in accepted]
-        origins = [Origin("lookup" if d.proposer == LOOKUP else "bonus" if d.bonus else "draft", None if d.proposer == LOOKUP else d.proposer)
-                   for d in accepted]
+        origins = [Origin("lookup", None) if d.proposer in (LOOKUP, HELD) else Origin("bonus" if d.bonus else "draft", d.proposer) for d in accepted]
         if verdict.resample is None:
             del self.pending[:k]
             self.commit(tokens, origins)

@@ -116,12 +116,18 @@ def worth_drafting(
 
 @dataclass
 class LookupState:
-    """One completion's lookup: its context index, how its drafts fare, and the continuation it
-    watches."""
+    """One completion's lookup: its context index, how its drafts fare, the continuation it
+    watches, and what the models' cells held after the prompt (`held`)."""
 
     settings: LookupSettings
     index: ContextIndex
     outcomes: Acceptance = field(default_factory=lookup_outcomes)
+    # The tokens the cells held after this prompt when it began: the last completion of a prompt
+    # this one begins (an editor's last suggestion, where the characters typed since are its
+    # first). While the text follows them they are drafted first, all at once: they were
+    # written from this very prefix.
+    held: list[int] = field(default_factory=list)
+    held_from: int = 0  # the position of held[0]
     # A continuation auto left out, watched against what gets committed. Every committed token is
     # a sample of r, so it equals a looked-up x with probability r(x), the probability that x's
     # verification would accept it: these verdicts cost nothing, and auto learns from them when
@@ -150,13 +156,24 @@ class LookupState:
                 self.watch(position, pending, candidate)
         return list(candidate[:k])
 
+    def held_after(self, position: int, pending: Sequence[int]) -> list[int]:
+        """The held tokens after `pending` (the draft tokens after the committed ones, which end
+        at `position`), where the text so far follows them; else none."""
+        i = position - self.held_from
+        if not self.held or i < 0 or list(pending) != self.held[i : i + len(pending)]:
+            return []
+        return self.held[i + len(pending) :]
+
     def watch(self, position: int, drafts: Sequence[int], continuation: Sequence[int]) -> None:
         """Watch `continuation`, which would follow `drafts` from `position` on (one at a time)."""
         if not self.watched:
             self.watched, self.watched_from, self.watched_drafts = [*drafts, *continuation], position, len(drafts)
 
     def committed(self, position: int, token: int) -> None:
-        """`token` was committed at `position`: a verdict on the watched continuation, maybe."""
+        """`token` was committed at `position`: a verdict on the watched continuation, maybe;
+        the held tokens are let go where it is not theirs."""
+        if self.held and 0 <= position - self.held_from < len(self.held) and self.held[position - self.held_from] != token:
+            self.held = []
         i = position - self.watched_from
         if not self.watched or i < 0:
             return

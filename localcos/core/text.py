@@ -9,7 +9,35 @@ from __future__ import annotations
 
 import codecs
 import time
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a fill-in-the-middle is written, as its text needs to know (`infill.FimPrompt`):
+    `healed`, the bytes of the cursor's token the prompt took back (the generation begins with
+    them, constrained to; they are the prefix's, not the middle's), and `suffix`, the text after
+    the cursor, where a middle that runs on into it is cut (None: no such rule, the makers'
+    layout, whose model reads the suffix right after the cursor)."""
+
+    healed: bytes = b""
+    suffix: str | None = None
+
+    @property
+    def runs_into(self) -> str:
+        """What of the suffix a middle that runs into it writes again: the suffix up to the end
+        of its first line that is not blank, trailing white space dropped ("" where the suffix is
+        blank: no cut)."""
+        suffix = self.suffix or ""
+        start = 0
+        while start < len(suffix):
+            end = suffix.find("\n", start)
+            end = len(suffix) if end < 0 else end
+            if suffix[start:end].strip():
+                return suffix[:end].rstrip()
+            start = end + 1
+        return ""
 
 
 class TextAssembler:
@@ -17,11 +45,22 @@ class TextAssembler:
     and an editor's two rules (llama-server's): `indent`, a new line indented by fewer spaces or
     tabs ends the text at its first character (the code after the cursor's block is not the
     middle's), and `late()`, once true, a token holding a new line ends the text after it (the
-    editor's time budget; the clock is the caller's)."""
+    editor's time budget; the clock is the caller's). With a `cursor` (a middle read in the
+    cached layout), its healed bytes are not the text's, and a middle that runs into the suffix
+    ends where the suffix begins: once a line of the middle ends (a new line, or the end of the
+    text) with the suffix's text up to its first line that is not blank (`Cursor.runs_into`,
+    trailing white space aside), starting where a line starts, at the middle's start, or anywhere
+    on the cursor's own line where the suffix begins inside that line, the text ends before it
+    (`ended_by` "suffix")."""
 
     def __init__(self, piece: Callable[[int], bytes], stop: Sequence[str] = (), *, indent: int = 0,
-                 late: Callable[[], bool] | None = None) -> None:  # fmt: skip
+                 late: Callable[[], bool] | None = None, cursor: Cursor | None = None) -> None:  # fmt: skip
         self._piece = piece
+        self._heal = len(cursor.healed) if cursor is not None else 0  # the healed bytes still to drop
+        self._runs_into = cursor.runs_into if cursor is not None else ""
+        # a suffix that begins with a new line is matched wherever a line of the middle ends; one
+        # that begins with a line's text, where a line begins or on the cursor's own line
+        self._at_line_end = self._runs_into.startswith("\n")
         self._stop = [s for s in stop if s]
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._text = ""
@@ -37,12 +76,13 @@ class TextAssembler:
         self._scan = 0  # where that new line is looked for
 
     @classmethod
-    def timed(cls, piece: Callable[[int], bytes], stop: Sequence[str], indent: int, late_ms: float, started: float) -> TextAssembler:
+    def timed(cls, piece: Callable[[int], bytes], stop: Sequence[str], indent: int, late_ms: float, started: float,
+              cursor: Cursor | None = None) -> TextAssembler:  # fmt: skip
         """The text of a generation that started decoding at `started` (`time.perf_counter()`),
         late once `late_ms` milliseconds have passed (0: never)."""
         limit = late_ms / 1000
         late = (lambda: time.perf_counter() - started > limit) if limit > 0 else None
-        return cls(piece, stop, indent=indent, late=late)
+        return cls(piece, stop, indent=indent, late=late, cursor=cursor)
 
     @property
     def text(self) -> str:
@@ -53,7 +93,11 @@ class TextAssembler:
         if self.stopped:
             return True
         old_len = len(self._text)
-        piece = self._decoder.decode(self._piece(token))
+        data = self._piece(token)
+        if self._heal:  # the constraint made the generation begin with the healed bytes: not the middle's
+            cut = min(self._heal, len(data))
+            data, self._heal = data[cut:], self._heal - cut
+        piece = self._decoder.decode(data)
         self._text += piece
         if self._stop:
             start = max(0, old_len - self._hold + 1)
@@ -62,6 +106,12 @@ class TextAssembler:
                 at, self.word = min(hits)
                 self._end(at, "word")
                 return True
+        if self._runs_into:
+            newline = self._text.find("\n", old_len)
+            while newline >= 0:
+                if self._ran_into_suffix(newline):
+                    return True
+                newline = self._text.find("\n", newline + 1)
         if self._indent > 0 and self._outdented():
             return True
         if self._late is not None and "\n" in piece and self._late():
@@ -90,6 +140,18 @@ class TextAssembler:
                 return True
             self._line, self._scan = -1, at  # judged: the next new line opens the next line to judge
 
+    def _ran_into_suffix(self, end: int) -> bool:
+        """Whether the line that ends at `end` ends with what of the suffix a middle that runs
+        into it writes again, from where it may begin (see the class); if so the text ends there."""
+        line = self._text[:end].rstrip(" \t\r")
+        if not line.endswith(self._runs_into):
+            return False
+        at = len(line) - len(self._runs_into)
+        if self._at_line_end or self._text[at - 1 : at] == "\n" or "\n" not in self._text[:at]:
+            self._end(at, "suffix")
+            return True
+        return False
+
     def _end(self, at: int, why: str) -> None:
         self._text = self._text[:at]
         self.stopped = True
@@ -99,6 +161,8 @@ class TextAssembler:
         """No more tokens: flush an incomplete UTF-8 tail (as U+FFFD) unless a stop string ended the text."""
         if not self.stopped:
             self._text += self._decoder.decode(b"", final=True)
+            if self._runs_into:
+                self._ran_into_suffix(len(self._text))
         self._finished = True
 
     def take_final(self) -> str:
@@ -106,6 +170,9 @@ class TextAssembler:
         end = len(self._text)
         if self._stop and not (self.stopped or self._finished):
             end = self._safe_end()
+        if self._runs_into and not (self.stopped or self._finished):
+            # a middle that runs into the suffix is cut at most that far before the line it is on
+            end = min(end, max(0, self._text.rfind("\n") + 1 - len(self._runs_into)))
         piece = self._text[self._emitted : end]
         self._emitted = max(self._emitted, end)
         return piece

@@ -17,7 +17,9 @@ import numpy as np
 
 from ..backend import common_prefix
 from ..backend.slot import ModelStats, Slot, prompt_calls
+from ..core.constrained import Both, TokenMatcher
 from ..core.decoding import Decoder, Evaluate, Origin, Phase, Together
+from ..core.healing import Healing
 from ..core.lookup import ContextIndex, LookupState, lookup_outcomes
 from ..core.speedmodel import AutoGamma
 from ..core.strategies import make_strategy
@@ -120,6 +122,7 @@ class Generation:
         counted = [[s, *loaded.branch_slots(i, self.slot)] for i, s in enumerate(slots)]
         prompt = list(plan.prompt)
         prompts = [list(p) for p in plan.prompts]
+        held = self._held(slots, prompt)  # before the prefill lets it go
         t_prompt = time.perf_counter()
         prompt_rows = yield from self._prefill(slots, prompts)
         if prompt_rows is None:
@@ -131,14 +134,14 @@ class Generation:
         views = [s if own == prompt else PromptShift(s, prompt, own) for s, own in zip(slots, prompts)]
         first = loaded.models[0]
         config = plan.config
-        text = TextAssembler.timed(first.piece, config.stop, config.n_indent, config.t_max_predict_ms, t0)
+        text = TextAssembler.timed(first.piece, config.stop, config.n_indent, config.t_max_predict_ms, t0, plan.cursor)
         token_text = _TokenText(first.piece)
         events: list[TokenEvent] = []
 
         def on_commit(token: int, origin: Origin) -> None:
             events.append(TokenEvent(token, token_text(token), origin))
 
-        dec = self.decoder = self._decoder(views, prompt, prompt_rows, text, on_commit)
+        dec = self.decoder = self._decoder(views, prompt, prompt_rows, text, on_commit, held)
         rounds = make_strategy(dec, plan.strategy)
         while not dec.finished:
             if self.cancelled():
@@ -202,15 +205,27 @@ class Generation:
                 slots[i].remember_row(prompts[i], rows[i])
         return rows
 
+    def _held(self, slots: list[Slot], prompt: list[int]) -> list[int]:
+        """What the models' cells hold after the prompt now, where drafts are looked up and the
+        cells of an earlier request are kept (`cache_prompt`): the longest continuation of it any
+        sequence of a member's model holds (`LookupState.held`)."""
+        if self.plan.lookup is None or not self.plan.config.cache_prompt:
+            return []
+        held: list[int] = []
+        for sequence in {id(s): s for slot in slots for s in slot.model.slots}.values():
+            if len(sequence.tokens) > len(prompt) + len(held) and sequence.tokens[: len(prompt)] == prompt:
+                held = sequence.tokens[len(prompt) :]
+        return list(held)
+
     def _decoder(self, slots: list, prompt: list[int], prompt_rows: list[np.ndarray | None], text: TextAssembler,
-                 on_commit: Callable[[int, Origin], None]) -> Decoder:  # fmt: skip
+                 on_commit: Callable[[int, Origin], None], held: list[int]) -> Decoder:  # fmt: skip
         """The decoder of this generation, with what its strategy's auto plans learn started
         afresh: the calls a seeded generation makes, and so its text, depend on nothing that ran
-        before."""
+        before (but for `held`, what the cells held after the prompt, drafted first)."""
         loaded, plan = self.loaded, self.plan
         lookup = None
         if plan.lookup is not None:
-            lookup = LookupState(plan.lookup, ContextIndex(prompt, loaded.n_ctx), lookup_outcomes())
+            lookup = LookupState(plan.lookup, ContextIndex(prompt, loaded.n_ctx), lookup_outcomes(), held=held, held_from=len(prompt))
         return Decoder(
             slots,
             plan.combiner,
@@ -229,11 +244,21 @@ class Generation:
             # the run (on one machine a seed pins the output)
             costs=loaded.costs,
             others=self.others,
-            constraint=Matcher(loaded.vocabulary(), plan.constraint) if plan.constraint is not None else None,
+            constraint=self._constraint(),
             together=True,  # the scheduler answers a round's catch-ups together: one model's members share a call
             branches=[[loaded.sequence(i, self.slot, j) for j in range(loaded.branches + 1)] for i in range(len(loaded.models))]
             if plan.strategy.lookahead is not None else (),
         )
+
+    def _constraint(self) -> TokenMatcher | None:
+        """What constrains this generation's tokens: the plan's grammar, the cursor's token
+        healed, both or neither."""
+        loaded, plan = self.loaded, self.plan
+        grammar = Matcher(loaded.vocabulary(), plan.constraint) if plan.constraint is not None else None
+        if plan.cursor is None or not plan.cursor.healed:
+            return grammar
+        healing = Healing(loaded.token_bytes(), plan.cursor.healed)
+        return healing if grammar is None else Both(healing, grammar)
 
     def _stats(self, dec: Decoder, work: list, seconds: float, prompt_seconds: float, finish_reason: str) -> GenerationStats:
         loaded, plan, strategy = self.loaded, self.plan, self.plan.strategy
@@ -254,6 +279,8 @@ class Generation:
             bonus=spec.bonus,
             lookup_proposed=spec.lookup_proposed,
             lookup_accepted=spec.lookup_accepted,
+            held_proposed=spec.held_proposed,
+            held_accepted=spec.held_accepted,
             gate_decided=dec.gate_decided,
             gate_opened=dec.gate_opened,
             looked_ahead=dec.branches.looked_ahead,

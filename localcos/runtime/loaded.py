@@ -18,6 +18,7 @@ from ..core.combiners import BoundCombiner, Combiner, WeightedEnsemble
 from ..core.hostmem import keep_freed_memory
 from ..core.level import Level
 from ..core.sizes import largest, member_params
+from ..core.healing import TokenBytes
 from ..core.sampling import InfillSampler
 from ..core.speedmodel import CallProfile, Costs
 from ..config.specs import require_models
@@ -163,6 +164,7 @@ class LoadedModels:
             profiles = [own[id(m)] for m in self.models]
         self.profiles = list(profiles)
         self._vocabulary: Vocabulary | None = None  # the constraints' view of the vocabulary
+        self._token_bytes: TokenBytes | None = None  # the tokens by their bytes (the cursor's token healed)
         self._infill: InfillSampler | None = None
         self._vocabulary_lock = threading.Lock()
 
@@ -331,6 +333,14 @@ class LoadedModels:
                 first = self.models[0]
                 self._infill = InfillSampler(end, first.piece, first.eot if first.eot >= 0 else first.eos)
             return self._infill
+
+    def token_bytes(self) -> TokenBytes:
+        """The shared vocabulary's tokens by their bytes, for healing the cursor's token (built
+        once, on first use; any thread)."""
+        with self._vocabulary_lock:
+            if self._token_bytes is None:
+                self._token_bytes = TokenBytes(self.models[0].pieces()[: self.n_vocab])
+            return self._token_bytes
 
     def vocabulary(self) -> Vocabulary:
         """The vocabulary as constraints see it (built once, on first use; any thread)."""

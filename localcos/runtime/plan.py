@@ -20,7 +20,8 @@ from ..core.lookup import LookupSettings
 from ..core.sampling import Sampler
 from ..errors import ConfigError, PromptTooLongError
 from ..grammar import Constraint
-from ..infill import Infill, infill_tokens
+from ..core.text import Cursor
+from ..infill import Infill, infill_prompt
 from ..core.sizes import largest
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class Plan:
     lookup: LookupSettings | None  # drafts looked up in the context, when they may ride along
     constraint: Constraint | None
     second_prompt: tuple[int, ...] | None = None  # what the member reading a second prompt reads
+    cursor: Cursor | None = None  # a middle's cursor where its layout heals a token or cuts at the suffix (`infill.FimPrompt`)
 
     @property
     def prompts(self) -> list[tuple[int, ...]]:
@@ -75,16 +77,12 @@ def check_token_ids(loaded: LoadedModels, tokens: Sequence[int], param: str = "p
         raise ConfigError(f"token id {bad} is outside the shared vocabulary of {loaded.n_vocab}", param=param)
 
 
-def prompt_tokens(loaded: LoadedModels, prompt: Prompt, param: str = "prompt", phrasing: str = "raw", lead: int | None = None,
-                  config: GenerationConfig | None = None) -> list[int]:  # fmt: skip
+def prompt_tokens(loaded: LoadedModels, prompt: str | Sequence[int], param: str = "prompt", phrasing: str = "raw",
+                  lead: int | None = None) -> list[int]:  # fmt: skip
     """The tokens of a prompt (text, read as `phrasing` says through the chat template of member
-    `lead`, default the largest model; a fill-in-the-middle `Infill`, through that member's FIM
-    tokens under `config`; or token ids, read as they are), checked: not empty, ids of the
-    vocabulary, and shorter than the context (so at least one token can follow)."""
-    if isinstance(prompt, Infill):
-        assert config is not None, "an infill is read under its generation's settings"
-        tokens = infill_tokens(loaded.models[largest(loaded.n_params) if lead is None else lead], prompt, config)
-    elif isinstance(prompt, str):
+    `lead`, default the largest model; or token ids, read as they are), checked: not empty, ids
+    of the vocabulary, and shorter than the context (so at least one token can follow)."""
+    if isinstance(prompt, str):
         from ..phrasing import phrased_tokens
 
         model = largest([m.n_params for m in loaded.loaded]) if lead is None else next(j for j, m in enumerate(loaded.loaded) if m is loaded.models[lead])
@@ -124,7 +122,12 @@ def plan(
     config = config.for_models(len(n_params) - idle)
     check_for_models(config, len(loaded.loaded), json=True, second_prompt=has_second)
     # phrased as the model that leads reads it (one model's own template where r is that model alone)
-    tokens = prompt_tokens(loaded, prompt, param, config.phrasing, lead=bound.lead_model(n_params), config=config)
+    lead = bound.lead_model(n_params)
+    fim = None
+    if isinstance(prompt, Infill):  # read through the lead's FIM tokens
+        fim = infill_prompt(loaded.models[largest(n_params) if lead is None else lead], prompt, config)
+        prompt = fim.tokens
+    tokens = prompt_tokens(loaded, prompt, param, config.phrasing, lead=lead)
     second = None
     if has_second:
         wanted = required_second_prompt(config.negative_prompt if second_prompt is None else second_prompt)
@@ -157,4 +160,5 @@ def plan(
         lookup=lookup,
         constraint=config.constraint,
         second_prompt=second,
+        cursor=None if fim is None else fim.cursor,
     )

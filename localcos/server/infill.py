@@ -69,6 +69,8 @@ class InfillRequest(SettingsFields):
     ignore_eos: Annotated[bool | None, _option("ignore_eos")] = None
     lookup: Annotated[str | None, _option("lookup")] = None
     infill_suffix: Annotated[int | None, _option("infill_suffix")] = None
+    infill_layout: Annotated[str | None, _option("infill_layout")] = None
+    infill_block: Annotated[int | None, _option("infill_block")] = None
     infill_continue: Annotated[bool | None, _option("infill_continue")] = None
     return_tokens: StrictBool = False
     response_fields: list[StrictStr] | None = None

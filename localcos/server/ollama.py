@@ -79,6 +79,7 @@ class Options(SettingsFields):
     num_predict: Annotated[int | None, _integer(-2)] = None  # -1: until the end or the context; -2: the context
     num_ctx: Annotated[int | None, _integer(1)] = None
     phrasing: Annotated[str | None, _option("phrasing")] = None  # how /api/generate's raw prompt is read
+    infill_layout: Annotated[str | None, _option("infill_layout")] = None  # how /api/generate's suffix is read
     # Ollama's options localcos does not implement: refused unless neutral
     repeat_penalty: Annotated[float | None, _neutral(1, 1.0)] = None
     presence_penalty: Annotated[float | None, _neutral(0, 0.0)] = None
@@ -106,7 +107,7 @@ class Options(SettingsFields):
 
 
 # the options that are settings-layer options (num_predict is max_tokens, by the routes)
-SETTINGS = (*SettingsFields.model_fields, "phrasing")
+SETTINGS = (*SettingsFields.model_fields, "phrasing", "infill_layout")
 
 
 class OllamaRequest(_Body):

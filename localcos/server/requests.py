@@ -32,7 +32,7 @@ MAX_TOP_LOGPROBS = 20
 SETTINGS_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "seed", "stop", "method", "gamma", "byte_gamma", "combine", "weights", "mu",
     "plausibility", "expert", "gate", "lead", "proposer", "ignore_eos", "lookup", "lookup_ngram", "lookup_tokens", "negative_prompt",
-    "cfg_scale", "phrasing", "lookahead", "lookahead_threshold",
+    "cfg_scale", "phrasing", "lookahead", "lookahead_threshold", "infill_layout",
 )  # fmt: skip
 
 
@@ -230,6 +230,7 @@ class CompletionRequest(GenerationRequest):
     best_of: Annotated[int | None, _neutral(1)] = None
     suffix: StrictStr | None = None  # fill-in-the-middle: the text after the one to write (the prompt's is before it)
     phrasing: Annotated[str | None, _option("phrasing")] = None  # how a text prompt is read (a chat's prompt is its own)
+    infill_layout: Annotated[str | None, _option("infill_layout")] = None  # with suffix: how the FIM prompt is laid out
 
     @model_validator(mode="after")
     def _check(self) -> CompletionRequest:

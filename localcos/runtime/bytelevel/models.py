@@ -149,14 +149,14 @@ class ByteModels:
         cursor through each model's own FIM tokens under `config`, and `second` in the lead's
         for a member reading a second prompt (left out where None: `plan` then reads the
         request's negative_prompt)."""
-        from ...infill import infill_tokens
+        from ...infill import infill_prompt
         from ...phrasing import phrased_tokens
 
         if isinstance(text, str):
             out = [phrased_tokens([m], text, phrasing) for m in self.loaded]
         else:
             assert config is not None, "an infill is read under its generation's settings"
-            out = [infill_tokens(m, text, config) for m in self.loaded]
+            out = [infill_prompt(m, text, config).tokens for m in self.loaded]  # the makers' layout (`check_level`)
         if self.second_member is not None and second is not None:
             out.append(self.models[self.second_member].tokenize(second))
         return out
