@@ -11,17 +11,27 @@ shows each suggestion does. Every configuration is a server of its own, all load
 replay: localcos serving the 1.5B alone, `sd` and `cos --gamma auto` with the 0.5B drafting, the
 1.5B with drafts looked up in the prompt (`--proposer lookup`), the 1.5B reading the suffix's
 first 64 tokens only (`--infill-suffix 64`), the 1.5B answering typed characters that begin its
-last suggestion with the rest of it (`--infill-continue`), and llama-server (built once from
-the llama.cpp localcos runs on) with the same file, threads, context and batch. Each request goes
-to every server in turn, one server computing at a time, the order rotating, so the machine's
-drift falls on all of them alike. Printed per configuration: the median and p90 milliseconds a
-completion took (the client's clock), each as a ratio to the 1.5B alone's and to llama-server's,
-the prompt tokens the server evaluated per request (the rest was in its cache) and the tokens it
-generated; and how often its suggestion was the 1.5B alone's (sampled with one seed a request).
+last suggestion with the rest of it (`--infill-continue`), the cached layout (`--infill-layout
+cached`: the suffix read first, so a keystroke evaluates what was typed) alone, with drafts
+looked up in the prompt and the cells (`cached-lookup`: the last suggestion among them) and with
+the 0.5B drafting as well (`cached-pair`), and llama-server (built once from the llama.cpp
+localcos runs on, `--no-repack` where localcos turns repacking off) with the same file, threads,
+context and batch. Each request goes to every server in turn, one server computing at a time,
+the order rotating, so the machine's drift falls on all of them alike. Printed per
+configuration: the median and p90 milliseconds a completion took (the client's clock), each as a
+ratio to the 1.5B alone's (the makers' layout and the cached one) and to llama-server's, the
+prompt tokens the server evaluated per request (the rest was in its cache), the tokens it
+generated and, of them, those accepted from each kind of draft (held in the cells from the last
+request, looked up in the prompt, drafted by the 0.5B); and how often its suggestion was the same
+model's in the same layout (the 1.5B alone's: `alone`, or `cached` for the cached configurations).
+
+`--replay jump` moves the cursor as well: every 10 requests the editor jumps to another block of
+the file and types there (the suffix and the prefix both change).
 
     .venv/bin/python benchmarks/fim_latency.py                      # the packaged pair (localcos models pull coder-we)
     .venv/bin/python benchmarks/fim_latency.py --every 5 --requests 40 --batch 1024
     .venv/bin/python benchmarks/fim_latency.py --configs alone,llama-server --suffix-tokens 64
+    .venv/bin/python benchmarks/fim_latency.py --configs alone,cached,cached-lookup,cached-pair,llama-server --temperature 0
 """
 
 from __future__ import annotations
@@ -57,7 +67,14 @@ CONFIGS = {
     # the 1.5B alone, typed characters that begin the last suggestion answered with its rest (no
     # model run): how often that is the model's own middle there is its "same text" among those
     "continue": ["--models", "coder-1.5b", "--method", "ensemble", "--infill-continue"],
+    # the suffix read first: a keystroke evaluates what was typed; then speculation on what is left
+    "cached": ["--models", "coder-1.5b", "--method", "ensemble", "--infill-layout", "cached"],
+    "cached-lookup": ["--models", "coder-1.5b", "--proposer", "lookup", "--infill-layout", "cached"],
+    "cached-pair": ["--models", "coder-0.5b,coder-1.5b", "--combine", "we", "--weights", "0,1", "--method", "cos", "--gamma", "auto",
+                    "--infill-layout", "cached"],
 }
+SAME_AS = {"cached-lookup": "cached", "cached-pair": "cached"}  # whose text each is (the others: the 1.5B alone's, `alone`)
+JUMP = 10  # --replay jump: requests typed at one place before the cursor jumps to another
 
 
 @dataclass
@@ -94,11 +111,23 @@ def typing_replay(path: Path, every: int, block: tuple[int, int]) -> list[Reques
     return out
 
 
+def jumping_replay(path: Path, every: int, places: int, per_place: int) -> list[Request]:
+    """Typing at `places` blocks of `path` in turn (evenly spread over it), `per_place` requests
+    at each before the cursor jumps to the next: the first `per_place` requests of typing each
+    block back in (`typing_replay`), one after the other."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    starts = [len(lines) * (k + 1) // (places + 1) for k in range(places)]
+    return [r for start in starts for r in typing_replay(path, every, (start, min(len(lines), start + 40)))[:per_place]]
+
+
 @dataclass
 class Result:
     ms: list[float] = field(default_factory=list)
     evaluated: list[int] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
+    held: list[int] = field(default_factory=list)  # of the generated tokens: drafts the cells held from the last request, accepted
+    looked_up: list[int] = field(default_factory=list)  # drafts looked up in the prompt, accepted
+    drafted: list[int] = field(default_factory=list)  # drafts of a model (the 0.5B), accepted
     prompt_ms: list[float] = field(default_factory=list)  # the server's own timings
     predicted_ms: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
@@ -132,6 +161,11 @@ def replay(servers: dict[str, str], files: list[list[Request]], n_predict: int, 
                     result.ms.append((time.perf_counter() - t0) * 1000)
                     result.evaluated.append(int(body["timings"]["prompt_n"]))
                     result.generated.append(int(body["timings"]["predicted_n"]))
+                    stats = body.get("localcos") or {}
+                    held, looked_up = int(stats.get("held_accepted") or 0), int(stats.get("lookup_accepted") or 0)
+                    result.held.append(held)
+                    result.looked_up.append(looked_up)
+                    result.drafted.append(int(stats.get("accepted") or 0) - held - looked_up)
                     result.prompt_ms.append(float(body["timings"]["prompt_ms"]))
                     result.predicted_ms.append(float(body["timings"]["predicted_ms"]))
                     result.texts.append(body["content"])
@@ -197,6 +231,8 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=None, help="sent with every request (default: none, as llama.vim sends; 0: greedy)")
     p.add_argument("--threads", type=int, default=default_threads())
     p.add_argument("--configs", default=",".join([*CONFIGS, "llama-server"]))
+    p.add_argument("--replay", choices=("typing", "jump"), default="typing",
+                   help=f"typing: a block typed back in; jump: {JUMP} requests at one block, then another (the cursor moves)")
     p.add_argument("--json", metavar="FILE", help="write every request's figures as JSON")
     args = p.parse_args()
 
@@ -205,13 +241,16 @@ def main() -> None:
     for name in args.files.split(","):
         path = stdlib / name
         lines = path.read_text(encoding="utf-8").splitlines()
+        if args.replay == "jump":
+            files.append(jumping_replay(path, args.every, -(-(args.requests + 1) // JUMP), JUMP)[: args.requests + 1])
+            continue
         start = len(lines) // 3  # a block in the middle of the file, typed back in
         files.append(typing_replay(path, args.every, (start, min(len(lines), start + 40)))[: args.requests + 1])
     n_requests = sum(len(f) - 1 for f in files)
     registry = Registry.load(user=False)
     target = registry.resolve("coder-1.5b")
     wanted = args.configs.split(",")
-    print(f"{n_requests} requests ({args.requests} per file, one every {args.every} characters) into {args.files}; "
+    print(f"{n_requests} requests ({args.requests} per file, one every {args.every} characters, {args.replay}) into {args.files}; "
           f"n_batch {args.batch}, {args.threads} threads; {cpu()}", flush=True)  # fmt: skip
     extra = {} if args.suffix_tokens is None else {"infill_suffix": args.suffix_tokens}
     sampling = {} if args.temperature is None else {"temperature": args.temperature}
@@ -234,17 +273,25 @@ def main() -> None:
     finally:
         for stop in stoppers:
             stop()
-    base, peer = results.get("alone"), results.get("llama-server")
-    print(f"\n{'configuration':<14}{'median ms':>10}{'p90 ms':>9}{'x alone':>9}{'x llama-server':>16}{'prompt tokens':>15}{'ms/token':>10}"
-          f"{'generated':>11}{'ms/token':>10}{'same text':>11}")  # fmt: skip
+    base, peer, cached = results.get("alone"), results.get("llama-server"), results.get("cached")
+
+    def ratio(r: Result, to: Result | None) -> float:
+        return statistics.median(r.ms) / statistics.median(to.ms) if to else float("nan")
+
+    print(f"\n{'configuration':<14}{'median ms':>10}{'p90 ms':>9}{'x alone':>9}{'x cached':>10}{'x llama-server':>16}{'prompt tokens':>15}"
+          f"{'ms/token':>10}{'generated':>11}{'held':>6}{'looked up':>11}{'drafted':>9}{'ms/token':>10}{'same text':>11}")  # fmt: skip
     for name, r in results.items():
-        ratio = statistics.median(r.ms) / statistics.median(base.ms) if base else float("nan")
-        vs_peer = statistics.median(r.ms) / statistics.median(peer.ms) if peer else float("nan")
-        same = sum(a == b for a, b in zip(r.texts, base.texts)) / len(r.texts) if base else float("nan")
+        same_as = results.get(SAME_AS.get(name, "alone"))
+        same = sum(a == b for a, b in zip(r.texts, same_as.texts)) / len(r.texts) if same_as else float("nan")
         prompt_rate = sum(r.prompt_ms) / max(1, sum(r.evaluated))
         predicted_rate = sum(r.predicted_ms) / max(1, sum(r.generated))
-        print(f"{name:<14}{statistics.median(r.ms):>10.0f}{percentile(r.ms, 0.9):>9.0f}{ratio:>8.2f}x{vs_peer:>15.2f}x{statistics.mean(r.evaluated):>15.0f}"
-              f"{prompt_rate:>10.1f}{statistics.mean(r.generated):>11.1f}{predicted_rate:>10.1f}{100 * same:>10.0f}%")  # fmt: skip
+        mean = statistics.mean
+        print(f"{name:<14}{statistics.median(r.ms):>10.0f}{percentile(r.ms, 0.9):>9.0f}{ratio(r, base):>8.2f}x{ratio(r, cached):>9.2f}x"
+              f"{ratio(r, peer):>15.2f}x{mean(r.evaluated):>15.0f}{prompt_rate:>10.1f}{mean(r.generated):>11.1f}"
+              f"{mean(r.held or [0]):>6.1f}{mean(r.looked_up or [0]):>11.1f}{mean(r.drafted or [0]):>9.1f}{predicted_rate:>10.1f}"
+              f"{100 * same:>10.0f}%")  # fmt: skip
+    if peer is not None:
+        print("p90 against llama-server's: " + ", ".join(f"{n} {percentile(r.ms, 0.9) / percentile(peer.ms, 0.9):.2f}x" for n, r in results.items()))
     for name, r in results.items():
         went_on = [i for i, c in enumerate(r.continued) if c]
         if went_on and base:

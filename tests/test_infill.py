@@ -398,9 +398,13 @@ def test_editors_infill_requests_are_answered_as_llama_server_answers_them(fim_s
         own = ens.generate(Infill(PREFIX, SUFFIX, TYPED, (ExtraChunk("import os\n", "a.py"),)), max_tokens=16, seed=11, top_k=40, top_p=0.9,
                            samplers=("top_k", "top_p", "infill"), t_max_predict_ms=1000)  # fmt: skip
     assert body["content"] == own.text
-    # the same prompt again: its cells and the row after it are kept, nothing of it is evaluated again
-    again = _infill(fim_server, {**VIM, "seed": 11}).json()
+    # the same prompt again: its cells and the row after it are kept, nothing of it is evaluated again (and
+    # with lookup off, the suggestion the cells hold after it is not drafted: the same sampled text)
+    again = _infill(fim_server, {**VIM, "seed": 11, "lookup": "off"}).json()
     assert again["content"] == body["content"] and again["timings/prompt_n"] == 0 < body["timings/prompt_n"]
+    # drafted (lookup on, the default): sampled as r by the usual rule, so another text of the same law
+    drafted = _infill(fim_server, {**VIM, "seed": 11, "response_fields": ["timings/prompt_n", "localcos"]}).json()
+    assert drafted["timings/prompt_n"] == 0 and drafted["localcos"]["held_proposed"] > 0
     # llama.vscode's: three completions, a list of llama-server's objects
     three = _infill(fim_server, VSCODE)
     assert three.status_code == 200, three.text
@@ -499,6 +503,9 @@ def test_a_keystroke_in_the_cached_layout_evaluates_what_was_typed_and_verifies_
     have: the model writes on as usual."""
     with Ensemble.load([models["fim"]], n_ctx=1024) as ens:
         m = ens.models[0]
+        calls: list[list[int]] = []  # the tokens of each llama_decode call
+        decode = m.decode
+        m.decode = lambda parts: calls.append([len(tokens) for _, tokens, _, _ in parts]) or decode(parts)  # type: ignore[method-assign]
         cached = dict(max_tokens=16, temperature=0, infill_layout="cached", proposer="lookup")
         first = ens.generate(Infill(PREFIX, SUFFIX, TYPED), cache_prompt=True, **cached)
         assert first.token_ids and len(first.token_ids) == 16
@@ -506,12 +513,15 @@ def test_a_keystroke_in_the_cached_layout_evaluates_what_was_typed_and_verifies_
             typed = TYPED + _typed_through(m, PREFIX + TYPED, first.token_ids, j)
             own = ens.generate(Infill(PREFIX, SUFFIX, typed), **cached)  # a fresh evaluation, nothing kept
             ens.generate(Infill(PREFIX, SUFFIX, TYPED), cache_prompt=True, **cached)  # the suggestion in the cells again
+            calls.clear()
             again = ens.generate(Infill(PREFIX, SUFFIX, typed), cache_prompt=True, **cached)
             assert again.token_ids == own.token_ids and again.text == own.text
             assert again.stats.prompt_evaluated == 1 < own.stats.prompt_evaluated, (j, again.stats.prompt_evaluated)
             assert again.stats.held_proposed == again.stats.held_accepted == 16 - j, again.stats
-            # one call verifies the held draft, its bonus row the first token past it; then one a token up to max_tokens
-            assert again.stats.calls == [1 + (j - 1)] and own.stats.calls[0] == 15  # fresh: one a token, the first from the prompt's row
+            # one call evaluates the prompt's last token and scores the held draft (its last row the first token
+            # past it); then one a token up to max_tokens
+            assert calls == [[1 + 16 - j]] + [[1]] * (j - 1), calls
+            assert own.stats.calls[0] == 15  # fresh: one a token, the first from the prompt's row
         other = ens.generate(Infill(PREFIX, SUFFIX, TYPED + "Q"), cache_prompt=True, **cached)
         assert other.stats.held_proposed == 0 and other.text == ens.generate(Infill(PREFIX, SUFFIX, TYPED + "Q"), **cached).text
 

@@ -124,7 +124,7 @@ class Generation:
         prompts = [list(p) for p in plan.prompts]
         held = self._held(slots, prompt)  # before the prefill lets it go
         t_prompt = time.perf_counter()
-        prompt_rows = yield from self._prefill(slots, prompts)
+        prompt_rows = yield from self._prefill(slots, prompts, bool(held))
         if prompt_rows is None:
             return cancelled_completion(loaded, plan, time.perf_counter() - t_prompt)
         t0 = time.perf_counter()
@@ -167,12 +167,14 @@ class Generation:
         return Completion(text.text, finish_reason, stats, token_ids=dec.generated, origins=dec.origins, end_token=dec.end_token,
                           stopped_by=text.ended_by, stop_word=text.word)  # fmt: skip
 
-    def _prefill(self, slots: list, prompts: list[list[int]]) -> Generator[Evaluate | Together, Any, list[np.ndarray | None] | None]:
+    def _prefill(self, slots: list, prompts: list[list[int]], held: bool) -> Generator[Evaluate | Together, Any, list[np.ndarray | None] | None]:
         """Each evaluated member's row after its prompt (`Plan.evaluated`; None for the others,
         which read nothing): kept from before where it can be (`restore_prompt`, `known_row`),
         else evaluated in calls of its `prompt_chunk` tokens, the members' calls side by side
         (one model's members share them); None where the generation was cancelled between two
-        of them."""
+        of them. With `held` tokens to draft first, a member that lacks only its prompt's last
+        token is left so (its row None): the decoder's first catch-up evaluates that token in the
+        call that scores the draft."""
         wanted = [i for i, needed in enumerate(self.plan.evaluated) if needed]
         # every model's cache emptied before any call (once: a model's second member shares what
         # its first holds of its prompt): a sequence admitted beside this one goes after; with
@@ -188,6 +190,9 @@ class Generation:
             slots[i].truncate(min(common_prefix(slots[i].tokens, prompts[i]), len(prompts[i]) - 1))
         evaluated = [i for i in wanted if rows[i] is None]
         self.prompt_evaluated = max((len(prompts[i]) - len(slots[i].tokens) for i in evaluated), default=0)
+        if held:
+            own = self.plan.prompt
+            evaluated = [i for i in evaluated if len(slots[i].tokens) < len(prompts[i]) - 1 or tuple(prompts[i]) != own]
         calls = {i: iter(prompt_calls(prompts[i], len(slots[i].tokens), slots[i].model.prompt_chunk)) for i in evaluated}
         while calls:
             if self.cancelled():  # a long prompt goes in several calls: a cancel stops between two
