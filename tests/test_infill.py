@@ -342,6 +342,23 @@ def test_every_method_samples_r_healed_at_the_cursor_exactly(method, gamma, prop
         assert out.text == "".join(models[0].piece(t).decode() for t in out.token_ids)[3:]  # " t1" is the prefix's
 
 
+def test_cos_where_no_draft_pays_still_verifies_what_the_cells_held():
+    """--gamma auto where every row costs a call (a model's draft never pays): the suggestion the
+    cells hold after the prompt is still verified, as one draft, in the call the ensemble makes
+    anyway; the text is the ensemble's (greedy)."""
+    from localcos.core.speedmodel import CallProfile
+
+    models = [_FimFake(seed=70 + i, n_vocab=14, n_params=1000 * (i + 1)) for i in range(2)]
+    for m in models:
+        m.call_profile = CallProfile({1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0})
+    ens = Ensemble(models, WeightedEnsemble([0.5, 0.5]))
+    kw = dict(method="cos", max_tokens=8, temperature=0, infill_layout="cached", cache_prompt=True, ignore_eos=True)
+    first = ens.generate(Infill("5 1", ""), **kw)
+    again = ens.generate(Infill("5 1", ""), **kw)
+    assert first.stats.proposed == 0 and again.token_ids == first.token_ids
+    assert again.stats.held_proposed == again.stats.held_accepted == 7  # every token but the last is in the cells
+
+
 def test_the_infill_sampler_needs_top_k_and_the_token_level():
     from localcos import GenerationConfig
 

@@ -366,3 +366,32 @@ def test_multiple_choice_requests_cost_their_context_once(server, pair):
     # a token or two; the others: their own tokens and a few
     assert len(context) <= evaluated[0] < len(context) + 12, evaluated
     assert all(e < 12 for e in evaluated[1:]), evaluated
+
+
+def test_the_engine_loads_the_models_in_the_thread_that_decodes(models):
+    """llama.cpp's CPU threads belong to the thread that first computes (a decode from another
+    thread ran a fifth slower): the engine loads the models in its own thread, the one that
+    decodes; a load that fails is raised by the constructor."""
+    import threading
+
+    from localcos.errors import ConfigError
+    from localcos.server.engine import Engine
+
+    loaders: list[threading.Thread] = []
+
+    def load():  # type: ignore[no-untyped-def]
+        loaders.append(threading.current_thread())
+        return Ensemble.load([models["base"]], n_ctx=256), None
+
+    engine = Engine(load)
+    try:
+        assert loaders == [engine._thread] and engine._thread is not threading.current_thread()
+    finally:
+        engine.shutdown()
+        engine.loaded.close()
+
+    def broken():  # type: ignore[no-untyped-def]
+        raise ConfigError("no such model", param="models")
+
+    with pytest.raises(ConfigError, match="no such model"):
+        Engine(broken)

@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, LocalcosError
 from .options import add_options, is_loopback, listen, loading_progress, note, option_values, resolve, say
 
 DEFAULTS = {"temperature": 1.0, "max_tokens": 256, "ctx": 4096}
 API_KEY_ENV = "LOCALCOS_API_KEY"
+
+if TYPE_CHECKING:
+    from ..ensemble import Ensemble, LevelEnsemble
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -71,15 +75,20 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = resolve(args, {**DEFAULTS, "synthetic": "demo"} if args.demo else DEFAULTS)
         decoding_level(settings)  # what the level does not decode, refused before anything loads
-        settings, ens = _load(settings)
+        settings = _sequences(settings)
         parallel = settings.load.parallel or 1
+
+        def load() -> tuple[LevelEnsemble, Ensemble | None]:
+            ens = _load(settings)
+            # one model loaded for the mixed level also serves its own tokens, on the same loaded model:
+            # the requests the mixed level does not serve (sampling, logprobs, tools...) decode there
+            return ens, Ensemble.token_view(ens)
+
+        engine = Engine(load, max_queue=server.max_queue)  # loads in its own thread, the one that decodes
+        ens, token = engine.loaded, engine.token
     except BaseException:
         listener.close()
         raise
-    # one model loaded for the mixed level also serves its own tokens, on the same loaded model:
-    # the requests the mixed level does not serve (sampling, logprobs, tools...) decode there
-    token = Ensemble.token_view(ens)
-    engine = Engine(ens, max_queue=server.max_queue, token=token)
     try:
         formatter: ChatFormatter | OwnTemplates | None = None
         token_formatter: ChatFormatter | None = None
@@ -126,15 +135,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(settings):
-    """(the settings with the sequences decoded at once, the models loaded to serve them):
-    --parallel, by default as many as the context allows (`LoadSpec.decoding_together`), and at
-    the token level a sequence more for scoring (echo, logprobs), what it evaluated kept for the
-    next request."""
+def _sequences(settings):
+    """The settings with the sequences decoded at once: --parallel, by default as many as the
+    context allows (`LoadSpec.decoding_together`)."""
     from dataclasses import replace
 
+    return replace(settings, load=settings.load.decoding_together(8))
+
+
+def _load(settings):
+    """The models loaded to serve `settings`: at the token level a sequence more for scoring
+    (echo, logprobs), what it evaluated kept for the next request."""
     from ..ensemble import load_at
 
     remote = any(settings.load.rpc)
-    settings = replace(settings, load=settings.load.decoding_together(8))
-    return settings, load_at(settings.load, settings.combiner(), progress=loading_progress, extra_slots=0 if remote else 1)
+    return load_at(settings.load, settings.combiner(), progress=loading_progress, extra_slots=0 if remote else 1)

@@ -439,11 +439,11 @@ class Decoder:
             if self.is_end(self.propose(i, bonus=bonus and j == 0)):
                 break
 
-    def lookup_draft(self, caller: int | None) -> int:
+    def lookup_draft(self, caller: int | None, held_only: bool = False) -> int:
         """Append draft tokens looked up in the context (`core.lookup`) after the pending ones;
         returns how many. The tokens the cells held after the prompt go first, all of them,
-        while the text follows them (`LookupState.held_after`). In auto mode only as many as
-        pay: their expected saving against what
+        while the text follows them (`LookupState.held_after`; with `held_only`, those alone).
+        In auto mode only as many as pay: their expected saving against what
         their rows add to the next calls of `caller` (the model about to catch up and draft on
         after them; None: every model r uses, no model drafting) and of the others. An accepted
         looked-up token saves what the alternative would spend on it: in cos, a single-token
@@ -458,7 +458,7 @@ class Decoder:
         pending = [d.token for d in self.pending]
         held = self.lookup.held_after(len(self.committed), pending)[: self.draft_room()]
         source, candidate = HELD, held
-        if not held:
+        if not held and not held_only:
             source, candidate = LOOKUP, self.lookup.drafts(len(self.committed), pending, self.draft_room(), lambda: self._rows_cost(caller), saving)
         appended = 0
         for token in candidate:

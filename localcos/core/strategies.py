@@ -158,8 +158,8 @@ class CoS(Strategy):
         n = len(dec.slots)
         if self.auto and self.turn == 0 and not dec.pending and dec.observer is not None:
             proposer, gamma = dec.observer.choose("cos", others=dec.others(), lag=dec.lags(), remaining=dec.budget())
-            if gamma == 0:
-                yield from ensemble_step(dec)
+            if gamma == 0:  # no model drafts; what the cells held after the prompt, the models r uses verify in their call
+                yield from verify_with_bonus(dec) if dec.lookup_draft(None, held_only=True) else ensemble_step(dec)
                 return
             self.order = [proposer] + [m for m in range(n) if m != proposer]
             self.gammas = [gamma if m == proposer else 1 for m in range(n)]

@@ -4,7 +4,8 @@ Requests become jobs, queued in arrival order. A job asks for some generations (
 `n` choices, each a `Plan` and a choice index), maybe for work before them (`prepare`: scoring an
 echoed prompt, whose cells the generations then share) and, once they are done, for what
 `collect` makes of them (scoring, for echo and logprobs). One thread, the only one that calls
-into a llama.cpp context, takes the jobs in order, hands their generations to the one
+into a llama.cpp context (it loads the models too: llama.cpp's CPU threads belong to the thread
+that first computes, and a decode from another thread ran a fifth slower), takes the jobs in order, hands their generations to the one
 `Scheduler` (which admits them into free slots in arrival order, a new request joining the
 running batch as soon as a slot frees) and steps it: every live generation's rows share
 llama_decode calls. Text reaches the job as it becomes final; a job is collected once all its
@@ -101,11 +102,42 @@ class Job:
 
 
 class Engine:
-    """Runs jobs on one ensemble: their generations decoded together, first come first served."""
+    """Runs jobs on one ensemble: their generations decoded together, first come first served.
+    `load()` gives the models, loaded in the engine's own thread (and, where one model is loaded
+    for the mixed level, its own tokens beside it, whose requests the mixed level does not
+    serve); the constructor returns once they are, or raises what loading raised."""
 
-    def __init__(self, loaded: Models, max_queue: int = 64, token: LoadedModels | None = None) -> None:
-        self.loaded = loaded
+    def __init__(self, load: Callable[[], tuple[Models, LoadedModels | None]], max_queue: int = 64) -> None:
         self.max_queue = max_queue
+        self._arrivals: queue.Queue[Job | None] = queue.Queue()
+        self._unstarted: set[Job] = set()  # submitted, not started: what max_queue counts
+        self._lock = threading.Lock()
+        self._queued: deque[Job] = deque()  # taken from the arrivals, not handed to the scheduler yet
+        self._active: list[Job] = []  # handed over, not answered
+        self._stopping = False
+        self.answered = 0
+        loaded = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self._start(*load())
+            except BaseException as e:  # the load failed: the constructor raises it
+                failure.append(e)
+                return
+            finally:
+                loaded.set()
+            self._loop()
+
+        self._thread = threading.Thread(target=run, name="localcos-engine", daemon=True)
+        self._thread.start()
+        loaded.wait()
+        if failure:
+            raise failure[0]
+
+    def _start(self, loaded: Models, token: LoadedModels | None) -> None:
+        self.loaded = loaded
+        self.token = token
         # the sequences token-level requests decode on: where one model is loaded for the mixed
         # level, its own tokens beside it (`token`: its requests the mixed level does not serve)
         parallel = (token or loaded).parallel
@@ -114,15 +146,6 @@ class Engine:
         self._scoring_shared = self.scoring_slot in generation_slots  # one slot: scoring waits for it
         self.scheduler: Rounds = scheduler_for(loaded, generation_slots, token)
         self.parallel = len(generation_slots)  # generations decoded at once, at most
-        self._arrivals: queue.Queue[Job | None] = queue.Queue()
-        self._unstarted: set[Job] = set()  # submitted, not started: what max_queue counts
-        self._lock = threading.Lock()
-        self._queued: deque[Job] = deque()  # taken from the arrivals, not handed to the scheduler yet
-        self._active: list[Job] = []  # handed over, not answered
-        self._stopping = False
-        self.answered = 0
-        self._thread = threading.Thread(target=self._loop, name="localcos-engine", daemon=True)
-        self._thread.start()
 
     @property
     def waiting(self) -> int:
