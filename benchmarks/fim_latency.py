@@ -10,8 +10,7 @@ top_k/top_p/infill, t_max_predict_ms 1000, cache_prompt) and waits for it, as an
 shows each suggestion does. Every configuration is a server of its own, all loaded before the
 replay: localcos serving the 1.5B alone, `sd` and `cos --gamma auto` with the 0.5B drafting, the
 1.5B with drafts looked up in the prompt (`--proposer lookup`), the 1.5B reading the suffix's
-first 64 tokens only (`--infill-suffix 64`), the 1.5B answering typed characters that begin its
-last suggestion with the rest of it (`--infill-continue`), the cached layout (`--infill-layout
+first 64 tokens only (`--infill-suffix 64`), the cached layout (`--infill-layout
 cached`: the suffix read first, so a keystroke evaluates what was typed) alone, with drafts
 looked up in the prompt and the cells (`cached-lookup`: the last suggestion among them) and with
 the 0.5B drafting as well (`cached-pair`), and llama-server (built once from the llama.cpp
@@ -64,9 +63,6 @@ CONFIGS = {
     # the 1.5B alone reading a quarter of the suffix llama-server reads at -b 1024: what a keystroke
     # saves, and how often its suggestion is still the whole suffix's ("same text")
     "suffix-64": ["--models", "coder-1.5b", "--method", "ensemble", "--infill-suffix", "64"],
-    # the 1.5B alone, typed characters that begin the last suggestion answered with its rest (no
-    # model run): how often that is the model's own middle there is its "same text" among those
-    "continue": ["--models", "coder-1.5b", "--method", "ensemble", "--infill-continue"],
     # the suffix read first: a keystroke evaluates what was typed; then speculation on what is left
     "cached": ["--models", "coder-1.5b", "--method", "ensemble", "--infill-layout", "cached"],
     "cached-lookup": ["--models", "coder-1.5b", "--proposer", "lookup", "--infill-layout", "cached"],
@@ -75,6 +71,7 @@ CONFIGS = {
 }
 SAME_AS = {"cached-lookup": "cached", "cached-pair": "cached"}  # whose text each is (the others: the 1.5B alone's, `alone`)
 JUMP = 10  # --replay jump: requests typed at one place before the cursor jumps to another
+T_MAX_PREDICT_MS = 1000  # llama.vim's: after a second, the next new line ends the middle (its length then depends on the speed)
 
 
 @dataclass
@@ -89,7 +86,7 @@ class Request:
     def body(self, n_predict: int, seed: int, extra: dict) -> dict:
         return {"input_prefix": self.prefix, "input_suffix": self.suffix, "input_extra": [], "prompt": self.typed, "n_predict": n_predict,
                 "n_indent": self.indent, "top_k": 40, "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"], "stream": False,
-                "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1000, "seed": seed, **extra}  # fmt: skip
+                "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": T_MAX_PREDICT_MS, "seed": seed, **extra}  # fmt: skip
 
 
 def typing_replay(path: Path, every: int, block: tuple[int, int]) -> list[Request]:
@@ -131,7 +128,6 @@ class Result:
     prompt_ms: list[float] = field(default_factory=list)  # the server's own timings
     predicted_ms: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
-    continued: list[bool] = field(default_factory=list)  # answered with the last suggestion's rest (--infill-continue)
 
 
 def replay(servers: dict[str, str], files: list[list[Request]], n_predict: int, extra: dict, sampling: dict) -> dict[str, Result]:
@@ -169,7 +165,6 @@ def replay(servers: dict[str, str], files: list[list[Request]], n_predict: int, 
                     result.prompt_ms.append(float(body["timings"]["prompt_ms"]))
                     result.predicted_ms.append(float(body["timings"]["predicted_ms"]))
                     result.texts.append(body["content"])
-                    result.continued.append(bool(body.get("localcos", {}).get("continued")))
                 if done % 10 == 0:
                     print(f"  {done}: " + ", ".join(f"{n} {statistics.median(results[n].ms):.0f} ms" for n in names), flush=True)
     return results
@@ -229,6 +224,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1024, help="n_batch of both servers: the prefix's 3/4 and the suffix's 1/4 (llama.vim recommends 1024)")
     p.add_argument("--suffix-tokens", type=int, default=None, help="localcos's --infill-suffix (default: llama-server's rule)")
     p.add_argument("--temperature", type=float, default=None, help="sent with every request (default: none, as llama.vim sends; 0: greedy)")
+    p.add_argument("--t-max-predict-ms", type=float, default=T_MAX_PREDICT_MS,
+                   help=f"sent with every request (default llama.vim's {T_MAX_PREDICT_MS}; 0: off, so greedy texts can be compared)")
     p.add_argument("--threads", type=int, default=default_threads())
     p.add_argument("--configs", default=",".join([*CONFIGS, "llama-server"]))
     p.add_argument("--replay", choices=("typing", "jump"), default="typing",
@@ -253,7 +250,7 @@ def main() -> None:
     print(f"{n_requests} requests ({args.requests} per file, one every {args.every} characters, {args.replay}) into {args.files}; "
           f"n_batch {args.batch}, {args.threads} threads; {cpu()}", flush=True)  # fmt: skip
     extra = {} if args.suffix_tokens is None else {"infill_suffix": args.suffix_tokens}
-    sampling = {} if args.temperature is None else {"temperature": args.temperature}
+    sampling = {"t_max_predict_ms": args.t_max_predict_ms, **({} if args.temperature is None else {"temperature": args.temperature})}
     servers: dict[str, str] = {}
     stoppers: list = []
     try:
@@ -292,12 +289,6 @@ def main() -> None:
               f"{100 * same:>10.0f}%")  # fmt: skip
     if peer is not None:
         print("p90 against llama-server's: " + ", ".join(f"{n} {percentile(r.ms, 0.9) / percentile(peer.ms, 0.9):.2f}x" for n, r in results.items()))
-    for name, r in results.items():
-        went_on = [i for i, c in enumerate(r.continued) if c]
-        if went_on and base:
-            agree = sum(r.texts[i] == base.texts[i] for i in went_on)
-            print(f"{name}: {len(went_on)} of {len(r.texts)} answered with the last suggestion's rest; {agree} of them "
-                  f"({100 * agree / len(went_on):.0f}%) the 1.5B alone's own middle there")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps({name: vars(r) for name, r in results.items()}, indent=1))
 

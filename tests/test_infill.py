@@ -25,6 +25,7 @@ from localcos.core.text import TextAssembler
 from localcos.errors import ConfigError
 from localcos.eval.codetasks import humaneval_problems, infilling_tasks, load_tasks
 from localcos.eval.sandbox import run_program, Limits
+from localcos.core.constrained import Both
 from localcos.core.healing import Healing, TokenBytes
 from localcos.core.text import Cursor
 from localcos.infill import Budget, FimTokens, block_start, fim_prompt
@@ -185,6 +186,11 @@ def test_healing_allows_exactly_the_tokens_that_agree_with_the_cursors_bytes():
         h.rollback(len(h.consumed))
         assert h.binds() and allowed(h.mask()) == brute(healed)
     assert vocab.beginning_with(b"\xff").tolist() == [15] and vocab.beginning_with(b"re").tolist() == [4, 5, 6]
+    # under a grammar too: a token both allow; one the second refuses leaves the first as it was
+    both = Both(Healing(vocab, b"re"), Healing(vocab, b"ret"))
+    assert allowed(both.mask()) == brute(b"re") & brute(b"ret") == {5, 6}
+    assert not both.consume(4) and both.first.consumed == both.second.consumed == []
+    assert both.consume(5) and not both.binds() and both.consumed == [5]
 
 
 def test_the_healed_bytes_are_the_prefixs_and_a_middle_that_runs_into_the_suffix_ends_where_it_begins():
@@ -359,6 +365,36 @@ def test_cos_where_no_draft_pays_still_verifies_what_the_cells_held():
     assert again.stats.held_proposed == again.stats.held_accepted == 7  # every token but the last is in the cells
 
 
+class _LineFake(_FimFake):
+    """A FIM fake whose every token is a line of its own: its id and a new line."""
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        return f"{token}\n".encode()
+
+
+@pytest.mark.parametrize("method, gamma", [("ensemble", None), ("cos", 2)])
+def test_a_middle_that_runs_into_the_suffix_ends_where_it_begins(method, gamma):
+    """The cached layout, greedy: once the middle writes the suffix's first line, it ends before
+    it (finish_reason stop, /infill's stop_type eos); the tokens committed are the middle's and
+    that line's."""
+    from localcos.server.infill import stop_type
+
+    models = [_LineFake(seed=90 + i, n_vocab=14, n_params=1000 * (i + 1), sharpness=0.7) for i in range(2)]
+    ens = Ensemble(models, WeightedEnsemble([0.5, 0.5]))
+    cut = 0
+    for line in range(11):
+        out = ens.generate(Infill("5 1", f"{line}"), method=method, gamma=gamma, max_tokens=40, temperature=0, infill_layout="cached")
+        written = "".join(models[0].piece(t).decode() for t in out.token_ids or [])[2:]  # "1\n" is the prefix's
+        lines = written.splitlines()
+        if f"{line}" in lines:
+            assert (out.text, out.stopped_by, out.finish_reason) == ("".join(f"{x}\n" for x in lines[: lines.index(f"{line}")]), "suffix", "stop")
+            assert lines.index(f"{line}") == len(lines) - 1 and stop_type(out) == ("eos", "")
+            cut += 1
+        else:
+            assert out.stopped_by is None and out.text == written
+    assert cut >= 3  # the rule was put to the test
+
+
 def test_the_infill_sampler_needs_top_k_and_the_token_level():
     from localcos import GenerationConfig
 
@@ -429,28 +465,6 @@ def test_editors_infill_requests_are_answered_as_llama_server_answers_them(fim_s
     assert isinstance(results, list) and [r["index"] for r in results] == [0, 1, 2]
     for r in results:
         assert r["stop"] is True and r["stop_type"] in ("eos", "limit", "word") and r["tokens_evaluated"] > 0 and "prompt_ms" in r["timings"]
-
-
-def test_typed_characters_that_begin_the_last_suggestion_get_its_rest_with_infill_continue(fim_server):
-    greedy = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": TYPED, "n_predict": 12, "temperature": 0, "infill_continue": True}
-    first = _infill(fim_server, greedy).json()
-    content = first["content"]
-    assert len(content) >= 2 and first["timings"]["predicted_n"] >= 1, first
-    k = len(content) // 2
-    # the user typed the suggestion's first k characters: the rest of it, no prompt read, nothing generated
-    second = _infill(fim_server, {**greedy, "prompt": TYPED + content[:k]}).json()
-    assert second["content"] == content[k:] and second["localcos"] == {"continued": True}, second
-    assert second["timings"]["prompt_n"] == second["timings"]["predicted_n"] == 0 and second["stop"] is True
-    # and on from there, one character more
-    third = _infill(fim_server, {**greedy, "prompt": TYPED + content[: k + 1]}).json()
-    assert third["content"] == content[k + 1 :] and third["localcos"] == {"continued": True}
-    # a character the suggestion does not have there, another suffix, or the option off: the model runs
-    other = "X" if content[k + 1 : k + 2] != "X" else "Y"
-    for changed in ({"prompt": TYPED + content[: k + 1] + other}, {"prompt": TYPED + content[:k], "input_suffix": SUFFIX + "\n"},
-                    {"prompt": TYPED + content[:k], "infill_continue": False}):  # fmt: skip
-        _infill(fim_server, greedy)  # the suggestion to go on from, again
-        ran = _infill(fim_server, {**greedy, **changed}).json()
-        assert "continued" not in ran["localcos"] and ran["timings"]["predicted_n"] >= 1, (changed, ran)
 
 
 def test_infill_streams_its_pieces_then_its_last_object(fim_server):

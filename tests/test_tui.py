@@ -628,3 +628,38 @@ def test_a_demo_conversation_is_held_with_the_demo_pair_and_reopens_with_it():
     assert held.get("synthetic") == "demo" and "models" not in held
     again = settings_for(argparse.Namespace(demo=False, models=None, preset=None), held)
     assert again.name == demo.name and again.load.labels == demo.load.labels
+
+
+def test_the_models_load_and_decode_on_one_thread_of_their_own(chat_paths, tmp_path, monkeypatch):
+    """llama.cpp's CPU threads belong to the thread that first computes (decoding on another ran
+    a fifth slower per token): the chat loads the models and decodes every reply on one thread,
+    not the UI's, whichever worker asked."""
+    import threading
+
+    from localcos.backend.model import Model
+
+    seen: list[tuple[str, threading.Thread]] = []
+    init, decode = Model.__init__, Model.decode
+
+    def loading(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(("load", threading.current_thread()))
+        init(self, *args, **kwargs)
+
+    def decoding(self, parts):  # type: ignore[no-untyped-def]
+        seen.append(("decode", threading.current_thread()))
+        return decode(self, parts)
+
+    monkeypatch.setattr(Model, "__init__", loading)
+    monkeypatch.setattr(Model, "decode", decoding)
+
+    async def scenario():
+        app = ChatApp(chat_settings(chat_paths, max_tokens=8), save_dir=tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.ensemble is not None)
+            for n, text in enumerate(("Where does the river go?", "And then?"), 1):
+                await send(pilot, app, text)
+                await until(pilot, lambda n=n: len(replies(app)) == n and replies(app)[-1].complete)
+
+    asyncio.run(scenario())
+    assert {kind for kind, _ in seen} == {"load", "decode"}
+    assert len({thread for _, thread in seen}) == 1 and seen[0][1] is not threading.main_thread()

@@ -296,16 +296,13 @@ _OPTIONS = [
             "fill-in-the-middle: how the prompt is laid out: makers (the models' makers' order, prefix, suffix, middle, as "
             "llama-server and Ollama lay it out), makers-healed (the same with the cursor's token healed: taken back, and the "
             "middle made to begin with its bytes in tokens the model chooses), cached (the suffix first, then the prefix the "
-            "model goes on from, the cursor's token healed: with --cache-prompt a keystroke then evaluates only what was "
-            "typed; a middle that runs into the suffix ends where the suffix begins)", default="makers", choices=INFILL_LAYOUTS),
+            "model goes on from, the cursor's token healed: with the last request's cells kept (--cache-prompt, /infill's "
+            "default) a keystroke then evaluates only what was typed; a middle that runs into the suffix ends where the "
+            "suffix begins)", default="makers", choices=INFILL_LAYOUTS),
     _option("infill_block", "--infill-block", "output", "generation", _at_least(1),
             "fill-in-the-middle, --infill-layout cached: a prefix longer than its budget starts at the first line of a block "
             "(a block is about N lines, its first lines chosen by their text), so its start moves about once every N lines as "
             "an editor's window of lines slides down the file", default=16, metavar="N"),
-    _option("infill_continue", "--infill-continue", "server", "generation", parse_bool,
-            "/infill: a request whose typed text goes on from the last answered one's by characters that begin its "
-            "suggestion gets the rest of that suggestion, with no model run (as llama.vim's own cache answers); what the "
-            "model would write there may differ, since the typed characters then read as the prefix", default=False, switch=True),
     _option("ignore_eos", "--ignore-eos", "output", "generation", parse_bool, "never stop at (or sample) end-of-generation tokens",
             default=False, switch=True),
     _option("json_schema", "--json-schema", "output", "generation", parse_json_schema,

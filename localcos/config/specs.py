@@ -243,7 +243,6 @@ class GenerationConfig:
     infill_suffix: int | None = None  # fill-in-the-middle: the most suffix tokens read (None: llama-server's rule)
     infill_layout: str = "makers"  # fill-in-the-middle: the prompt's order (localcos.infill.INFILL_LAYOUTS)
     infill_block: int = 16  # fill-in-the-middle, cached layout: the prefix starts at a block's first line, a block about this many lines
-    infill_continue: bool = False  # /infill: typed characters that begin the last suggestion get its rest, no model run
     cache_prompt: bool = False  # reuse an earlier request's cells of the prompt exactly (not as a fresh process)
     ignore_eos: bool = False
     negative_prompt: str | None = None  # what the member reading the second prompt reads (see LoadSpec.second_prompt)

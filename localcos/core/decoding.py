@@ -567,8 +567,8 @@ class Decoder:
                 self.speculation.bonus += 1
             if self.on_commit is not None:
                 self.on_commit(token, origin)
-            if self.text.push(token):  # a stop string; an editor's indentation or time rule cuts it as a limit would
-                self.finish_reason = "stop" if self.text.ended_by == "word" else "length"
+            if self.text.push(token):  # a stop string, the suffix (a middle ended); an editor's indentation or time rule cuts it as a limit would
+                self.finish_reason = "stop" if self.text.ended_by in ("word", "suffix") else "length"
             elif len(self.committed) >= self.max_length:
                 self.finish_reason = "length"
         n = len(self.committed)

@@ -56,7 +56,6 @@ class ServerState:
     engine: Engine
     api_key: str | None = None
     described: ollama.Described | None = None  # the models as Ollama's routes describe them (read on first use)
-    suggested: infill_route.Suggestion | None = None  # the last middle /infill answered (`--infill-continue` goes on with it)
 
 
 def state(request: Request) -> ServerState:
@@ -115,14 +114,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
 @routes.post("/infill")
 async def infill(body: infill_route.InfillRequest, request: Request) -> Any:
     s = state(request)
-    plan = await run_in_threadpool(infill_route.plan_infill, s.served, body, s.suggested)
-    if isinstance(plan, infill_route.Suggestion):  # the last suggestion, continued: no model runs
-        s.suggested = plan
-        return infill_route.continued(s.served, plan, body.response_fields)
-    answer = await _answer_infill(request, s, plan, body.response_fields)
-    if isinstance(answer, dict) and not plan.stream and plan.n == 1 and body.n_predict != 0 and "content" in answer:
-        s.suggested = infill_route.Suggestion.of(body, answer["content"], (answer.get("stop_type") or "limit", answer.get("stopping_word") or ""))
-    return answer
+    plan = await run_in_threadpool(infill_route.plan_infill, s.served, body)
+    return await _answer_infill(request, s, plan, body.response_fields)
 
 
 def _one_tokenizer(served: ServedEnsemble) -> None:

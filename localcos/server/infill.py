@@ -5,32 +5,26 @@ The body is llama-server's (`InfillRequest`): `input_prefix`, `input_suffix`, `i
 ({filename, text} chunks), `prompt` (the cursor's line up to the cursor: its tokens follow the
 prefix's, as llama-server reads it), `n_predict`, `n_cmpl`, `n_indent`, `t_max_predict_ms`,
 `samplers`, the sampling fields and every localcos option. The prompt is laid out as
-llama-server lays it out (`localcos.infill`). The answer is llama-server's: `content`, `tokens`,
+llama-server lays it out, or in another layout (`infill_layout`: `localcos.infill`). The answer is llama-server's: `content`, `tokens`,
 `stop`, `stop_type` (eos, word or limit), `stopping_word`, `timings` (prompt_n: the prompt's
 tokens the models evaluated, the rest kept from an earlier request; predicted_n...),
 `tokens_cached`, `tokens_evaluated`, `truncated`, with `response_fields` picking fields as
 llama-server does; streamed as server-sent events of the same objects.
 
-With `infill_continue` (`--infill-continue`, or the request's field), a request whose typed text
-goes on from the last answered request's (the same suffix, extra chunks and settings; not
-streamed, one completion) by characters that begin that request's suggestion is answered with the
-rest of it and no model run (`continuation`), as llama.vim answers from its own cache: the model
-may have written otherwise there, since the typed characters are then read as the prefix.
-
 `cache_prompt`, true by default here as on llama-server, reuses the cells the models hold of the
-prompt from an earlier request, evaluated from where it differs (the editor's next keystroke
-costs its suffix, not its prefix); its text may then depend on what ran before, as llama.cpp is
-not batch-invariant. Fields of llama-server's that change nothing here are taken and do nothing,
-as they do in the llama-server localcos pins or because localcos always does it: `id_slot` (a
-request shares the cells, and the row after them, of whichever sequence holds the most of its
-prompt), `t_max_prompt_ms` (not read by that
+prompt from an earlier request, evaluated from where it differs (in the makers' layout the
+editor's next keystroke costs its suffix, not its prefix; in the cached one, what was typed), and
+drafts what the cells hold after it where drafts are looked up (the last suggestion, its first
+characters since typed: verified by the model, not answered for it); its text may then depend on
+what ran before, as llama.cpp is not batch-invariant. Fields of llama-server's that change
+nothing here are taken and do nothing, as they do in the llama-server localcos pins or because
+localcos always does it: `id_slot` (a request shares the cells, and the row after them, of
+whichever sequence holds the most of its prompt), `t_max_prompt_ms` (not read by that
 llama-server either). One it does not implement (`lora`...) is refused.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, replace
 from typing import Annotated, Any
 from collections.abc import Sequence
 
@@ -71,7 +65,6 @@ class InfillRequest(SettingsFields):
     infill_suffix: Annotated[int | None, _option("infill_suffix")] = None
     infill_layout: Annotated[str | None, _option("infill_layout")] = None
     infill_block: Annotated[int | None, _option("infill_block")] = None
-    infill_continue: Annotated[bool | None, _option("infill_continue")] = None
     return_tokens: StrictBool = False
     response_fields: list[StrictStr] | None = None
     cache_prompt: Annotated[bool, _option("cache_prompt")] = True  # llama-server's default here: the cells of an earlier prompt reused
@@ -95,55 +88,15 @@ class InfillRequest(SettingsFields):
         return Infill(self.input_prefix, self.input_suffix, self.prompt, tuple(ExtraChunk(c.text, c.filename) for c in self.input_extra))
 
 
-@dataclass(frozen=True)
-class Suggestion:
-    """A middle /infill answered: the text before the cursor it was asked after, the request
-    (whose other fields a continuation must share: compared only when one is tried), and the
-    middle with how it stopped."""
-
-    before: str
-    request: InfillRequest
-    content: str
-    stop_type: str
-    stopping_word: str
-
-    @staticmethod
-    def of(body: InfillRequest, content: str, stop: tuple[str, str]) -> Suggestion:
-        return Suggestion(body.input_prefix + body.prompt, body, content, *stop)
-
-
-def _shape(body: InfillRequest) -> str:
-    """Every field of a request but the typed text and what does not shape the middle's text."""
-    return json.dumps(body.model_dump(exclude={"input_prefix", "prompt", "seed", "response_fields", "return_tokens", "id_slot",
-                                               "t_max_prompt_ms", "cache_prompt"}), sort_keys=True, default=str)  # fmt: skip
-
-
-def continuation(last: Suggestion | None, body: InfillRequest) -> str | None:
-    """The rest of `last`'s middle where `body` asks at a cursor that typed characters moved on
-    from `last`'s, each the one its middle has there (something of it left); else None."""
-    if last is None or body.stream or body.n_cmpl != 1:
-        return None
-    before = body.input_prefix + body.prompt
-    typed = before[len(last.before) :]
-    if not typed or not before.startswith(last.before) or not last.content.startswith(typed) or len(typed) == len(last.content):
-        return None
-    return last.content[len(typed) :] if _shape(body) == _shape(last.request) else None
-
-
-def plan_infill(served: ServedEnsemble, body: InfillRequest, last: Suggestion | None = None) -> protocol.Request | Suggestion:
+def plan_infill(served: ServedEnsemble, body: InfillRequest) -> protocol.Request:
     """POST /infill: the FIM prompt and settings of a validated body, at the level its settings
-    decode at; `n_predict` 0 evaluates the prompt and generates nothing. With `infill_continue`,
-    the rest of the `last` suggestion where the typed characters go on with it (`continuation`):
-    the answer, with no model run."""
+    decode at; `n_predict` 0 evaluates the prompt and generates nothing."""
     if body.model:
         protocol.check_model(served, body.model)
     # n_predict: -1 until an end or the context (no room then for extra chunks), 0 the prompt alone
     given = served.settings.generation.max_tokens if body.n_predict is None else body.n_predict
     max_tokens = served.ensemble.n_ctx if given < 0 else max(given, 1)
     settings = protocol.settings_for(served, body, max_tokens)
-    rest = continuation(last, body) if settings.generation.infill_continue and body.n_predict != 0 else None
-    if rest is not None and last is not None:
-        return replace(last, before=body.input_prefix + body.prompt, content=rest)
     models = served.decide(settings.generation, needs_tokens=False)
     plans = protocol.plans_of(models, settings, [body.infill], "input_prefix")
     if body.n_predict == 0:  # a warm-up: the prompt's cells, kept for the next request, and no text
@@ -178,11 +131,6 @@ def result(served: ServedEnsemble, request: protocol.Request, choice: protocol.C
                  n_prompt=len(plan.prompt) if isinstance(plan, Plan) else max(len(p) for p in plan.prompts),
                  evaluated=stats.prompt_evaluated if stats is not None else 0, predicted=c.length if c is not None else 0,
                  prompt_ms=(stats.prompt_seconds if stats else 0.0) * 1000, predicted_ms=(stats.seconds if stats else 0.0) * 1000)  # fmt: skip
-
-
-def continued(served: ServedEnsemble, suggestion: Suggestion, fields: Sequence[str] | None) -> dict:
-    """The answer of a continued suggestion, as llama-server's: nothing evaluated or generated."""
-    return _body(served, 0, suggestion.content, [], (suggestion.stop_type, suggestion.stopping_word), fields, {"continued": True})
 
 
 def _body(served: ServedEnsemble, index: int, text: str, tokens: list[int], stop: tuple[str, str], fields: Sequence[str] | None,
