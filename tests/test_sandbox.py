@@ -483,6 +483,72 @@ def test_plain_data_crosses_as_it_is_and_nothing_else_is_built():
             decode(node)
 
 
+def _same(a, b) -> bool:  # type: ignore[no-untyped-def]
+    """Equal values of the same types, recursively, floats by their bits (NaN payloads, -0.0)."""
+    import struct
+
+    if type(a) is not type(b):
+        return False
+    if type(a) is float:
+        return struct.pack(">d", a) == struct.pack(">d", b)
+    if type(a) is complex:
+        return _same(a.real, b.real) and _same(a.imag, b.imag)
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if type(a) is dict:
+        return len(a) == len(b) and all(k in b and _same(v, b[k]) for k, v in a.items()) and all(_same(k, k) for k in a)
+    return bool(a == b)
+
+
+def _plain_data():  # type: ignore[no-untyped-def]
+    from hypothesis import strategies as st
+
+    text = st.text(st.characters(codec=None, categories=None), max_size=6)  # lone surrogates among them
+    payload_nans = st.integers(0, (1 << 51) - 1).map(lambda bits: __import__("struct").unpack(">d", (0x7FF8 << 48 | bits).to_bytes(8, "big"))[0])
+    scalars = (st.none() | st.booleans() | st.integers(-(2**200), 2**200) | st.floats(allow_subnormal=True) | payload_nans
+               | st.sampled_from([-0.0, 5e-324, float("-inf")]) | text | st.binary(max_size=6) | st.binary(max_size=6).map(bytearray)
+               | st.complex_numbers(allow_nan=True))  # fmt: skip
+    keys = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | text | st.binary(max_size=4)
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.lists(inner, max_size=4).map(tuple)
+                        | st.dictionaries(keys, inner, max_size=4) | st.sets(keys, max_size=4) | st.frozensets(keys, max_size=4),
+                        max_leaves=12)  # fmt: skip
+
+
+def test_every_plain_value_crosses_exactly():
+    """A round trip through the channel's JSON gives back the same value, of the same types:
+    strings as their code points (two lone surrogates stay two, also as dict keys and set items),
+    floats by their bits (-0.0, NaN payloads, subnormals), big ints, bytes, nested containers."""
+    from hypothesis import given, settings
+
+    from localcos.eval.crossing import decode, encode
+
+    def across(value):  # type: ignore[no-untyped-def]
+        return decode(json.loads(json.dumps(encode(value), separators=(",", ":")).encode("ascii")))
+
+    @settings(max_examples=400, deadline=None, derandomize=True)
+    @given(_plain_data())
+    def round_trip(value):  # type: ignore[no-untyped-def]
+        assert _same(across(value), value), value
+
+    round_trip()
+    for value in ("\ud83d\ude00", {"\ud83d\ude00": 1}, {"\ud83d\ude00"}, frozenset(["\udc80x"])):
+        back = across(value)
+        assert _same(back, value) and back != {"\U0001F600": 1} and "\U0001F600" not in (back if not isinstance(back, str) else [back])
+    for node in (["u", "zz"], ["u", "00"], ["n", "7ff8"], ["c", ["n", "00"], 1]):
+        with pytest.raises(ValueError):
+            decode(node)
+
+
+def test_two_lone_surrogates_cross_as_two_characters_to_the_program_and_back():
+    """The program's two lone surrogates are not the test's one character (no forged pass), and a
+    correct program given two lone surrogates (also as a dict key or a set item) passes."""
+    forged = CodeTask("t/s", "def f(x):\n", "def check(candidate):\n    assert candidate(2) == '\\U0001F600'\n", "f")
+    assert not run_program(forged.program("    return '\\ud83d\\ude00'\n"), LIMITS).passed
+    lengths = CodeTask("t/l", "def f(x):\n", "def check(candidate):\n    assert candidate('\\ud83d\\ude00') == 2\n"
+                       "    assert candidate({'\\ud83d\\ude00': 1}) == 2\n    assert candidate({'\\ud83d\\ude00'}) == 2\n", "f")  # fmt: skip
+    assert run_program(lengths.program("    return len(x if isinstance(x, str) else next(iter(x)))\n"), LIMITS).passed
+
+
 def test_a_correct_completion_passes_and_a_wrong_one_says_why():
     good = CodeTask("t/1", "def double(x):\n", "def check(candidate):\n    assert candidate(2) == 4\n", "double")
     assert run_program(good.program("    return x * 2\n"), LIMITS).passed

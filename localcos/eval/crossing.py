@@ -5,9 +5,11 @@ The program runs in a process of its own (`serve`: its code, then the calls aske
 test runs in another, the judge's (`judge`), which the program cannot reach (launcher.py says
 how). Each name the test calls that the task's own code does not define (the entry point always)
 is a `Remote` there: calling it sends the arguments to the program's process and takes back the
-result, each as plain data (`encode`, `decode`): None, booleans, numbers, strings, bytes, lists,
-tuples, dicts, sets; an exception by its type's name; anything else an `Opaque` that equals only
-itself. So no value of the program's runs code in the judge (an always-equal value is opaque), the
+result, each as plain data (`encode`, `decode`), exactly: None, booleans, numbers (a float by its
+bits where it is a NaN, so its payload too), strings (as their code points where they hold a lone
+surrogate, which JSON would join with its neighbour into one character), bytes, lists, tuples,
+dicts, sets; an exception by its type's name; anything else an `Opaque` that equals only itself.
+So no value of the program's runs code in the judge (an always-equal value is opaque), the
 program's own `check`, globals, frames or early exits decide nothing, and the test passes only
 when its last statement returned in the judge's process. Arguments the program mutates come back
 (a list sorted in place is sorted in the test's hands too).
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 ENDED = "ended"  # the judge's word when the program's process ended (or broke the channel) before the test did
 _LENGTH = struct.Struct(">I")
+_DOUBLE = struct.Struct(">d")
 _MOST_BYTES = 64 << 20  # the largest message either side takes
 _DEEPEST = 100  # nesting a value may have
 _EXACT_INT = 1 << 53  # ints below this in size cross as JSON numbers, the rest as hexadecimal (no digit limit)
@@ -68,14 +71,19 @@ def encode(value: Any, strict: bool = True, depth: int = 0) -> Any:
     if value is None or value is True or value is False:
         return value
     if isinstance(value, str):
-        return str.__str__(value)
+        text = str.__str__(value)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: JSON's escapes would pair it with its neighbour
+            return ["u", text.encode("utf-32-be", "surrogatepass").hex()]
+        return text
     if isinstance(value, int):
         number = int.__index__(value)
         return number if -_EXACT_INT < number < _EXACT_INT else ["i", format(number, "x")]
     if isinstance(value, float):
-        return float.__float__(value)
+        return _float(float.__float__(value))
     if isinstance(value, complex):
-        return ["c", value.real, value.imag]
+        return ["c", _float(value.real), _float(value.imag)]
     if isinstance(value, dict):
         return ["d", *([encode(k, strict, depth + 1), encode(v, strict, depth + 1)] for k, v in dict.items(value))]
     for kind, tag in _TAGS:
@@ -88,6 +96,20 @@ def encode(value: Any, strict: bool = True, depth: int = 0) -> Any:
     return ["o", type(value).__name__]
 
 
+def _float(number: float) -> Any:
+    """A float as JSON carries it exactly (-0.0, infinities and subnormals as its repr), a NaN by
+    its bits (JSON has one NaN)."""
+    return ["n", _DOUBLE.pack(number).hex()] if number != number else number
+
+
+def _float_of(node: Any) -> float:
+    if type(node) in (int, float):
+        return float(node)
+    if type(node) is list and len(node) == 2 and node[0] == "n" and type(node[1]) is str and len(node[1]) == 2 * _DOUBLE.size:
+        return _DOUBLE.unpack(bytes.fromhex(node[1]))[0]
+    raise ValueError("not a number")
+
+
 def decode(node: Any, depth: int = 0) -> Any:
     """The value a tree from `encode` stands for, built of exact plain types (and `Opaque`) only;
     anything else raises ValueError."""
@@ -98,10 +120,14 @@ def decode(node: Any, depth: int = 0) -> Any:
     if type(node) is not list or not node or type(node[0]) is not str:
         raise ValueError("not a value")
     tag, items = node[0], node[1:]
-    if tag in ("i", "b", "y", "o") and not (len(items) == 1 and type(items[0]) is str):
+    if tag in ("i", "b", "y", "o", "u", "n") and not (len(items) == 1 and type(items[0]) is str):
         raise ValueError("not a value")
     if tag == "i":
         return int(items[0], 16)
+    if tag == "u":
+        return bytes.fromhex(items[0]).decode("utf-32-be", "surrogatepass")
+    if tag == "n":
+        return _float_of(node)
     if tag == "b":
         return bytes.fromhex(items[0])
     if tag == "y":
@@ -109,9 +135,9 @@ def decode(node: Any, depth: int = 0) -> Any:
     if tag == "o":
         return Opaque(items[0])
     if tag == "c":
-        if len(items) != 2 or not all(type(x) in (int, float) for x in items):
+        if len(items) != 2:
             raise ValueError("not a value")
-        return complex(items[0], items[1])
+        return complex(_float_of(items[0]), _float_of(items[1]))
     if tag == "d":
         if not all(type(pair) is list and len(pair) == 2 for pair in items):
             raise ValueError("not a value")
