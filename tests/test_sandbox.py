@@ -215,6 +215,14 @@ HOSTILE = {
         "allowed = [n for n, (a, b) in calls.items() if libc.syscall(a if x86 else b, fd, 0, 0, 0, 0) >= 0 or ctypes.get_errno() != 1]\n"
         "assert not allowed, allowed\nraise PermissionError('every one refused')"
     ),
+    # out-of-band data on a socket: the kernel's AF_UNIX code behind it had use-after-free bugs (round 5)
+    "sends and reads a socket's out-of-band data": (
+        "import socket\na, b = socket.socketpair()\nflags = socket.MSG_OOB | socket.MSG_DONTWAIT\n"
+        "calls = dict(send=lambda: a.send(b'x', flags), recv=lambda: b.recv(1, flags), sendmsg=lambda: a.sendmsg([b'x'], [], flags),\n"
+        "             recvmsg=lambda: b.recvmsg(1, 0, flags))\nallowed = []\nfor name, call in calls.items():\n    try:\n        call()\n"
+        "        allowed.append(name)\n    except PermissionError:\n        pass\n    except OSError as e:\n        allowed.append(f'{{name}} ({{e}})')\n"
+        "assert not allowed, allowed\nraise PermissionError('every one refused')"
+    ),
     "calls what the allow list leaves out": (
         "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nx86 = os.uname().machine == 'x86_64'\n"
         "calls = dict(mount=(165, 40), bpf=(321, 280), kexec_load=(246, 104), acct=(163, 89), swapon=(167, 224), chroot=(161, 51),\n"
@@ -293,6 +301,7 @@ SAYS = {
     "queues real-time signals": "RuntimeError: queued 64",
     "calls what a container's default profile refuses": "PermissionError: every one refused",
     "probes the page cache of the host's files": "PermissionError: every one refused",
+    "sends and reads a socket's out-of-band data": "PermissionError: every one refused",
     # not on the allow list: as if the kernel had no such call
     "calls what the allow list leaves out": "OSError: [Errno 38] none of them exists here",
     # a core file limit of 1 (a hard one): no core_pattern helper is started for a crash

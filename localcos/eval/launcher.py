@@ -178,6 +178,10 @@ _CLONE_NEW = 0x7E020080  # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWP
 _SOL_SOCKET, _BUFFER_SIZES = 1, (7, 8, 32, 33)
 _F_SETPIPE_SZ = 1031
 _F_LOCKS = (6, 7, 37, 38)  # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW (the same on every architecture above)
+# out-of-band data on a socket (the kernel's AF_UNIX code behind it had use-after-free bugs;
+# Chrome's sandbox filters it too): the flags argument of each call that takes one
+_MSG_OOB = 1
+_FLAGS_AT = {"sendto": 3, "recvfrom": 3, "sendmsg": 2, "recvmsg": 2, "sendmmsg": 3, "recvmmsg": 3}
 _SIGNALS_PENDING = 64  # real-time signals and POSIX timers a program may hold queued
 # no core file: a limit of 1, not 0, since where core_pattern pipes a crash to a helper (apport,
 # systemd-coredump) the kernel starts it as root on the host whatever the limit, unless it is 1
@@ -215,7 +219,8 @@ def seccomp_filter(machine: str) -> bytes:
     its namespace (ptrace, process_vm_*, pidfd_getfd: eval's init and the judge run there), start
     the kernel's helpers (the key calls), or watch, lock or probe the page cache of the host's
     files it reads (inotify, fanotify, flock, POSIX locks; fadvise, preadv2, mincore, readahead,
-    cachestat); nor the calls a container's default profile refuses. clone3 says ENOSYS, so the
+    cachestat), or send or read a socket's out-of-band data (MSG_OOB); nor the calls a
+    container's default profile refuses. clone3 says ENOSYS, so the
     C library falls back to clone, whose flags the filter can read. Calls of another ABI (i386
     on x86_64, x32) are refused as a whole."""
     arch, nr = ARCHITECTURES[machine]
@@ -225,6 +230,7 @@ def seccomp_filter(machine: str) -> bytes:
     code += [(_JEQ, "deny", 0, nr[name]) for name in _DENIED if name in nr]
     code += [(_JEQ, "enosys", 0, nr["clone3"]), (_JEQ, "socket", 0, nr["socket"]), (_JEQ, "socket", 0, nr["socketpair"]),
              (_JEQ, "clone", 0, nr["clone"]), (_JEQ, "setsockopt", 0, nr["setsockopt"]), (_JEQ, "fcntl", 0, nr["fcntl"])]  # fmt: skip
+    code += [(_JEQ, f"flags{at}", 0, nr[name]) for name, at in _FLAGS_AT.items()]
     # the allowed calls as runs of consecutive numbers, lowest first: above a run, on to the next
     for first, last in _runs(sorted(nr[name] for name in _ALLOWED if name in nr)):
         code += [(_JGT, 1, 0, last), (_JGE, "allow", "enosys", first)]
@@ -239,6 +245,9 @@ def seccomp_filter(machine: str) -> bytes:
     labels["fcntl"] = len(code)
     code += [(_LD_W_ABS, 0, 0, _arg(1))] + [(_JEQ, "deny", 0, command) for command in (_F_SETPIPE_SZ, *_F_LOCKS)]
     code.append((_RET, 0, 0, _RET_ALLOW))
+    for at in sorted(set(_FLAGS_AT.values())):
+        labels[f"flags{at}"] = len(code)
+        code += [(_LD_W_ABS, 0, 0, _arg(at)), (_JSET, "deny", "allow", _MSG_OOB)]
     labels.update(allow=len(code), deny=len(code) + 1, enosys=len(code) + 2)
     code += [(_RET, 0, 0, _RET_ALLOW), (_RET, 0, 0, _RET_ERRNO | _EPERM), (_RET, 0, 0, _RET_ERRNO | _ENOSYS)]
 
