@@ -739,6 +739,99 @@ def test_held_shared_memory_is_refused_and_the_hosts_is_where_it_was(world):
     assert shmem() - before < 256 << 20  # it tried 1.5 GiB; what other tests hold meanwhile is far less
 
 
+# --- round 5: nothing a program does reaches eval's init or the judge -----------------------------
+
+_EVERY_SIGNAL = "[s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]"
+# each a program and whether it passes; run as root, and as an ordinary user where one can run eval
+ROUND5 = {
+    # process 1 is eval's init: it handles no signal, so none reaches it (Python's SIGINT handler did)
+    "signals process 1 with every catchable signal": (GOOD.program(
+        "    return x * 2\n\nimport os, signal\n"
+        f"for s in {_EVERY_SIGNAL}:\n    try:\n        os.kill(1, s)\n    except OSError:\n        pass\n"), True),
+    # the judge keeps no capability, not even one it could take back
+    "the judge's capabilities": (CodeTask("t/c", "def f(x):\n", (
+        "def check(candidate):\n    import ctypes, struct\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+        "    header, sets = ctypes.create_string_buffer(struct.pack('Ii', 0x20080522, 0), 8), ctypes.create_string_buffer(24)\n"
+        "    assert libc.capget(header, sets) == 0 and sets.raw == bytes(24), sets.raw.hex()\n"
+        "    assert [c for c in range(64) if libc.prctl(23, c, 0, 0, 0) == 1] == []\n    assert candidate(1) == 1\n"), "f",
+    ).program("    return x\n"), True),
+    # the judge's environment is the program's, the box's (the harness's own variables are not there)
+    "the judge's environment": (CodeTask("t/e", "def f(x):\n", "def check(candidate):\n    import os\n"
+                                         "    assert candidate(0) == dict(os.environ)\n", "f").program(
+        "    import os\n    return dict(os.environ)\n"), True),
+    # a warning makes linecache open the test's file name where the judge works: the program's FIFO there blocked it
+    "a FIFO planted as test.py": (CodeTask("t/w", "def f(x):\n", "def check(candidate):\n    import warnings\n"
+                                           "    warnings.warn('look')\n    assert candidate(2) == 4\n", "f").program(
+        "    return x * 2\n\nimport os\nos.mkfifo('test.py')\n"), True),
+    # the limits of every other process of the box (eval's init, the judge) out of reach; its own not
+    "prlimit64 on the judge and the init": (GOOD.program(
+        "    import os, resource\n    changed = []\n    for pid in range(1, 9):\n        if pid != os.getpid():\n"
+        "            try:\n                resource.prlimit(pid, resource.RLIMIT_AS, (32 << 20, 32 << 20))\n"
+        "                changed.append(pid)\n            except OSError:\n                pass\n"
+        "    resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))\n"
+        "    return x * 2 if not changed else changed\n"), True),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(ROUND5))
+def test_nothing_a_program_does_reaches_evals_init_or_the_judge(name, monkeypatch):
+    monkeypatch.setenv("LOCALCOS_THE_HARNESS_ONLY", "1")
+    program, passes = ROUND5[name]
+    outcome = run_program(program, LIMITS)
+    assert outcome.passed is passes, (name, outcome.result)
+
+
+_AS_ORDINARY_USER = """
+import json, sys
+from localcos.eval.sandbox import Limits, Program, run_program, unavailable
+why = unavailable()
+if why:
+    print(json.dumps({"unavailable": why}))
+    sys.exit(0)
+outcomes = {name: run_program(Program(*fields), Limits(**json.loads(sys.argv[1]))) for name, fields in json.load(sys.stdin).items()}
+print(json.dumps({name: [o.passed, o.result] for name, o in outcomes.items()}))
+"""
+
+
+def test_as_an_ordinary_user_nothing_a_program_does_reaches_evals_init_or_the_judge():
+    """There the init, the program and the judge share one user id: a program could signal the
+    init (a setup failure: the whole eval stopped) and change the judge's limits, and the judge
+    kept the user namespace's every capability. As root: an unused user id, where it can run
+    this interpreter; else the one line why not."""
+    import dataclasses
+
+    user: dict[str, object] = {}
+    if os.geteuid() == 0:
+        uid = next(u for u in range(60000, 65000) if not _has_account(u))
+        user = {"user": uid, "group": uid, "extra_groups": []}
+    programs = {name: [program.source, program.test, program.context, program.entry_point] for name, (program, _) in ROUND5.items()}
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LOCALCOS_THE_HARNESS_ONLY": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    try:
+        done = subprocess.run([sys.executable, "-c", _AS_ORDINARY_USER, json.dumps(dataclasses.asdict(LIMITS))], input=json.dumps(programs),
+                              capture_output=True, text=True, cwd="/", env=env, timeout=120, **user)  # type: ignore[call-overload]
+    except PermissionError as e:
+        pytest.skip(f"an ordinary user cannot run this interpreter ({sys.executable}: {e.strerror}): a folder above it is closed to others")
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+        if "Permission denied" in done.stderr or "No module named" in done.stderr:
+            pytest.skip(f"an ordinary user cannot run localcos from here: {last}")
+        raise AssertionError(done.stderr)
+    outcomes = json.loads(done.stdout)
+    if "unavailable" in outcomes:
+        pytest.skip(f"the sandbox is unavailable to an ordinary user here: {outcomes['unavailable']}")
+    assert {name: passed for name, (passed, _) in outcomes.items()} == {name: passes for name, (_, passes) in ROUND5.items()}, outcomes
+
+
+def _has_account(uid: int) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
 def find_process(name: str, timeout: float = 20.0) -> int:
     """The process whose name (/proc/PID/comm) is `name`, waited for (bounded)."""
     deadline = time.monotonic() + timeout

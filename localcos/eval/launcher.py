@@ -13,15 +13,19 @@ Five processes, each unable to outlive the one that forked it:
   I, dying with P the same way.
 - I, eval's init: process 1 of the new PID namespace (when it ends, the kernel kills every
   process of the namespace), dying with C (its parent-death signal is its own: no program can
-  clear it). It sends the harness a pidfd of itself, so the harness can end the namespace and
-  wait until it is gone; forks the program's process G, then the judge's process J, reaps every
-  process of the namespace, and once the verdict is known reports it (`watch`).
+  clear it). It handles no signal (`deaf`: process 1 then receives none from inside), sends the
+  harness a pidfd of itself, so the harness can end the namespace and wait until it is gone;
+  forks the program's process G, then the judge's process J, reaps every process of the
+  namespace, and once the verdict is known reports it (`watch`).
 - G becomes the unprivileged user with no capabilities and no new privileges, installs a
   seccomp filter (`seccomp_filter`) and executes the program's driver (crossing.serve): a
   process like any other, which a signal it sends itself ends.
-- J, forked from I after G, becomes the same user under the same limits and filter and runs the
-  test there (crossing.judge), without a new interpreter: the test calls the program's
-  functions through a stream socket pair whose other end G holds, plain data each way.
+- J, forked from I after G, becomes the same user with no capabilities under the same limits and
+  filter, in the read-only root, and runs the test there (crossing.judge), without a new
+  interpreter: the test calls the program's functions through a stream socket pair whose other
+  end G holds, plain data each way. G starts the program only once J is set up. J's
+  environment is the box's (the harness starts P with it), its limits are out of the program's
+  reach (the filter allows prlimit64 on the caller alone).
 
 CONTROL_FD is a Unix socket (SOCK_SEQPACKET) to the harness, the launcher's one channel:
 "setup: WHY" where the boundary could not be built, "program" with the pidfd whose end ends the
@@ -186,7 +190,7 @@ _SIGNALS_PENDING = 64  # real-time signals and POSIX timers a program may hold q
 # no core file: a limit of 1, not 0, since where core_pattern pipes a crash to a helper (apport,
 # systemd-coredump) the kernel starts it as root on the host whatever the limit, unless it is 1
 _NO_CORE = (1, 1)
-_EPERM, _ENOSYS = 1, 38
+_EPERM, _EINVAL, _ENOSYS = 1, 22, 38
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _LD_W_ABS, _JEQ, _JGT, _JGE, _JSET, _RET = 0x20, 0x15, 0x25, 0x35, 0x45, 0x06
 
@@ -219,7 +223,9 @@ def seccomp_filter(machine: str) -> bytes:
     its namespace (ptrace, process_vm_*, pidfd_getfd: eval's init and the judge run there), start
     the kernel's helpers (the key calls), or watch, lock or probe the page cache of the host's
     files it reads (inotify, fanotify, flock, POSIX locks; fadvise, preadv2, mincore, readahead,
-    cachestat), or send or read a socket's out-of-band data (MSG_OOB); nor the calls a
+    cachestat), or send or read a socket's out-of-band data (MSG_OOB), or change another
+    process's limits (prlimit64 on any process but the caller: the judge and eval's init may
+    share its user); nor the calls a
     container's default profile refuses. clone3 says ENOSYS, so the
     C library falls back to clone, whose flags the filter can read. Calls of another ABI (i386
     on x86_64, x32) are refused as a whole."""
@@ -229,7 +235,8 @@ def seccomp_filter(machine: str) -> bytes:
         code.append((_JGE, "deny", 0, _X32_BIT))
     code += [(_JEQ, "deny", 0, nr[name]) for name in _DENIED if name in nr]
     code += [(_JEQ, "enosys", 0, nr["clone3"]), (_JEQ, "socket", 0, nr["socket"]), (_JEQ, "socket", 0, nr["socketpair"]),
-             (_JEQ, "clone", 0, nr["clone"]), (_JEQ, "setsockopt", 0, nr["setsockopt"]), (_JEQ, "fcntl", 0, nr["fcntl"])]  # fmt: skip
+             (_JEQ, "clone", 0, nr["clone"]), (_JEQ, "setsockopt", 0, nr["setsockopt"]), (_JEQ, "fcntl", 0, nr["fcntl"]),
+             (_JEQ, "own", 0, nr["prlimit64"])]  # fmt: skip
     code += [(_JEQ, f"flags{at}", 0, nr[name]) for name, at in _FLAGS_AT.items()]
     # the allowed calls as runs of consecutive numbers, lowest first: above a run, on to the next
     for first, last in _runs(sorted(nr[name] for name in _ALLOWED if name in nr)):
@@ -245,6 +252,8 @@ def seccomp_filter(machine: str) -> bytes:
     labels["fcntl"] = len(code)
     code += [(_LD_W_ABS, 0, 0, _arg(1))] + [(_JEQ, "deny", 0, command) for command in (_F_SETPIPE_SZ, *_F_LOCKS)]
     code.append((_RET, 0, 0, _RET_ALLOW))
+    labels["own"] = len(code)
+    code += [(_LD_W_ABS, 0, 0, _arg(0)), (_JEQ, "allow", "deny", 0)]
     for at in sorted(set(_FLAGS_AT.values())):
         labels[f"flags{at}"] = len(code)
         code += [(_LD_W_ABS, 0, 0, _arg(at)), (_JSET, "deny", "allow", _MSG_OOB)]
@@ -259,7 +268,8 @@ def seccomp_filter(machine: str) -> bytes:
 
 # -- the four processes ------------------------------------------------------------------------------
 
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 1, 38, 22, 2
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, _PR_CAPBSET_DROP = 1, 38, 22, 2, 24
+_CAPABILITY_VERSION_3 = 0x20080522  # capset's header: three 32-bit sets, twice
 _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
     0x20000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000)  # fmt: skip
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
@@ -445,36 +455,68 @@ class Launcher:
     # -- I (P where uncontained) --
 
     def init(self, source: bytes | None) -> NoReturn:
-        """Fork G, then J, reap every process until the verdict is known, and report it (`watch`)."""
+        """Deaf to every signal a program can send, fork G, then J, reap every process until the
+        verdict is known, and report it (`watch`). G runs the program only once J is set up
+        (J's word on a pipe), so every setup step, G's and J's, ends before the program's first
+        instruction: nothing a program does is ever reported as a setup failure. Where I fails
+        after that, it ends without a verdict, which the harness counts as the program's failure."""
+        python_handlers = self.deaf()
         verdict, verdict_judge = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
         verdict.setsockopt(_socket.SOL_SOCKET, _socket.SO_PASSCRED, 1)  # every message then says who sent it
         calls, calls_program = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        judge_ready, judge_set_up = os.pipe()  # J -> G: "j", J is set up (closed on G's exec)
         me = os.getpid()
         program = os.fork()
         if program == 0:
             for end in (verdict, verdict_judge, calls):
                 end.close()
+            os.close(judge_set_up)
             if source is None:
                 self.die_with_parent(me)
-            self.program(source, calls_program.fileno())
+            self.program(source, calls_program.fileno(), judge_ready)
         judge = os.fork()
         if judge == 0:
             verdict.close()
             calls_program.close()
+            os.close(judge_ready)
+            for number, handler in python_handlers.items():  # the test runs as it would in Python
+                signal.signal(number, handler)
             if source is None:
                 self.die_with_parent(me)
-            self.judge(source is not None, calls.fileno(), verdict_judge, program)
+            self.judge(source is not None, calls.fileno(), verdict_judge, program, judge_set_up)
         for end in (verdict_judge, calls, calls_program):
             end.close()
-        try:  # the harness ends the run by this pidfd: I's end ends the namespace; uncontained, G's
-            pidfd = os.pidfd_open(program if source is None else me)
-        except (AttributeError, OSError):  # kernels before 5.3: the parent-death signals alone
-            pidfd = None
-        if pidfd is not None:
-            self.say("program", (pidfd,))
-            os.close(pidfd)
-        self.watch(program, judge, verdict)
+        os.close(judge_ready)
+        os.close(judge_set_up)
+        try:
+            try:  # the harness ends the run by this pidfd: I's end ends the namespace; uncontained, G's
+                pidfd = os.pidfd_open(program if source is None else me)
+            except (AttributeError, OSError):  # kernels before 5.3: the parent-death signals alone
+                pidfd = None
+            if pidfd is not None:
+                self.say("program", (pidfd,))
+                os.close(pidfd)
+            self.watch(program, judge, verdict)
+        except BaseException as e:  # the program may have started: no setup failure, no verdict
+            os.write(2, f"eval's init: {type(e).__name__}: {e}\n".encode("utf-8", "replace"))
+            os._exit(1)
         os._exit(0)
+
+    @staticmethod
+    def deaf() -> dict[int, Any]:
+        """Every catchable signal's handler set to SIG_DFL, which process 1 of a PID namespace never
+        receives from inside it (Python's own, KeyboardInterrupt's among them, would run when the
+        program signals process 1); returns the handlers Python had. Uncontained, P is no init: a
+        signal then ends it, and the run fails for want of a verdict."""
+        handlers = {}
+        for number in signal.valid_signals():
+            if number in (signal.SIGKILL, signal.SIGSTOP):
+                continue
+            try:
+                handlers[number] = signal.signal(number, signal.SIG_DFL)
+            except (OSError, ValueError):  # one the C library keeps for itself
+                continue
+        return {number: handler for number, handler in handlers.items() if handler is not None}
 
     def watch(self, program: int, judge: int, verdict: _socket.socket) -> None:
         """Reap every process that ends (as process 1 must: orphans are its children) until J
@@ -515,15 +557,17 @@ class Launcher:
 
     # -- G and J --
 
-    def program(self, source: bytes | None, channel: int) -> NoReturn:
-        """G: the unprivileged user, the limits, the filter, then the program's driver
-        (crossing.serve; never returns)."""
+    def program(self, source: bytes | None, channel: int, judge_ready: int) -> NoReturn:
+        """G: the unprivileged user, the limits, the filter, then, once J is set up, the
+        program's driver (crossing.serve; never returns)."""
         try:
             if source is not None:
-                self.unprivileged()
+                self.unprivileged("/sandbox")
                 with open("program.py", "wb") as f:
                     f.write(source)
             self.confine(source is not None)
+            if os.read(judge_ready, 1) != b"j":  # J's setup failed, and J said why
+                os._exit(SETUP_FAILED)
             # closed as the driver starts: nothing the program does can speak on the launcher's channel
             os.set_inheritable(self.control.fileno(), False)
             os.set_inheritable(channel, True)
@@ -532,18 +576,21 @@ class Launcher:
         except BaseException as e:
             self.fail(e)
 
-    def judge(self, contained: bool, channel: int, verdict: _socket.socket, program: int) -> NoReturn:
-        """J: the unprivileged user, the limits and the filter too (the test is a file's, not
+    def judge(self, contained: bool, channel: int, verdict: _socket.socket, program: int, set_up: int) -> NoReturn:
+        """J: the unprivileged user in the read-only root (no file the program made is where the
+        test's code looks), the limits and the filter too (the test is a file's, not
         localcos's), then the test, run here against G's answers (crossing.judge); its word to I
         is the nonce where the test's last statement returned, else "failed LINE" (or nothing:
         G ended first, and G's end says why)."""
         try:
             if contained:
-                self.unprivileged()
+                self.unprivileged("/")
             self.confine(contained)
         except BaseException as e:
             self.fail(e)
         self.control.close()
+        os.write(set_up, b"j")  # the program may start
+        os.close(set_up)
         crossing: dict[str, Any] = {"__name__": "crossing"}
         try:
             exec(compile(self.crossing, "crossing.py", "exec"), crossing)
@@ -558,17 +605,26 @@ class Launcher:
             verdict.send(("failed " + said.replace("\n", " ")).encode("utf-8", "replace")[:_SAID])
         os._exit(1)
 
-    def unprivileged(self) -> None:
-        """The box's user, no capabilities, no new privileges, a keyring of its own, in the program's folder."""
+    def unprivileged(self, folder: str) -> None:
+        """The box's user, no capabilities (none held, none to be had: the bounding set emptied,
+        as a process that keeps its user id, an ordinary user's, keeps the user namespace's
+        every one otherwise), no new privileges, a keyring of its own, in `folder`."""
         cfg = self.cfg
         if cfg["root"]:
             os.setgroups([])
+        for capability in range(64):  # while CAP_SETPCAP is still held; EINVAL past the kernel's last
+            if libc.prctl(_PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
+                if ctypes.get_errno() == _EINVAL:
+                    break
+                raise _Fail("emptying the capability bounding set: " + os.strerror(ctypes.get_errno()))
         os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
         os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+        header = ctypes.create_string_buffer(struct.pack("Ii", _CAPABILITY_VERSION_3, 0), 8)
+        self.check(libc.capset(header, ctypes.create_string_buffer(24)), "capset(none)")  # effective, permitted, inheritable: empty
         self.check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no new privileges)")
         if libc.syscall(ARCHITECTURES[self.machine][1]["keyctl"], _KEYCTL_JOIN_SESSION_KEYRING, None) < 0 and ctypes.get_errno() != _ENOSYS:
             raise _Fail("a keyring of its own: " + os.strerror(ctypes.get_errno()))
-        os.chdir("/sandbox")
+        os.chdir(folder)
 
     def confine(self, contained: bool) -> None:
         self.limit()

@@ -12,7 +12,8 @@ launcher (`launcher.py`, run by path) started for each program:
   the program's folder, the one place it may write (/sandbox: a file system of its own in
   memory, of bounded size and number of files, gone with the namespace). Nothing else exists
   there: not the home folder, /etc, /tmp, /proc, other users' files, the user's projects;
-- a PID namespace whose process 1 is eval's own init (`launcher.py`): the program is its child,
+- a PID namespace whose process 1 is eval's own init (`launcher.py`), which handles no signal
+  (so none from inside reaches it): the program is its child,
   a process like any other (a signal it sends itself ends it); when the init ends, the kernel
   kills every process of the namespace, `setsid` or not, and no process there can see or signal
   one outside. The init dies with the launcher, the launcher with eval (parent-death signals the
@@ -44,7 +45,9 @@ timeout but without the namespaces: it can read, write and connect wherever its 
 The verdict is judged outside the program's process: the program runs in a process of its own
 and answers calls; its test runs in another, the judge's, forked by eval's init (the same
 boundary), with the task's own code, and calls the program's functions with plain data, taking
-plain data back (`crossing`: no object of the program's reaches the test). A program passes
+plain data back (`crossing`: no object of the program's reaches the test); the judge holds no
+capability, has the box's environment, works in the read-only root, and its limits are out of
+the program's reach. A program passes
 when the test's last statement returned in the judge's process, as eval's init hears from that
 process id, which the kernel vouches for (launcher.py). Exiting early in any form
 (`sys.exit(0)`, `os._exit(0)`, `unittest.main()`, a thread or an atexit hook that exits) is a
@@ -186,7 +189,8 @@ def run_program(program: Program | str, limits: Limits = Limits(), sandbox: str 
     the module's docstring); the folder is deleted afterwards, and no process of the program is
     left when this returns. Refuses with SandboxUnavailable where the boundary cannot be built.
     Building it for one program is tried twice (a fork or a mount can fail for a moment on a
-    loaded machine); failing twice, it is the system's failure, not the program's: raised."""
+    loaded machine); failing twice, it is the system's failure, not the program's: raised. The
+    building ends before the program's first instruction: nothing a program does raises."""
     require(sandbox)
     _sweep()
     if isinstance(program, str):
@@ -283,13 +287,15 @@ def _run(folder: str, new_root: str, limits: Limits, sandbox: str, root: bool, g
     python, prefixes = python_paths()
     contained = sandbox == CONTAINED
     inside = "/sandbox" if contained else folder
+    # the box's environment: the program's, the judge's (the launcher starts with it), the init's
+    env = {"PATH": "/usr/bin:/bin", "HOME": inside, "TMPDIR": inside, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
     config = {
         "contain": contained, "root": root, "folder": folder, "new_root": new_root, "python": python, "harness": os.getpid(),
         "uid": _NOBODY if root else os.geteuid(), "gid": _NOBODY if root else os.getegid(),
         "read_only": [*_SYSTEM, *prefixes], "devices": list(_DEVICES), "cgroup": None if group is None else group.folder,
         "memory_mb": limits.memory_mb, "folder_mb": limits.folder_mb, "cpu_seconds": limits.cpu, "file_mb": limits.file_mb,
         "open_files": limits.open_files, "processes": limits.processes, "crossing": _CROSSING, "nonce": secrets.token_hex(16),
-        "env": {"PATH": "/usr/bin:/bin", "HOME": inside, "TMPDIR": inside, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
+        "env": env,
     }  # fmt: skip
     heard = _Heard()
     control, control_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -300,7 +306,7 @@ def _run(folder: str, new_root: str, limits: Limits, sandbox: str, root: bool, g
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", _LAUNCHER, marshal.dumps(config).hex(), str(control_theirs.fileno())],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                pass_fds=(control_theirs.fileno(),), start_new_session=True, cwd="/",
+                pass_fds=(control_theirs.fileno(),), start_new_session=True, cwd="/", env=env,
             )  # fmt: skip
         finally:
             control_theirs.close()
