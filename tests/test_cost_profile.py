@@ -14,6 +14,7 @@ import pytest
 from fakes import FakeModel
 from localcos import Ensemble, WeightedEnsemble
 from localcos.backend import Model, read_info
+from localcos.backend.slot import CallTimes
 from localcos.core.speedmodel import CallProfile
 from localcos.runtime import profile as profiling
 from localcos.runtime.scheduler import run_completions
@@ -31,10 +32,30 @@ KNEE = CallProfile({1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15, 5: 2.15, 6: 3.15, 8: 5.15}
 DEAR_PAIRS = CallProfile({1: 1.0, 2: 2.5, 3: 3.3, 4: 3.35, 6: 5.2})
 
 
-def relatives(profile: CallProfile, n: int = 2) -> list[FakeModel]:
-    """Fake models that agree most of the time (acceptance ~0.8), planned with `profile`."""
-    base = FakeModel(seed=80, sharpness=2.5)
-    models = [base] + [FakeModel(seed=80 + i, sharpness=2.5) for i in range(1, n)]
+class Timed(FakeModel):
+    """A fake whose calls take what `truth` says of their rows, recorded as `Model.decode` records
+    a real model's calls (seconds it never spends: nothing sleeps)."""
+
+    def __init__(self, seed: int, truth: CallProfile, **kwargs) -> None:
+        super().__init__(seed, **kwargs)
+        self.truth = truth
+        self.call_times = CallTimes()
+
+    def decode(self, parts):  # type: ignore[no-untyped-def]
+        out = super().decode(parts)
+        self.call_times.record(sum(len(tokens) for _, tokens, _, _ in parts), self.truth(sum(len(tokens) for _, tokens, _, _ in parts)))
+        return out
+
+
+def relatives(profile: CallProfile, n: int = 2, truth: CallProfile | None = None) -> list[FakeModel]:
+    """Fake models that agree most of the time (acceptance ~0.8), planned with `profile` (and,
+    given `truth`, whose calls take what it says: `Timed`)."""
+
+    def make(seed: int) -> FakeModel:
+        return FakeModel(seed, sharpness=2.5) if truth is None else Timed(seed, truth, sharpness=2.5)
+
+    base = make(80)
+    models = [base] + [make(80 + i) for i in range(1, n)]
     for m in models[1:]:
         m.table = (0.9 * base.table + 0.3 * m.table).astype(base.table.dtype)
     for m in models:
@@ -61,6 +82,46 @@ def test_auto_plans_from_the_profile_from_the_first_token(profile, drafts):
         assert auto.stats.proposed > 0 and auto.origins[0].kind != "sample"
     else:
         assert auto.stats.proposed == 0 and all(o.kind == "sample" for o in auto.origins)
+
+
+def test_auto_stops_drafting_within_a_generation_where_calls_cost_3x_what_the_profile_says():
+    """The load-time profile says a call of several rows costs about one of one row (drafts pay);
+    the calls take 3x that at two rows (1.5 one-row calls a row). Auto drafts at first, then, from
+    what the calls measured, takes the
+    ensemble's steps for the rest of the generation, and the next generation from its first
+    token; the text is the ensemble's token for token. Where the calls agree with the profile, it
+    drafts to the end."""
+    truth = CallProfile({1: 1.0, 2: 3.0, 4: 6.0, 8: 12.0})
+    want = Ensemble(relatives(FLAT), WeightedEnsemble()).generate([1, 2], method="ensemble", max_tokens=60, seed=0, temperature=0.0,
+                                                                  ignore_eos=True).token_ids  # fmt: skip
+    agreeing = greedy(Ensemble(relatives(FLAT, truth=FLAT), WeightedEnsemble()), gamma="auto")
+    assert agreeing.token_ids == want and any(o.kind != "sample" for o in agreeing.origins[-20:])
+    ens = Ensemble(relatives(FLAT, truth=truth), WeightedEnsemble())
+    first, second = greedy(ens, gamma="auto"), greedy(ens, gamma="auto")
+    assert first.token_ids == want and second.token_ids == want
+    assert first.stats.proposed > 0 and all(o.kind == "sample" for o in first.origins[-30:]), [o.kind for o in first.origins]
+    assert second.stats.proposed == 0
+
+
+def test_the_profiles_are_corrected_where_the_calls_disagree_with_them_not_where_every_call_slows_alike():
+    """A profile the calls agree with (within 1.5x) is planned with as it is; one whose calls of
+    several rows cost 3x its price is replaced by what they measured; a slowdown every model's
+    calls share (another job on the machine) changes nothing."""
+    from localcos.core.speedmodel import Costs
+
+    def times(truth: CallProfile, rows: list[int], pace: float = 1.0) -> CallTimes:
+        kept = CallTimes()
+        for n in [1, *rows]:  # the first call is not kept (the weights paged in)
+            kept.record(n, truth(n) * pace)
+        return kept
+
+    rows = [1, 2, 2, 4, 1, 2, 4, 4, 1, 2]
+    steep = CallProfile({1: 1.0, 2: 3.0, 4: 6.0, 8: 12.0})
+    for truth, pace, kept in ((FLAT, 1.0, True), (FLAT, 2.0, True), (steep, 1.0, False), (steep, 2.0, False)):
+        costs = Costs([FLAT, FLAT], measured=[times(truth, rows, pace), times(truth, rows, pace)]).current()
+        assert (costs.profiles == [FLAT, FLAT]) is kept, (truth, pace)
+        if not kept:  # the measured calls, at the profile's pace: a 4-row call well past two one-row calls
+            assert costs(0, 4) > 2.5 * costs(0, 1) and costs(0, 8) > costs(0, 4)
 
 
 def test_speculation_backs_off_beside_other_sequences(models):

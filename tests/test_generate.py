@@ -70,17 +70,21 @@ def test_completion_fields_and_stats(pair):
 
 def test_speedup_estimate_prices_tokens_at_single_token_calls(pair):
     """The estimate compares a run's llama.cpp time with what the standard ensemble would need:
-    one single-token call per model per token, at the single-row call times of the models'
-    profiles (measured when they were loaded, or cached from an earlier load)."""
+    one single-token call per model per token, at the single-row call times the models' calls
+    measured (not the profiles': a profile measured with another job running would price them
+    wrong); before a model made one, there is no estimate."""
+    for model in pair.loaded:
+        model.call_times.reset()
+    assert pair.costs.ensemble_seconds(40) is None
     base = pair.generate(PROMPTS[0], method="ensemble", max_tokens=40, seed=3, ignore_eos=True)
-    # its own 39 single-token calls per model, priced at the profile. Not a bound on the ratio
-    # itself: one slow call on a busy CI machine moves the run's time far from the profile.
-    singles = sum(pair.costs(i, 1) for i in range(2))
+    # its own 39 single-token calls per model. Not a bound on the ratio itself: one slow call on
+    # a busy CI machine moves the run's time far from the calls' mean.
+    singles = sum(model.call_times.mean(1) for model in pair.loaded)
     assert [m.calls for m in base.stats.models] == [39, 39]
     assert base.stats.ensemble_llama_seconds == pytest.approx(39 * singles)
     assert base.stats.speedup_estimate == pytest.approx(39 * singles / base.stats.llama_seconds)
     cos = pair.generate(PROMPTS[0], method="cos", gamma=3, max_tokens=40, seed=3, ignore_eos=True)
-    singles = sum(pair.costs(i, 1) for i in range(2))
+    singles = sum(model.call_times.mean(1) for model in pair.loaded)
     assert cos.stats.ensemble_llama_seconds == pytest.approx(39 * singles)
     assert cos.stats.speedup_estimate == pytest.approx(39 * singles / cos.stats.llama_seconds)
     assert cos.stats.to_dict()["speedup_estimate"] == cos.stats.speedup_estimate

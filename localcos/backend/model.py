@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import ModelFileError
 from .gguf_file import check_model_file, model_label, read_info
-from .slot import PROMPT_CHUNK, ModelStats, Slot, charged_slots, common_prefix
+from .slot import PROMPT_CHUNK, CallTimes, ModelStats, Slot, charged_slots, common_prefix
 import contextlib
 
 MIN_CTX = 8
@@ -187,6 +187,7 @@ class Model:
         self.eot: int = llama_cpp.llama_vocab_eot(self._vocab)  # -1 where it has none
         self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.stats = ModelStats()  # every call, whichever slots took part
+        self.call_times = CallTimes()  # what its calls took by rows: the auto plans check the profile against it
         # Logits are returned for ids below this bound: an ensemble lowers it to the vocabulary
         # its members share when one of them pads its embedding matrix.
         self.logits_vocab: int = self.n_vocab
@@ -466,6 +467,7 @@ class Model:
         self.stats.calls += 1
         self.stats.tokens += n
         self.stats.seconds += seconds
+        self.call_times.record(n, seconds)
         return out
 
     def _run_batch(self, parts: Sequence[tuple[Slot, Sequence[int], int, int]]) -> np.ndarray:

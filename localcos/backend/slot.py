@@ -41,6 +41,49 @@ class ModelStats:
         return ModelStats(self.calls + other.calls, self.tokens + other.tokens, self.seconds + other.seconds)
 
 
+# the rows per call `CallTimes` keeps (drafts and verifications; a prompt's calls are larger),
+# and how fast what it keeps fades: by a factor per call of the model, so a count stale for a
+# few hundred calls weighs little, and a plan that stopped making it tries it again
+MEASURED_ROWS = 16
+CALL_DECAY = 0.995
+
+
+class CallTimes:
+    """What one model's calls of each row count took in this process, as they ran (`Model.decode`
+    records every call): decayed sums of calls and seconds per row count up to `MEASURED_ROWS`,
+    which the auto plans read against the load-time profile (`core.speedmodel.Costs.current`)."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, float] = {}
+        self.seconds: dict[int, float] = {}
+        self.warm = False  # the model's first call was made (and not kept)
+
+    def reset(self) -> None:
+        """Forget every call (the model stays warm)."""
+        self.calls.clear()
+        self.seconds.clear()
+
+    def record(self, rows: int, seconds: float) -> None:
+        """One call of `rows` rows took `seconds`; every count's record fades by `CALL_DECAY`. The
+        model's first call is not kept: it pays for paging the weights in and growing llama.cpp's
+        buffers, which no later call pays again."""
+        if not self.warm:
+            self.warm = True
+            return
+        if not 1 <= rows <= MEASURED_ROWS or not seconds > 0:
+            return
+        for n in self.calls:
+            self.calls[n] *= CALL_DECAY
+            self.seconds[n] *= CALL_DECAY
+        self.calls[rows] = self.calls.get(rows, 0.0) + 1.0
+        self.seconds[rows] = self.seconds.get(rows, 0.0) + seconds
+
+    def mean(self, rows: int) -> float | None:
+        """The mean seconds of a call of `rows` rows (None before one was made)."""
+        calls = self.calls.get(rows, 0.0)
+        return self.seconds[rows] / calls if calls > 0 else None
+
+
 def prompt_calls(prompt: Sequence[int], start: int, chunk: int) -> Iterator[tuple[Sequence[int], int]]:
     """The calls that evaluate `prompt` from position `start` in calls of `chunk` tokens: (tokens,
     logits rows asked), the last call asking for the row after the prompt. From a multiple of

@@ -11,6 +11,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 
 def expected_tokens(alpha: float, n: int) -> float:
@@ -164,21 +165,85 @@ class CallProfile:
         return cls({int(n): float(t) for n, t in data.items()})
 
 
+# How a plan reads what a model's calls took as they ran (`backend.slot.CallTimes`, which the
+# model's `decode` keeps, `corrected`): a measured mean starts from `CALL_PRIOR` calls at the
+# profile's own price, and must be beyond `PROFILE_BAND` of that price, and `PROFILE_GAP` seconds
+# from it (a call of a model so small that the host's work is most of it says little about the
+# model), before a plan takes it. Within them the profile alone decides (its choices then depend
+# on nothing timed: on one machine a seed pins the output); beyond them the profile is wrong
+# (measured with another job running, at other positions, with other kernels) and the run's own
+# calls decide.
+CALL_PRIOR = 2.0
+PROFILE_BAND = 1.5
+PROFILE_GAP = 0.005
+
+
+class MeasuredCalls(Protocol):
+    """What one model's calls took, by rows per call (decayed counts and seconds)."""
+
+    calls: dict[int, float]
+    seconds: dict[int, float]
+
+    def mean(self, rows: int) -> float | None: ...
+
+
+def corrected(profile: CallProfile, measured: MeasuredCalls, pace: float = 1.0) -> CallProfile:
+    """`profile` as the calls measured it (`MeasuredCalls`, their seconds divided by `pace`, the
+    machine's own pace against the profiles: a slowdown every model's calls share changes no
+    choice), or `profile` itself where every row count measured costs within `PROFILE_BAND` of
+    its price (or `PROFILE_GAP` seconds). Corrected, a measured count costs its measured mean
+    (from `CALL_PRIOR` calls at the profile's price); a count below every
+    measured one, its price, or the smallest measured count's mean where that is less (in doubt,
+    the ensemble's one-row step is priced low, the drafts' larger calls high); above the largest,
+    the measured slope goes on (where only one count was measured, the profile's prices scaled as
+    it)."""
+    means = {n: (measured.seconds[n] / pace + CALL_PRIOR * profile(n)) / (c + CALL_PRIOR) for n, c in measured.calls.items() if c > 0}
+    if all(1 / PROFILE_BAND <= mean / profile(n) <= PROFILE_BAND or abs(mean - profile(n)) < PROFILE_GAP for n, mean in means.items()):
+        return profile
+    low, high = min(means), max(means)
+    points = dict(means)
+    points.update({n: min(profile(n), means[low]) for n in profile.seconds if n < low})
+    if len(points) < 2:
+        points.update({n: profile(n) * means[high] / profile(high) for n in profile.seconds if n > high})
+    return CallProfile(points)
+
+
 class Costs:
     """The call costs of an ensemble's models, from their profiles: `costs(model, rows)` in
     seconds. `under_load(rows)` is the view of one sequence among others whose calls already hold
     `rows[model]` rows of other sequences, one token each: the whole call less the others' share
     of a call where this sequence adds one row. Ranking choices by tokens per second in that view
     ranks them by the throughput of all the sequences together: a draft pays under load only when
-    its rows add less to the call than the tokens they bring are worth at the current rate."""
+    its rows add less to the call than the tokens they bring are worth at the current rate.
 
-    def __init__(self, profiles: Sequence[CallProfile], load: Sequence[int] = ()) -> None:
+    `measured`, what each model's calls took (`MeasuredCalls`), corrects a profile where they
+    cost beyond `PROFILE_BAND` of its price (`current`): the plans then follow what calls cost."""
+
+    def __init__(self, profiles: Sequence[CallProfile], load: Sequence[int] = (), measured: Sequence[MeasuredCalls | None] = ()) -> None:
         self.profiles = list(profiles)
         self.load = tuple(load) or (0,) * len(self.profiles)
+        self.measured = tuple(measured) or (None,) * len(self.profiles)
 
     @property
     def n_models(self) -> int:
         return len(self.profiles)
+
+    def current(self) -> Costs:
+        """These costs with each profile corrected by what its model's calls measured (a profile
+        the calls agree with, within `PROFILE_BAND`, is kept as it is), at the machine's pace:
+        the geometric mean over the models of their one-row calls' measured mean against the
+        price (another job slowing every call alike is no reason to plan otherwise)."""
+        means = [(None if m is None else m.mean(1), p(1)) for p, m in zip(self.profiles, self.measured)]
+        singles = [mean / price for mean, price in means if mean is not None]
+        pace = math.exp(sum(math.log(r) for r in singles) / len(singles)) if singles else 1.0
+        profiles = [p if m is None else corrected(p, m, pace) for p, m in zip(self.profiles, self.measured)]
+        return Costs(profiles, self.load, self.measured)
+
+    def one_row(self, model: int) -> float | None:
+        """A one-row call of `model` as its calls measured it (its profile's price where calls are
+        not measured: fakes, a profile given to plan with; None before one was made)."""
+        measured = self.measured[model]
+        return self.profiles[model](1) if measured is None else measured.mean(1)
 
     def __call__(self, model: int, n_tokens: int) -> float:
         profile, others = self.profiles[model], self.load[model]
@@ -189,12 +254,15 @@ class Costs:
         return max(profile.least((1,) * others + (n_tokens,)) - share, 1e-3 * profile(1))
 
     def under_load(self, rows: Sequence[int]) -> Costs:
-        return Costs(self.profiles, rows)
+        return Costs(self.profiles, rows, self.measured)
 
-    def ensemble_seconds(self, n_tokens: int) -> float:
+    def ensemble_seconds(self, n_tokens: int) -> float | None:
         """llama.cpp seconds the standard ensemble needs for n_tokens after the prompt: one
-        single-row call per model for every token but the first (its row comes with the prompt)."""
-        return max(n_tokens - 1, 0) * sum(p(1) for p in self.profiles)
+        single-row call per model for every token but the first (its row comes with the prompt),
+        at what one-row calls measured (None where a model made none yet: no estimate rests on a
+        profile the calls may not agree with)."""
+        singles = [self.one_row(i) for i in range(self.n_models)]
+        return None if None in singles else max(n_tokens - 1, 0) * sum(s for s in singles if s is not None)
 
 
 # Tuning shared by both auto plans (`AutoGamma`, `ByteAutoGamma`): acceptance varies widely from
@@ -246,9 +314,10 @@ class AutoGamma:
     cost structure, re-evaluated once `rechoose_every` more draft tokens have been judged. With
     other sequences in the same calls (`others` rows per call), it prices a draft at what its
     rows add to those calls, so under load it backs off to the ensemble's step where drafts stop
-    paying. Choices depend only on the past and the profile, never on timing noise: the output
-    distribution stays exact, and on one machine the same requests in the same order give the
-    same output.
+    paying. Choices depend only on the past: the output distribution stays exact. Where the
+    calls cost what the profiles say (within `PROFILE_BAND`), they depend on nothing timed, and
+    on one machine the same requests in the same order give the same output; where they do not,
+    the profiles are corrected by what the calls measured (`Costs.current`).
 
     gamma 0 is a choice too: no draft, every model r uses scores the next token (the standard
     ensemble's step). It wins where speculation does not pay (models that disagree, batches that
@@ -372,7 +441,8 @@ class AutoGamma:
         if kept is not None and self.judged - kept[0] < self.rechoose_every:
             return kept[1]
         candidates = proposers if proposers is not None else list(range(self.n_models))
-        costs = self.costs.under_load([others] * self.n_models) if others else self.costs
+        current = self.costs.current()  # the profiles, corrected where the calls measured otherwise
+        costs = current.under_load([others] * self.n_models) if others else current
         cost = functools.cache(costs.__call__)
 
         def catch_up(proposer: int) -> float:

@@ -156,13 +156,16 @@ class CoS(Strategy):
     def step(self) -> Step:
         dec = self.dec
         n = len(dec.slots)
-        if self.auto and self.turn == 0 and not dec.pending and dec.observer is not None:
+        if self.auto and self.turn == 0 and dec.observer is not None:
+            # at a cycle's start the plan is made; within one (no rejection ends a cycle where
+            # drafts are always accepted) it is looked at again only to stop drafting
             proposer, gamma = dec.observer.choose("cos", others=dec.others(), lag=dec.lags(), remaining=dec.budget())
-            if gamma == 0:  # no model drafts; what the cells held after the prompt, the models r uses verify in their call
-                yield from verify_with_bonus(dec) if dec.lookup_draft(None, held_only=True) else ensemble_step(dec)
+            if gamma == 0:  # no model drafts: the drafts pending, or what the cells held after the prompt, verified in one call
+                yield from verify_with_bonus(dec) if dec.pending or dec.lookup_draft(None, held_only=True) else ensemble_step(dec)
                 return
-            self.order = [proposer] + [m for m in range(n) if m != proposer]
-            self.gammas = [gamma if m == proposer else 1 for m in range(n)]
+            if not dec.pending:
+                self.order = [proposer] + [m for m in range(n) if m != proposer]
+                self.gammas = [gamma if m == proposer else 1 for m in range(n)]
         i = self.order[self.turn]
         dec.lookup_draft(i)  # looked-up tokens ride along in the call this model makes anyway
         scored_others = bool(dec.pending)

@@ -245,8 +245,8 @@ class Generation:
             on_commit=on_commit,
             observer=AutoGamma(loaded.costs, used=plan.combiner.used) if plan.strategy.auto else None,
             lookup=lookup,
-            # the profiles, not the calls' own timings: choices then depend on nothing timed during
-            # the run (on one machine a seed pins the output)
+            # the profiles (lookup's auto mode): choices then depend on nothing timed during the
+            # run (on one machine a seed pins the output)
             costs=loaded.costs,
             others=self.others,
             constraint=self._constraint(),

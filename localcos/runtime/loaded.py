@@ -20,7 +20,7 @@ from ..core.level import Level
 from ..core.sizes import largest, member_params
 from ..core.healing import TokenBytes
 from ..core.sampling import InfillSampler
-from ..core.speedmodel import CallProfile, Costs
+from ..core.speedmodel import CallProfile, Costs, MeasuredCalls
 from ..config.specs import require_models
 from ..grammar import Vocabulary
 from .profile import profile as call_profile
@@ -159,10 +159,14 @@ class LoadedModels:
         self._combiner = self.bind(combiner or WeightedEnsemble())
         # what a call of k rows costs each model here: --gamma auto, lookup's auto mode, the load
         # back-off and the speedup estimate plan with it
+        measured: list[MeasuredCalls | None] = []
         if profiles is None:
             own = {id(m): call_profile(m, calibrate) for m in self.loaded}
             profiles = [own[id(m)] for m in self.models]
+            # a profile measured here is corrected by what the calls measure; one given is kept as given
+            measured = [getattr(m, "call_times", None) for m in self.models]
         self.profiles = list(profiles)
+        self.costs = Costs(self.profiles, measured=measured)
         self._vocabulary: Vocabulary | None = None  # the constraints' view of the vocabulary
         self._token_bytes: TokenBytes | None = None  # the tokens by their bytes (the cursor's token healed)
         self._infill: InfillSampler | None = None
@@ -266,7 +270,9 @@ class LoadedModels:
         """These models as loaded, without the member reading a second prompt (its sequences
         unused), combined by `combiner`: what a run decodes on where only some of its
         configurations read a second prompt. Closing either closes the models."""
-        return type(self)(self.loaded, combiner, profiles=self.profiles[: len(self.loaded)], branches=self.branches)
+        alike = type(self)(self.loaded, combiner, profiles=self.profiles[: len(self.loaded)], branches=self.branches)
+        alike.costs = Costs(alike.profiles, measured=self.costs.measured[: len(self.loaded)])
+        return alike
 
     def prefill_plan(self, plan: Plan) -> Plan:
         """`plan` evaluating its prompt and generating nothing: its cells kept for the next request

@@ -108,6 +108,7 @@ def measure(model: Any, rows: tuple[int, ...] = PROFILE_ROWS, seconds: float = P
             break
     model.stats.reset()
     model.slots[0].stats.reset()
+    model.call_times.reset()
     return CallProfile(best)
 
 
