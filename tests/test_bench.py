@@ -214,6 +214,7 @@ def test_bench_command(models, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "speedup" in proc.stdout and "meas/exp" in proc.stdout and "peak while generating" in proc.stdout
+    assert "its calls as measured: 1 row " in proc.stdout  # beside each profile, what the run's calls took
     report = json.loads(out_json.read_text())
     # temperatures x prompts x (the largest model alone + configurations + the ensemble again)
     assert len(report["runs"]) == 2 * 2 * (1 + 7 + 1)

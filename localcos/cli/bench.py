@@ -185,7 +185,7 @@ def _report_runs(args: argparse.Namespace, settings, plan: _Plan, models, runs, 
     """The bench's table and notes (timing noise, the level against a model alone, call costs,
     memory), --json, --csv, --plot."""
     from ..models.weights import type_name
-    from ..runtime.profile import advice, cpu_name, describe
+    from ..runtime.profile import advice, cpu_name, describe, measured
     from ..tools import bench
 
     rss_start, rss_loaded, peak = memory
@@ -218,8 +218,12 @@ def _report_runs(args: argparse.Namespace, settings, plan: _Plan, models, runs, 
         )
     print(f"\nbatched calls on this machine ({cpu_name()}, {models.loaded[0].n_threads} threads), from the models' profiles "
           "(what an auto draft length plans with):")  # fmt: skip
-    for name, model, profile in zip(names, models.loaded, models.costs.profiles):
+    planned = models.costs.current().profiles
+    for name, model, profile, plan_profile in zip(names, models.loaded, models.costs.profiles, planned):
         print(f"  {name}: {describe(profile)}")
+        calls = measured(profile, model.call_times, plan_profile)
+        if calls:
+            print(f"    {calls}")
         file_type = model.meta("general.file_type") or ""
         tip = advice((type_name(int(file_type)) if file_type.isdigit() else None) or "?", profile)
         if tip:

@@ -166,6 +166,18 @@ def describe(profile: CallProfile) -> str:
     )
 
 
+def measured(profile: CallProfile, times: Any, planned: CallProfile) -> str | None:
+    """The calls a model made as they measured, beside its profile's prices, and whether the
+    plans took them (`planned`, the profile as `Costs.current` corrects it, is another where they
+    did); None before it made a call of up to 16 rows. `times`: its `backend.slot.CallTimes`."""
+    means = {n: times.mean(n) for n in sorted(times.calls) if times.mean(n) is not None}
+    if not means:
+        return None
+    counts = ", ".join(f"{n} row{'s' * (n > 1)} {mean * 1000:.1f} ms (profile {profile(n) * 1000:.1f})" for n, mean in means.items())
+    verdict = "off the profile: the plans take these" if planned is not profile else "within the profile's band: the plans keep the profile"
+    return f"its calls as measured: {counts}; {verdict}"
+
+
 def advice(weights: str, profile: CallProfile) -> str | None:
     """One line for a user when the profile says batched calls are dear on this machine, naming
     weight types whose kernels batch cheaper on many CPUs (None when they are cheap)."""
