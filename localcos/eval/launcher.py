@@ -225,9 +225,8 @@ def seccomp_filter(machine: str) -> bytes:
     files it reads (inotify, fanotify, flock, POSIX locks; fadvise, preadv2, mincore, readahead,
     cachestat), or send or read a socket's out-of-band data (MSG_OOB), or change another
     process's limits (prlimit64 on any process but the caller: the judge and eval's init may
-    share its user); nor the calls a
-    container's default profile refuses. clone3 says ENOSYS, so the
-    C library falls back to clone, whose flags the filter can read. Calls of another ABI (i386
+    share its user); nor the calls a container's default profile refuses. clone3 says ENOSYS,
+    so the C library falls back to clone, whose flags the filter can read. Calls of another ABI (i386
     on x86_64, x32) are refused as a whole."""
     arch, nr = ARCHITECTURES[machine]
     code: list[tuple[int, Any, Any, int]] = [(_LD_W_ABS, 0, 0, 4), (_JEQ, 0, "deny", arch), (_LD_W_ABS, 0, 0, 0)]
@@ -508,15 +507,15 @@ class Launcher:
         receives from inside it (Python's own, KeyboardInterrupt's among them, would run when the
         program signals process 1); returns the handlers Python had. Uncontained, P is no init: a
         signal then ends it, and the run fails for want of a verdict."""
-        handlers = {}
-        for number in signal.valid_signals():
-            if number in (signal.SIGKILL, signal.SIGSTOP):
-                continue
+        handlers: dict[int, Any] = {}
+        for number in set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}:
             try:
-                handlers[number] = signal.signal(number, signal.SIG_DFL)
+                handler = signal.signal(number, signal.SIG_DFL)
             except (OSError, ValueError):  # one the C library keeps for itself
                 continue
-        return {number: handler for number, handler in handlers.items() if handler is not None}
+            if handler is not None:  # None: one not set from Python, nothing to restore
+                handlers[number] = handler
+        return handlers
 
     def watch(self, program: int, judge: int, verdict: _socket.socket) -> None:
         """Reap every process that ends (as process 1 must: orphans are its children) until J

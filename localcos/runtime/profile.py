@@ -170,7 +170,7 @@ def measured(profile: CallProfile, times: Any, planned: CallProfile) -> str | No
     """The calls a model made as they measured, beside its profile's prices, and whether the
     plans took them (`planned`, the profile as `Costs.current` corrects it, is another where they
     did); None before it made a call of up to 16 rows. `times`: its `backend.slot.CallTimes`."""
-    means = {n: times.mean(n) for n in sorted(times.calls) if times.mean(n) is not None}
+    means = {n: mean for n in sorted(times.calls) if (mean := times.mean(n)) is not None}
     if not means:
         return None
     counts = ", ".join(f"{n} row{'s' * (n > 1)} {mean * 1000:.1f} ms (profile {profile(n) * 1000:.1f})" for n, mean in means.items())
