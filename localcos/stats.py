@@ -67,6 +67,10 @@ _TOKEN = (Level.TOKEN,)
 _BYTES = (Level.BYTE, Level.MIXED)
 
 
+# the host's share of a run's wall time up to which the summary shows the ensemble estimate
+ESTIMATE_HOST_SHARE = 0.1
+
+
 def _meta(aggregate: Any = sum, levels: tuple[Level, ...] = tuple(Level)) -> dict[str, Any]:
     return {"aggregate": aggregate, "levels": levels}
 
@@ -105,6 +109,9 @@ class GenerationStats:
     # proposal length per model (None: ensemble, or chosen online)
     gamma: list[int] | None = field(default=None, metadata=_meta(_FIRST, _TOKEN))
     proposer: int | None = field(default=None, metadata=_meta(_FIRST, _TOKEN))
+    # --gamma auto: its plans and how often each was chosen, "I:G" (model I drafts G tokens) or
+    # "none" (no draft: the ensemble's step, or the pending drafts verified) -> count
+    plans: dict[str, int] = field(default_factory=dict, metadata=_meta("counts", _TOKEN))
     # what the standard ensemble would spend inside llama.cpp on these tokens: one single-token
     # call per model per token, at single-token call times measured on this ensemble
     ensemble_llama_seconds: float | None = field(default=None, metadata=_meta("known", _TOKEN))
@@ -185,6 +192,14 @@ class GenerationStats:
         return self.ensemble_llama_seconds / self.llama_seconds
 
     @property
+    def shown_speedup_estimate(self) -> float | None:
+        """`speedup_estimate` where it speaks for the wall time people see: the host's share of
+        this run at most `ESTIMATE_HOST_SHARE` (beyond it, time outside llama.cpp, which the
+        estimate does not price, moves the speed as much as the calls do)."""
+        share = self.host_fraction
+        return self.speedup_estimate if share is not None and share <= ESTIMATE_HOST_SHARE else None
+
+    @property
     def names(self) -> list[str]:
         return [m.name for m in self.models]
 
@@ -226,14 +241,13 @@ class GenerationStats:
                 values[f.name] = None if any(v is None for v in column) else sum(column)
             elif how == "reasons":
                 continue
+            elif how == "counts":
+                values[f.name] = _added(column)
             elif isinstance(column[0], list):
                 values[f.name] = [how(per_model) for per_model in zip(*column)]
             else:
                 values[f.name] = how(column)
-        reasons: dict[str, int] = {}
-        for s in stats:
-            for reason, count in (s.finish_reasons or {s.finish_reason: 1}).items():
-                reasons[reason] = reasons.get(reason, 0) + count
+        reasons = _added([s.finish_reasons or {s.finish_reason: 1} for s in stats])
         values["finish_reasons"] = reasons
         values["finish_reason"] = next(iter(reasons)) if len(reasons) == 1 else ""
         return cls(**values)
@@ -299,6 +313,33 @@ def reply_progress(level: Level, pieces: int, text: str) -> tuple[int, int | Non
     return _REPORTS[level].progress(pieces, text)
 
 
+def _added(counts: Sequence[dict[str, int]]) -> dict[str, int]:
+    """Counts by key, summed over dicts (a key's first appearance sets its place)."""
+    total: dict[str, int] = {}
+    for c in counts:
+        for key, n in c.items():
+            total[key] = total.get(key, 0) + n
+    return total
+
+
+def plan_counts(plans: dict[tuple[int, int], int]) -> dict[str, int]:
+    """--gamma auto's (proposer, gamma) -> count as `GenerationStats.plans` keys them."""
+    return _added([{f"{proposer}:{gamma}" if gamma else "none": n} for (proposer, gamma), n in plans.items()])
+
+
+def describe_plans(s: GenerationStats) -> str:
+    """--gamma auto's plans for people, likeliest first: "coder-0.5b 4 x9, 3 x2; no draft x3"."""
+    drafts: dict[str, list[str]] = {}
+    for key, n in sorted(s.plans.items(), key=lambda kv: -kv[1]):
+        if key != "none":
+            proposer, gamma = key.split(":")
+            drafts.setdefault(s.models[int(proposer)].name, []).append(f"{gamma} x{n}")
+    parts = [f"{name} {', '.join(lengths)}" for name, lengths in drafts.items()]
+    if "none" in s.plans:
+        parts.append(f"no draft x{s.plans['none']}")
+    return "; ".join(parts)
+
+
 def dash(x: float | None, spec: str, suffix: str = "") -> str:
     """`x` formatted by `spec` (and `suffix`), or "-" where it is None."""
     return "-" if x is None else format(x, spec) + suffix
@@ -327,8 +368,10 @@ class _TokenReport:
         parts.append("calls " + "/".join(str(c) for c in s.calls))
         if s.host_fraction is not None:
             parts.append(f"host {s.host_fraction:.0%}")
-        if s.method != "ensemble" and s.speedup_estimate:
-            parts.append(f"~{s.speedup_estimate:.2f}x the ensemble (est.)")
+        if s.plans:
+            parts.append(f"planned {describe_plans(s)}")
+        if s.method != "ensemble" and s.shown_speedup_estimate:
+            parts.append(f"~{s.shown_speedup_estimate:.2f}x the ensemble (est.)")
         if s.seed is not None:
             parts.append(f"seed {s.seed}")
         return " | ".join(parts)
@@ -351,7 +394,7 @@ class _TokenReport:
     def details(self, s: GenerationStats | None) -> list[tuple[str, str]]:
         speedup = None
         if s is not None:
-            speedup = s.speedup_estimate if s.method != "ensemble" else (1.0 if s.tokens else None)
+            speedup = s.shown_speedup_estimate if s.method != "ensemble" else (1.0 if s.tokens else None)
         return [
             ("mean accepted", dash(s.mean_accepted if s else None, ".2f")),
             ("looked up", f"{s.lookup_accepted}/{s.lookup_proposed}" if s and s.lookup_proposed else "-"),

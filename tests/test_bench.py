@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 
@@ -144,6 +145,7 @@ def test_during_ensemble_steps_the_controller_learns_acceptance_as_one_minus_tv(
     with Ensemble.load([models["base"], models["sibling"]], n_ctx=256) as ens:
         out = ens.generate("The river runs", method="cos", gamma="auto", max_tokens=40, seed=0, ignore_eos=True)
         assert out.stats.proposed == 0 and len(out.token_ids) == 40  # no drafts: the ensemble's steps
+        assert out.stats.plans == {"none": 40}  # each step planned as such
         assert all(o.kind == "sample" for o in out.origins)
         (auto,) = made
         assert auto.judged == 2 * 40  # one verdict per model per token
@@ -215,6 +217,9 @@ def test_bench_command(models, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "speedup" in proc.stdout and "meas/exp" in proc.stdout and "peak while generating" in proc.stdout
     assert "its calls as measured: 1 row " in proc.stdout  # beside each profile, what the run's calls took
+    # what auto planned: a line per auto configuration, temperature and prompt
+    planned = [line.strip() for line in proc.stdout.split("what auto planned")[1].split("\n\n")[0].splitlines()[1:]]
+    assert len(planned) == 2 * 2 * 2 and all(re.match(r"(cos|sd)/auto T=[01] \w+ #\d+: \d+\.\d\dx  ", line) for line in planned), planned
     report = json.loads(out_json.read_text())
     # temperatures x prompts x (the largest model alone + configurations + the ensemble again)
     assert len(report["runs"]) == 2 * 2 * (1 + 7 + 1)

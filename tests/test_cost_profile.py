@@ -101,6 +101,9 @@ def test_auto_stops_drafting_within_a_generation_where_calls_cost_3x_what_the_pr
     assert first.token_ids == want and second.token_ids == want
     assert first.stats.proposed > 0 and all(o.kind == "sample" for o in first.origins[-30:]), [o.kind for o in first.origins]
     assert second.stats.proposed == 0
+    # the statistics say what it planned: drafts, then rounds without one; the second, none but those
+    assert first.stats.plans["none"] >= 30 and set(first.stats.plans) - {"none"}
+    assert set(second.stats.plans) == {"none"} and "no draft x" in second.stats.summary()
 
 
 def test_the_profiles_are_corrected_where_the_calls_disagree_with_them_not_where_every_call_slows_alike():

@@ -71,7 +71,8 @@ def test_byte_level_stats_aggregate_every_field_by_its_kind():
         lists = {name: [k, 2 * k] for name in (*per_model, "most_paths")}
         return GenerationStats(**{**values, **lists, "level": Level.MIXED, "finish_reason": reason, "finish_reasons": {},
                                   "models": [ModelRunStats(f"m{k}", k, 10 * k, 0.5 * k), ModelRunStats("x", 2 * k, k, k)],
-                                  "method": "cos", "combiner": f"c{k}", "seed": k, "ensemble_llama_seconds": float(k)})  # fmt: skip
+                                  "method": "cos", "combiner": f"c{k}", "seed": k, "ensemble_llama_seconds": float(k),
+                                  "plans": {"0:4": k, "none": 1} if k > 1 else {"none": 1}})  # fmt: skip
 
     total = GenerationStats.aggregate([one(1, "stop"), one(3, "length")])
     for f in fields(GenerationStats):
@@ -82,6 +83,8 @@ def test_byte_level_stats_aggregate_every_field_by_its_kind():
             assert value == [3, 6]
         elif f.name in described:
             assert value == getattr(one(1, "stop"), f.name), f.name
+        elif f.name == "plans":
+            assert value == {"none": 2, "0:4": 3}
         elif f.name == "models":
             assert [(m.name, m.calls, m.tokens, m.seconds) for m in value] == [("m1", 4, 40, 2.0), ("x", 8, 4, 4.0)]
         elif f.name not in ("finish_reason", "finish_reasons"):
@@ -142,6 +145,15 @@ def test_summary_line():
         "mean accepted 2.00",
         "calls 6/3",
         "host 20%",
-        "~1.25x the ensemble (est.)",
         "seed 5",
-    ]
+    ]  # no estimate: a fifth of the time is the host's, which it does not price
+
+
+def test_summary_line_shows_auto_plans_and_the_estimate_where_the_host_share_is_small():
+    s = _stats(10, 2.0, 8, 2, 4, (6, 3))
+    s.models[1].seconds = 2.0 * 0.65  # host 5%
+    s.plans = {"0:3": 2, "none": 3, "0:4": 5, "1:2": 1}
+    parts = s.summary().split(" | ")
+    assert "host 5%" in parts and "~1.05x the ensemble (est.)" in parts
+    assert "planned a 4 x5, 3 x2; b 2 x1; no draft x3" in parts
+    assert s.to_dict()["plans"] == s.plans and s.shown_speedup_estimate == s.speedup_estimate

@@ -210,6 +210,12 @@ def _report_runs(args: argparse.Namespace, settings, plan: _Plan, models, runs, 
             generations = len({(x.prompt, x.repeat) for x in runs if x.temperature == r.temperature and x.method == "ensemble"})
             print(f"the {level.value} level, where {r.config} wrote the same text ({r.same_text} of {generations} generations at T={r.temperature:g}): "
                   f"{1 / r.vs_ensemble_there:.2f}x its speed")  # fmt: skip
+    planned = bench.auto_plans(runs, level.unit)
+    if planned:
+        print("\nwhat auto planned, per prompt: its speed against the ensemble's there; who drafted how many tokens (x rounds), "
+              "and the rounds with no draft")  # fmt: skip
+        for line in planned:
+            print(f"  {line}")
     noise = sorted(bench.timing_noise(runs))
     if noise:
         print(
@@ -218,8 +224,7 @@ def _report_runs(args: argparse.Namespace, settings, plan: _Plan, models, runs, 
         )
     print(f"\nbatched calls on this machine ({cpu_name()}, {models.loaded[0].n_threads} threads), from the models' profiles "
           "(what an auto draft length plans with):")  # fmt: skip
-    planned = models.costs.current().profiles
-    for name, model, profile, plan_profile in zip(names, models.loaded, models.costs.profiles, planned):
+    for name, model, profile, plan_profile in zip(names, models.loaded, models.costs.profiles, models.costs.current().profiles):
         print(f"  {name}: {describe(profile)}")
         calls = measured(profile, model.call_times, plan_profile)
         if calls:

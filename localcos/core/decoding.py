@@ -31,7 +31,7 @@ The algorithms are stated in docs/algorithm.md (sections 2-5; CoS paper, Fu et a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Generator, Sequence
@@ -144,6 +144,12 @@ class SpeculationStats:
     lookup_accepted: int = 0
     held_proposed: int = 0  # of the draft tokens: those the cells held after the prompt
     held_accepted: int = 0
+    # --gamma auto: how often each plan was chosen, (proposer, gamma) -> count (gamma 0: no draft,
+    # the ensemble's step or a verification of what is pending)
+    plans: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def planned(self, proposer: int, gamma: int) -> None:
+        self.plans[(proposer, gamma)] = self.plans.get((proposer, gamma), 0) + 1
 
 
 class Decoder:

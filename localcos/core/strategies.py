@@ -87,6 +87,7 @@ class _DrafterStrategy(Strategy):
         dec = self.dec
         if self.auto and dec.observer is not None:
             self.drafter, self.gamma = dec.observer.choose(self.name, others=dec.others(), lag=dec.lags(), remaining=dec.budget())
+            dec.speculation.planned(self.drafter, self.gamma)
             if self.gamma == 0:
                 return False
         return True
@@ -160,6 +161,7 @@ class CoS(Strategy):
             # at a cycle's start the plan is made; within one (no rejection ends a cycle where
             # drafts are always accepted) it is looked at again only to stop drafting
             proposer, gamma = dec.observer.choose("cos", others=dec.others(), lag=dec.lags(), remaining=dec.budget())
+            dec.speculation.planned(proposer, gamma)
             if gamma == 0:  # no model drafts: the drafts pending, or what the cells held after the prompt, verified in one call
                 yield from verify_with_bonus(dec) if dec.pending or dec.lookup_draft(None, held_only=True) else ensemble_step(dec)
                 return

@@ -25,7 +25,7 @@ from ..core.speedmodel import AutoGamma
 from ..core.strategies import make_strategy
 from ..core.text import TextAssembler
 from ..grammar import Matcher
-from ..stats import GenerationStats, ModelRunStats
+from ..stats import GenerationStats, ModelRunStats, plan_counts
 from .completion import Completion
 
 if TYPE_CHECKING:
@@ -292,6 +292,7 @@ class Generation:
             lookahead_changed=dec.branches.changed,
             gamma=None if strategy.gammas is None or strategy.auto else list(strategy.gammas),  # None: chosen as it went
             proposer=strategy.proposer,
+            plans=plan_counts(spec.plans),
             seed=plan.config.seed,
             ensemble_llama_seconds=loaded.costs.ensemble_seconds(len(dec.generated)),
             finish_reason=finish_reason,

@@ -33,7 +33,7 @@ from ..ensemble import Ensemble, LevelEnsemble
 from ..files import atomic_write
 from ..runtime.models import scheduler_for
 from ..runtime.profile import cpu_name
-from ..stats import GenerationStats
+from ..stats import GenerationStats, describe_plans
 
 
 ALONE = "alone"  # the method name of a model decoding by itself (plain decoding, on its own tokens)
@@ -311,6 +311,24 @@ def timing_noise(runs: Sequence[Run]) -> list[float]:
             if a > 0 and b > 0:
                 out.append(abs(1.0 - a / b))  # the same text both times: speeds are as their seconds' inverse
     return out
+
+
+def auto_plans(runs: Sequence[Run], unit: str) -> list[str]:
+    """What --gamma auto planned, a line per configuration, temperature and prompt (its repeats
+    together): its speed against the ensemble's on that prompt, then its plans (`describe_plans`)."""
+    groups: dict[tuple, list[Run]] = defaultdict(list)
+    for r in runs:
+        if r.gamma == "auto" or r.method == "ensemble":
+            groups[(r.config, r.temperature, r.prompt)].append(r)
+    lines = []
+    for (config, temperature, prompt), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        base = _speed(groups.get(("ensemble", temperature, prompt), []), unit)
+        if config == "ensemble" or base <= 0:
+            continue
+        total = GenerationStats.aggregate([r.stats for r in group])
+        plans = describe_plans(total) if total.plans else "-"
+        lines.append(f"{config} T={temperature:g} {group[0].task} #{prompt}: {_speed(group, unit) / base:.2f}x  {plans}")
+    return lines
 
 
 def _speed(runs: Iterable[Run], unit: str) -> float:
