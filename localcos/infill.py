@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .core.text import Cursor
 from .errors import ConfigError
@@ -57,7 +57,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .backend import Model
-    from .config.specs import GenerationConfig
 
 # llama-server's constants: the repository's name, and the file the cursor is in
 REPO_NAME = "myproject\n"
@@ -208,7 +207,23 @@ def block_start(text: str, most: int, block: int, tokens: Callable[[str], list[i
     return text[starts[lo] :] if lo < len(starts) else text
 
 
-def infill_prompt(model: Model, infill: Infill, config: GenerationConfig) -> FimPrompt:
+class InfillSettings(Protocol):
+    """What `infill_prompt` reads of a request's settings (`config.specs.GenerationConfig`, which
+    declares them: the settings layer sits above this module)."""
+
+    @property
+    def phrasing(self) -> str: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def infill_suffix(self) -> int | None: ...
+    @property
+    def infill_block(self) -> int: ...
+    @property
+    def infill_layout(self) -> str: ...
+
+
+def infill_prompt(model: Model, infill: Infill, config: InfillSettings) -> FimPrompt:
     """`fim_prompt` under `config`: llama-server's budget with `model`'s batch as its window and
     its context, `config.max_tokens` kept free for the middle, `config.infill_suffix`, laid out
     as `config.infill_layout` says, in blocks of `config.infill_block` lines. The FIM prompt is its

@@ -22,12 +22,14 @@ from ..core.healing import TokenBytes
 from ..core.sampling import InfillSampler
 from ..core.speedmodel import CallProfile, Costs, MeasuredCalls
 from ..config.specs import require_models
+from ..errors import ConfigError
 from ..grammar import Vocabulary
 from .profile import profile as call_profile
 
+from .plan import Plan, Prompt, plan as plan_request
+
 if TYPE_CHECKING:
     from ..config.specs import GenerationConfig, LoadSpec
-    from .plan import Plan, Prompt
 
 T = TypeVar("T")
 
@@ -187,8 +189,6 @@ class LoadedModels:
         `max_logit_rows` is the most logits rows one call returns (decoding needs a few,
         scoring more); `extra_slots` sequences beyond `spec.parallel` (a server's slot for
         scoring). A model on RPC servers is a `RemoteModel`, driven from a worker process."""
-        from ..errors import ConfigError
-
         if spec.level.in_bytes:
             raise ConfigError(f"the {spec.level.value} level loads through runtime.bytelevel.ByteModels (ensemble.load_at picks by level); "
                               f"leave out level {spec.level.value} here", param="level")  # fmt: skip
@@ -259,12 +259,9 @@ class LoadedModels:
              second_prompt: str | Sequence[int] | None = None, level: Level | None = None) -> Plan:  # fmt: skip
         """`runtime.plan.plan` of `prompt` (text, token ids, an `Infill`) on these models.
         `level`: the token level or None (`ByteModels.plan` takes the byte or mixed level)."""
-        from ..errors import ConfigError
-        from .plan import plan
-
         if level not in (None, Level.TOKEN):
             raise ConfigError(f"level {Level(level).value}: these models share a tokenizer and decode at the token level", param="level")
-        return plan(self, prompt, config, combiner, param=param, second_prompt=second_prompt)
+        return plan_request(self, prompt, config, combiner, param=param, second_prompt=second_prompt)
 
     def without_second(self, combiner: Combiner):  # -> an instance of type(self)
         """These models as loaded, without the member reading a second prompt (its sequences

@@ -10,7 +10,7 @@ runs from the same plan.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 from collections.abc import Sequence
 
 from ..config.specs import GenerationConfig, check_for_models, check_second_prompt, required_second_prompt
@@ -25,7 +25,35 @@ from ..infill import Infill, infill_prompt
 from ..core.sizes import largest
 
 if TYPE_CHECKING:
-    from .loaded import LoadedModels
+    from ..backend import Model
+    from ..core.sampling import InfillSampler
+
+
+class PlannedModels(Protocol):
+    """What planning reads of the loaded models (`runtime.loaded.LoadedModels`, which plans
+    through this module): their vocabulary, context, members and default combination."""
+
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def loaded(self) -> list[Model]: ...  # each model once
+    @property
+    def models(self) -> list[Model]: ...  # each member's model (a second prompt's member: its model again)
+    @property
+    def n_params(self) -> list[int]: ...
+    @property
+    def second_member(self) -> int | None: ...
+    @property
+    def branches(self) -> int: ...
+    @property
+    def end_tokens(self) -> frozenset[int]: ...
+    @property
+    def combiner(self) -> BoundCombiner: ...
+    def bind(self, combiner: Combiner | BoundCombiner) -> BoundCombiner: ...
+    def infill_sampler(self) -> InfillSampler: ...
+
 
 Prompt = str | Sequence[int] | Infill  # text, token ids, or what to fill in at a cursor
 
@@ -70,14 +98,14 @@ class Plan:
         return tuple(used or drafts for used in self.combiner.used)
 
 
-def check_token_ids(loaded: LoadedModels, tokens: Sequence[int], param: str = "prompt") -> None:
+def check_token_ids(loaded: PlannedModels, tokens: Sequence[int], param: str = "prompt") -> None:
     """Token ids a caller sent are ids of the shared vocabulary."""
     bad = next((t for t in tokens if not 0 <= t < loaded.n_vocab), None)
     if bad is not None:
         raise ConfigError(f"token id {bad} is outside the shared vocabulary of {loaded.n_vocab}", param=param)
 
 
-def prompt_tokens(loaded: LoadedModels, prompt: str | Sequence[int], param: str = "prompt", phrasing: str = "raw",
+def prompt_tokens(loaded: PlannedModels, prompt: str | Sequence[int], param: str = "prompt", phrasing: str = "raw",
                   lead: int | None = None) -> list[int]:  # fmt: skip
     """The tokens of a prompt (text, read as `phrasing` says through the chat template of member
     `lead`, default the largest model; or token ids, read as they are), checked: not empty, ids
@@ -100,7 +128,7 @@ def prompt_tokens(loaded: LoadedModels, prompt: str | Sequence[int], param: str 
 
 
 def plan(
-    loaded: LoadedModels,
+    loaded: PlannedModels,
     prompt: Prompt,
     config: GenerationConfig,
     combiner: Combiner | BoundCombiner | None = None,
