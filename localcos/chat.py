@@ -143,6 +143,7 @@ class OwnTemplates:
     """
 
     note: str | None = None
+    template: str | None = None  # no one template: each model reads its own
 
     def __init__(self, models) -> None:
         self.models = list(models.loaded)  # each model once: a member reading a second prompt reads `second_tokens`
@@ -197,6 +198,11 @@ class Templates(Protocol):
     def tokens(self, messages: Sequence[Message]) -> Any: ...
     def second_tokens(self, messages: Sequence[Message]) -> list[int]: ...
     def size(self, prompt: Any) -> int: ...
+
+    @property
+    def template(self) -> str | None:
+        """The one template every model reads, where there is one (what a client is shown)."""
+        ...
 
 
 class Conversation:

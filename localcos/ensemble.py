@@ -60,7 +60,7 @@ class Generating:
 
         Settings are a `GenerationConfig` (`config`), or its fields as keywords (over `config`):
         method ("ensemble", "sd", "naive-cos", "cos"; default cos, as on the command line:
-        `config.default_method`; the byte level decodes "ensemble" and "cos"), max_tokens (at the
+        `config.levels.default_method`; the byte level decodes "ensemble" and "cos"), max_tokens (at the
         byte level the lead model's tokens: the gate's lead, cd's expert, else the largest model,
         as it would count them alone), temperature (0 = greedy), top_k, top_p, min_p, seed, stop
         (strings), ignore_eos, gamma ("auto", the default, or one value, or one per model),
@@ -193,7 +193,7 @@ class Ensemble(Generating, LoadedModels):
     def token_view(cls, models: LoadedModels | ByteModels) -> Ensemble | None:
         """The model whose own tokens serve the requests its level does not (`own_tokens`: one
         model loaded for the mixed level), on those tokens (`beside`): where sampling,
-        log-probabilities, tools... decode (`config.resolve.request_level`); None where there is
+        log-probabilities, tools... decode (`config.levels.request_level`); None where there is
         none."""
         own = models.own_tokens()
         return None if own is None else cls.beside(models, own)
@@ -258,17 +258,17 @@ class ByteEnsemble(Generating, ByteModels):
         """Load every model with `byte_paths` llama.cpp sequences (the tokenisations it holds at
         most); a tokenisation below `byte_prune` times the likeliest is dropped (0: exact, with
         enough paths). `level` "mixed": whole tokens of the lead where it is sure, with a gated
-        combiner (`Gated`, docs/algorithm.md section 12); "byte"; or None (the default): the
-        mixed level for one model (the combiner default then gated as `config.specs.mixed_gate`
-        says; one model alone at the byte level only reads slower), the byte level for several.
+        combiner (`Gated`, docs/algorithm.md section 12); "byte"; or None (the default:
+        `config.levels.byte_views_level`, with the combiner default gated as
+        `config.levels.mixed_gate` says).
         Which level a set of models needs at all (the token level where they share a tokenizer:
-        `Ensemble`) is `config.specs.decide_level`'s to say, not this class's. The other
+        `Ensemble`) is `config.levels.decide_level`'s to say, not this class's. The other
         arguments as `Ensemble.load`."""
-        from .config.specs import mixed_gate
+        from .config.levels import byte_views_level, mixed_gate
         from .core.combiners import Gated, WeightedEnsemble
 
         if level is None:
-            level = Level.MIXED if len(paths) == 1 else Level.BYTE
+            level = byte_views_level(len(paths))
         # a level other than byte or mixed ("auto", decide_level's word, included) is refused where the models load (`ByteModels.load`)
         spec = LoadSpec.make([model_path(p) for p in paths], n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=n_threads, calibrate=calibrate,
                              level=level, byte_paths=byte_paths, byte_prune=byte_prune)  # fmt: skip
@@ -326,7 +326,7 @@ def load_at(
     lanes: int = 1,
 ) -> LevelEnsemble:
     """The models of `spec` loaded to decode at the level it decided (`spec.level`; a front end
-    checks the settings for it first: `runtime.bytelevel.decoding_level`): the one place models
+    checks the settings for it first: `config.levels.decoding_level`): the one place models
     are loaded by level, each knowing it after (`level`). `max_logit_rows` and `extra_slots` are
     the token level's (`Ensemble.from_spec`), `lanes` the byte level's (`ByteEnsemble.from_spec`)."""
     if spec.level.in_bytes:  # the one branch on the level at loading: which runtime holds the models

@@ -3,9 +3,9 @@
 1. The import graph of localcos/ (imports inside functions included) has no cycle; nothing under
    runtime/ or core/ imports the `Ensemble` facade; the product never imports localcos.testing;
    backend/ imports nothing above it and runtime/ no front end; outside runtime/ no branch asks
-   whether models are byte-level models (they say their level), the level is compared only by
-   the settings layer that decides it and at the few listed places where it is a front end's
-   business, and the server, the chat and eval name no byte-level type; the front ends load
+   whether models are byte-level models (they say their level), a level is asked a question only
+   where what it means is written (the runtime, `core.level`, `config.levels`) and at the few
+   listed places where it is a module's business, and the server, the chat and eval name no byte-level type; the front ends load
    models by level only through `ensemble.load_at`.
 2. Errors are routed by their type, `param` and `code`, never by their text: no `... in str(e)`;
    every `ConfigError` names its setting (`param`).
@@ -135,43 +135,74 @@ def test_outside_the_runtime_no_branch_asks_whether_models_are_byte_level_models
                 assert not byte or id(node) in asserted, f"{module}:{node.lineno}: isinstance(..., {byte[0]}) picks a branch; read models.level"
 
 
-# where a front end may ask which level it decodes at, and why (each such line says why in a comment)
+# outside the runtime and the level modules, the places where a level is a module's own business
+# (each such line says why in a comment)
 FRONT_END_LEVEL_BRANCHES = {
     "localcos.ensemble": "load_at: which runtime holds the models (the one load by level)",
     "localcos.chat": "chat_templates: one template for one vocabulary, each model's own otherwise",
     "localcos.cli.score": "the byte level's scorer (bits per byte, each model on its own tokens) is its own",
-    "localcos.server.protocol": "one_vocabulary: the tokenizer routes answer only where token ids mean one thing",
+    "localcos.stats": "how each level's statistics read for people",
+    "localcos.eval.configs": "default_configs: one model alone, and at the run's level where that is not its own tokens",
 }
-# the settings layer decides the level (of a run, of a request, of an eval configuration): its rules compare it
-LEVEL_OWNERS = ("localcos.config", "localcos.eval.configs", "localcos.core.level")
+# where what a level means is written: the level itself and its facts, and the rules of the settings
+LEVEL_MODULES = ("localcos.core.level", "localcos.config.levels")
+# the types whose isinstance check would pick a branch by level: the plans, templates and loaded models of each
+LEVEL_TYPES = {"Plan", "BytePlan", "ChatFormatter", "OwnTemplates", "LoadedModels", "ByteModels", "Ensemble", "ByteEnsemble"}
+
+
+def _is_level(node: ast.AST) -> bool:
+    """`Level.X`."""
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Level"
 
 
 def _level_branches(tree: ast.AST) -> list[int]:
-    """The lines that ask a level a question: `.in_bytes`, or a comparison with `Level.X`."""
+    """The lines that ask a level a question: `.in_bytes`, a comparison with `Level.X` (also in a
+    tuple or set it is compared against), a table keyed by `Level` (a dict of `Level.X` keys, an
+    annotation `dict[Level, ...]`), or an `isinstance` on a level's type (`LEVEL_TYPES`) that
+    picks a branch (one in an assert only narrows a type for the checker)."""
+    asserted = {id(n) for a in ast.walk(tree) if isinstance(a, ast.Assert) for n in ast.walk(a)}
     lines = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr == "in_bytes":
             lines.append(node.lineno)
         elif isinstance(node, ast.Compare):
             operands = [node.left, *node.comparators]
-            if any(isinstance(o, ast.Attribute) and isinstance(o.value, ast.Name) and o.value.id == "Level" for o in operands):
+            items = [e for o in operands if isinstance(o, (ast.Tuple, ast.Set, ast.List)) for e in o.elts]
+            if any(_is_level(o) for o in operands + items):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Dict) and any(k is not None and _is_level(k) for k in node.keys):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "dict":
+            first = node.slice.elts[0] if isinstance(node.slice, ast.Tuple) else node.slice
+            if isinstance(first, ast.Name) and first.id == "Level":
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" and len(node.args) == 2:
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            if any(isinstance(k, ast.Name) and k.id in LEVEL_TYPES for k in kinds) and id(node) not in asserted:
                 lines.append(node.lineno)
     return sorted(set(lines))
 
 
-def test_the_level_is_asked_only_by_the_settings_layer_and_at_the_listed_front_end_places():
+def test_the_level_is_asked_only_where_it_is_written_and_at_the_listed_places():
+    """What a level means lives in the runtime and the level modules; elsewhere at most five
+    modules ask a level a question, once each, saying why. The front ends hold the models as
+    `runtime.models.LevelViews` and ask it which models decode a request and what renders it."""
     assert len(FRONT_END_LEVEL_BRANCHES) <= 5
+    found = {}
     for module, path in MODULES.items():
-        if module.startswith(("localcos.runtime", *LEVEL_OWNERS)):
+        if module.startswith("localcos.runtime") or module in LEVEL_MODULES:
             continue
         source = path.read_text().splitlines()
         branches = _level_branches(ast.parse("\n".join(source)))
+        if branches:
+            found[module] = branches
         if module not in FRONT_END_LEVEL_BRANCHES:
-            assert not branches, f"{module}:{branches[0] if branches else 0}: asks which level it is; the models say (runtime.models.Models)"
             continue
         assert len(branches) == 1, f"{module}: {FRONT_END_LEVEL_BRANCHES[module]}: one branch, found lines {branches}"
         line = branches[0]
-        assert any("#" in source[i - 1] for i in range(max(1, line - 2), line + 1)), f"{module}:{line}: say why the level is this front end's business"
+        assert any("#" in source[i - 1] for i in range(max(1, line - 2), line + 1)), f"{module}:{line}: say why the level is this module's business"
+    unlisted = {m: lines for m, lines in found.items() if m not in FRONT_END_LEVEL_BRANCHES}
+    assert not unlisted, f"asks which level it is (the models and the level modules say): {unlisted}"
 
 
 def test_the_server_the_chat_and_eval_name_no_byte_level_type():

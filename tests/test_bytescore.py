@@ -133,7 +133,7 @@ def test_a_byte_the_held_paths_rule_out_is_scored_from_the_models_own_tokenisati
     """One path per model and heavy pruning: the text goes where a model's held path cannot
     follow. Its paths are rebuilt from its own tokenisation of the text so far and the byte is
     scored there (as a generation goes on), not at the floor of a byte it rules out."""
-    from localcos.scoring.bytescore import walk_together
+    from localcos.runtime.bytelevel.scoring import walk_together
 
     models = fake_models(VOCAB_A, VOCAB_B, max_paths=1, prune=0.5)
     data = "abbabaabab\u00e9ba".encode()

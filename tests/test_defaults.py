@@ -1,4 +1,4 @@
-"""One set of defaults for every front end, from one place (`config.default_method`, the
+"""One set of defaults for every front end, from one place (`config.levels.default_method`, the
 options' defaults): the method is cos for two or more models, and --gamma auto plans its drafts,
 on the command line, in `Ensemble`, `ByteEnsemble`, the server and presets that name no gamma;
 a fixed gamma only where one is asked for. Read from the plans, not from timings."""
@@ -14,7 +14,7 @@ from localcos.config import GenerationConfig, default_method, resolve
 from localcos.config.specs import LoadSpec
 from localcos.errors import ConfigError
 from localcos.core.level import Level
-from localcos.runtime.bytelevel import decoding_level
+from localcos.config.levels import decoding_level
 from localcos.runtime.plan import plan
 from test_server import serving
 
@@ -173,7 +173,7 @@ def test_a_request_decodes_at_the_mixed_level_only_where_that_level_serves_it(mo
     there; one that samples, needs tokens, or asks what the mixed level's rules refuse (a
     constraint, another method, lookahead) or the token level's drafts goes to the model's own
     tokens; without a token view nothing moves."""
-    from localcos.config.resolve import request_level
+    from localcos.config.levels import request_level
 
     def level(values, needs_tokens=False, token_view=True):
         generation = resolve({"models": [str(models["base"])], "level": "token", **values}, decoded=False).generation

@@ -378,17 +378,17 @@ def test_a_variant_decodes_at_the_level_it_names(models):
     n_params = [1, 2]
     mixed_run = parse_config("x=--gate 0.5", settings, n_params, Level.MIXED)
     byte_run = parse_config("x=--gate 0.5", settings, n_params, Level.BYTE)
-    assert mixed_run.mixed and not byte_run.mixed and mixed_run.identity["level"] == "mixed" and "level" not in byte_run.identity
+    assert mixed_run.level is Level.MIXED and byte_run.level is Level.BYTE and mixed_run.identity["level"] == "mixed" and "level" not in byte_run.identity
     named = parse_config("x=--gate 0.5 --level mixed", settings, n_params, Level.BYTE)
-    assert named.mixed and named.identity["level"] == "mixed" and named.identity["method"] == "ensemble"  # the mixed level's method
-    assert not parse_config("x=--gate 0.5 --level byte", settings, n_params, Level.MIXED).mixed
+    assert named.level is Level.MIXED and named.identity["level"] == "mixed" and named.identity["method"] == "ensemble"  # the mixed level's method
+    assert parse_config("x=--gate 0.5 --level byte", settings, n_params, Level.MIXED).level is Level.BYTE
     alone = parse_config("x=--combine we --weights 0,1 --level token", settings, n_params, Level.MIXED)
-    assert alone.own_tokens and not alone.mixed and alone.identity["level"] == "token"
+    assert alone.own_tokens and alone.level is Level.TOKEN and alone.identity["level"] == "token"
     for level in ("byte", "mixed"):
         with pytest.raises(ConfigError, match=f"--level {level}: this run decodes at the token level"):
             parse_config(f"x=--gate 0.5 --level {level}", settings, n_params)
     configs = default_configs(settings, ["a", "b"], n_params, Level.MIXED, preset="p")
-    assert [(c.own_tokens, c.mixed) for c in configs] == [(True, False), (True, False), (False, True)]
+    assert [(c.own_tokens, c.level) for c in configs] == [(True, Level.TOKEN), (True, Level.TOKEN), (False, Level.MIXED)]
 
 
 def test_the_default_baseline_is_the_model_alone_that_passed_most(models, tmp_path):

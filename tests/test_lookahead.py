@@ -262,7 +262,7 @@ def test_the_coder_lookahead_preset_looks_ahead_greedily_through_the_models_temp
     where the model's top probability is under 0.5, at the token level (its model swapped for a
     synthetic one by the user's models.toml, as a user's own file may)."""
     from localcos.config import resolve
-    from localcos.runtime.bytelevel import decoding_level
+    from localcos.config.levels import decoding_level
 
     config = tmp_path / "models.toml"
     config.write_text(f'[models."coder-1.5b"]\npath = "{models["chat"]}"\n')

@@ -375,13 +375,14 @@ def test_the_engine_loads_the_models_in_the_thread_that_decodes(models):
     import threading
 
     from localcos.errors import ConfigError
+    from localcos.runtime.models import LevelViews
     from localcos.server.engine import Engine
 
     loaders: list[threading.Thread] = []
 
     def load():  # type: ignore[no-untyped-def]
         loaders.append(threading.current_thread())
-        return Ensemble.load([models["base"]], n_ctx=256), None
+        return LevelViews(Ensemble.load([models["base"]], n_ctx=256))
 
     engine = Engine(load)
     try:

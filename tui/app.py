@@ -22,7 +22,6 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from localcos.chat import ChatFormatter, Conversation, Message as ChatMessage, Templates, chat_templates
 from localcos.config import OPTIONS, Settings
-from localcos.config.resolve import request_level
 from localcos.config.specs import GenerationConfig
 from localcos.conversations import ConversationStore, Turn
 from localcos.core.level import Level
@@ -30,7 +29,8 @@ from localcos.ensemble import Ensemble, LevelEnsemble, load_at
 from localcos.errors import LocalcosError, StorageError
 from localcos.files import write_text
 from localcos.runtime import Completion, Stream
-from localcos.runtime.bytelevel import decoding_level
+from localcos.runtime.models import LevelViews
+from localcos.config.levels import decoding_level
 from localcos.stats import reply_progress
 
 from .prefs import CHAT_DEFAULTS, Prefs
@@ -132,9 +132,9 @@ class ChatApp(App):
         self._llama = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localcos-llama")  # see the class's docstring
         self.ensemble: LevelEnsemble | None = None
         self.formatter: Templates | None = None
-        # one model loaded for the mixed level on its own tokens, and its template: where a reply
-        # the mixed level does not serve decodes (`config.resolve.request_level`, per reply)
-        self.views: dict[Level, tuple[Ensemble, ChatFormatter]] = {}
+        # the models, with one model loaded for the mixed level on its own tokens beside them and
+        # each one's templates: where a reply the mixed level does not serve decodes (`decides`)
+        self.views: LevelViews[LevelEnsemble, Templates] | None = None
         self.reply_level = Level.TOKEN  # the level the last (or running) reply decodes at
         self.conversation: Conversation | None = None
         self.stream: Stream | None = None  # the reply being generated
@@ -198,11 +198,13 @@ class ChatApp(App):
         if old is not None:  # another ensemble for the same conversation
             old.close()
         self.reply_level = ensemble.level
-        token = Ensemble.token_view(ensemble)
+        token: Ensemble | None = Ensemble.token_view(ensemble)
+        token_formatter = None
         try:
-            self.views = {Level.TOKEN: (token, ChatFormatter(token))} if token is not None else {}
+            token_formatter = ChatFormatter(token) if token is not None else None
         except LocalcosError:  # no template of its own: every reply at the level loaded
-            self.views = {}
+            token = None
+        self.views = LevelViews(ensemble, token, formatter, token_formatter)
         kept = self.conversation.messages if self.conversation is not None else []
         system = self.conversation.system if self.conversation is not None else self.settings.system
         self.conversation = Conversation(formatter, ensemble.n_ctx, system)
@@ -349,11 +351,13 @@ class ChatApp(App):
 
     def _decides(self, config: GenerationConfig) -> tuple[LevelEnsemble, Level]:
         """The models a reply with these settings decodes on, and its level, decided once per reply
-        (`config.resolve.request_level`); the conversation renders in that level's templates."""
-        assert self.ensemble is not None and self.formatter is not None and self.conversation is not None
-        level = request_level(self.ensemble.level, config, needs_tokens=False, token_view=bool(self.views))
-        ensemble, self.conversation.formatter = self.views.get(level, (self.ensemble, self.formatter))
-        return ensemble, level
+        (`LevelViews.decides`); the conversation renders in their templates."""
+        assert self.views is not None and self.conversation is not None
+        ensemble = self.views.decides(config, needs_tokens=False)
+        formatter = self.views.templates_for(ensemble)
+        assert formatter is not None, "the chat loads models with templates"
+        self.conversation.formatter = formatter
+        return ensemble, ensemble.level
 
     def _reply_done(self, completion: Completion | None) -> None:
         view, self.stream = self.reply_view, None

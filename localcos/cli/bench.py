@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..config.parse import parse_ints
     from ..ensemble import load_at
-    from ..runtime.bytelevel import decoding_level
+    from ..config.levels import decoding_level
     from ..tools import bench
 
     if args.plot:
@@ -127,7 +127,7 @@ def _plan(args: argparse.Namespace, settings, level: Level, sequences: list[int]
     """The plan of the bench at `level`: the methods it decodes (default: all of them; the
     ensemble's step for one model), the draft lengths in its setting; every generation's rules
     checked before anything loads (a draft length or a proposer the level does not read is
-    refused by the level's rules: `config.specs.check_level`)."""
+    refused by the level's rules: `config.levels.check_level`)."""
     from ..config import GenerationConfig, check_for_models, check_level, level_methods
     from ..config.parse import parse_choice, parse_int
     from ..core.decoding import METHODS

@@ -44,7 +44,7 @@ def settings_for(args: argparse.Namespace, held: dict[str, Any] | None = None) -
     conversation's own (`held`: its models and options) under what the command line gives."""
     if args.demo and (args.models or args.preset):
         raise ConfigError("give --demo or --models/--preset, not both", param="demo")
-    from ..runtime.bytelevel import decoding_level
+    from ..config.levels import decoding_level
 
     if held and not (args.demo or args.models or args.preset):  # (held: models, or the synthetic set of --demo)
         given = {k: v for k, v in vars(args).items() if v not in (None, False, [])}

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from ..eval.sandbox import memory_bound
     from ..eval.models import EvalModels
     from ..eval.summary import summarize
-    from ..runtime.bytelevel import decoding_level
+    from ..config.levels import decoding_level
     from ..tools.plotting import require_matplotlib
 
     limits = _sandbox(args)

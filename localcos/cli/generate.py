@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from ..config.parse import parse_int
     from ..config.specs import check_second_prompt
     from ..ensemble import load_at
-    from ..runtime.bytelevel import decoding_level
+    from ..config.levels import decoding_level
     from ..runtime.report import generation_json
     from ..stats import GenerationStats
 

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--sweep {s.name} needs --combine {' or '.join(wanted)} (it is {settings.combine.combine})", param="sweep")
     grid = [settings.with_values(point) for point in points]  # each point checked like an option
     labels = [label(point) for point in points]
-    from ..runtime.bytelevel import decoding_level
+    from ..config.levels import decoding_level
 
     # the byte level's scorer (bits per byte, each model on its own tokens) is its own: the one
     # branch on the level here, where the scorer is chosen

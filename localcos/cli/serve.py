@@ -14,7 +14,7 @@ DEFAULTS = {"temperature": 1.0, "max_tokens": 256, "ctx": 4096}
 API_KEY_ENV = "LOCALCOS_API_KEY"
 
 if TYPE_CHECKING:
-    from ..ensemble import Ensemble, LevelEnsemble
+    from ..runtime.models import Models
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,10 +44,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from ..chat import ChatFormatter, OwnTemplates, chat_templates
     from ..config import resolve_server
+    from ..config.levels import decoding_level
     from ..ensemble import Ensemble
-    from ..runtime.bytelevel import decoding_level
+    from ..runtime.models import LevelViews
 
     try:
         import uvicorn
@@ -78,14 +81,15 @@ def run(args: argparse.Namespace) -> int:
         settings = _sequences(settings)
         parallel = settings.load.parallel or 1
 
-        def load() -> tuple[LevelEnsemble, Ensemble | None]:
+        def load() -> LevelViews[Models, ChatFormatter | OwnTemplates]:
             ens = _load(settings)
             # one model loaded for the mixed level also serves its own tokens, on the same loaded model:
             # the requests the mixed level does not serve (sampling, logprobs, tools...) decode there
-            return ens, Ensemble.token_view(ens)
+            return LevelViews(ens, Ensemble.token_view(ens))
 
         engine = Engine(load, max_queue=server.max_queue)  # loads in its own thread, the one that decodes
-        ens, token = engine.loaded, engine.token
+        views: LevelViews[Models, ChatFormatter | OwnTemplates] = engine.views
+        ens, token = views.loaded, views.token
     except BaseException:
         listener.close()
         raise
@@ -100,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError:
             pass
         alias = server.alias or settings.name.replace(" + ", "+")  # the preset, the demo set, or the files
-        served = ServedEnsemble(ens, settings, alias, formatter, token=token, token_formatter=token_formatter)
+        served = ServedEnsemble(replace(views, templates=formatter, token_templates=token_formatter), settings, alias)
         policy = GuardPolicy(server.host, port, allowed_hosts=server.allowed_hosts, cors=server.cors)
         app = create_app(served, engine, api_key=api_key, policy=policy)
         shown = f"[{server.host}]" if ":" in server.host else server.host

@@ -6,6 +6,7 @@ config -> runtime.
 """
 
 from .options import GROUPS, OPTIONS, Option
+from .levels import check_level, decoding_level, default_method, level_methods
 from .parse import Gamma, format_gamma, format_rpc, parse_gamma, parse_rpc, parse_served_combine
 from .resolve import resolve, resolve_server
 from .specs import (
@@ -15,10 +16,7 @@ from .specs import (
     ServerSpec,
     Settings,
     check_for_models,
-    check_level,
-    default_method,
     default_parallel,
-    level_methods,
 )
 
 __all__ = [
@@ -33,6 +31,7 @@ __all__ = [
     "Settings",
     "check_for_models",
     "check_level",
+    "decoding_level",
     "default_method",
     "default_parallel",
     "format_gamma",

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterable, Mapping
 
-from ..core.level import Level
 from ..errors import ConfigError
 from .options import OPTIONS
 from .parse import parse_rpc
-from .specs import CombineSpec, GenerationConfig, LoadSpec, ServerSpec, Settings, check_for_models, check_level, imply_guidance, mixed_gate
+from .levels import mixed_gate
+from .specs import CombineSpec, GenerationConfig, LoadSpec, ServerSpec, Settings, check_for_models, imply_guidance
 
 
 def resolve(
@@ -132,31 +132,6 @@ class _Sources:
         rpc = [registry.models[r].rpc if r in registry.models else None for r in labels]
         title = preset.name if preset else " + ".join(Path(r).name for r in labels)
         return cls(paths, labels, layers, rpc, title, chat_model)
-
-
-def mixed_decodes(generation: GenerationConfig) -> bool:
-    """Whether a one-model server loaded for the mixed level decodes these settings there: greedy,
-    and nothing the mixed level's rules refuse (`specs.check_level`, their one owner: the token
-    level's drafts (a gamma in tokens, a proposer, lookup), a constraint, another method,
-    lookahead)."""
-    if not generation.sampler().greedy:
-        return False
-    try:
-        check_level("mixed", generation, gated=True)
-    except ConfigError:
-        return False
-    return True
-
-
-def request_level(level: Level, generation: GenerationConfig, *, needs_tokens: bool, token_view: bool) -> Level:
-    """The level one request decodes at, decided once: the level the models decode at (`level`),
-    except that a request the mixed level does not serve (settings `mixed_decodes` refuses, or
-    what needs one vocabulary's tokens: log-probabilities, echo, tools, token-id prompts, token
-    ids back) decodes at the token level where one model's own tokens are at hand (`token_view`:
-    one model, loaded for the mixed level). Never "auto"."""
-    if level is Level.MIXED and token_view and (needs_tokens or not mixed_decodes(generation)):
-        return Level.TOKEN
-    return level
 
 
 def resolve_server(values: Mapping[str, Any]) -> ServerSpec:

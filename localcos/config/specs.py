@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Mapping, Sequence
 
 from ..backend.worker import layers_to_offload
-from ..core.decoding import METHODS
 from ..core.combiners import COMBINERS, Combiner, CustomCombiner, custom_name, gated, load_function, make_combiner
 from ..core.level import Level
 from ..core.sampling import Sampler
 from ..errors import ConfigError
 from ..grammar import Constraint, json_object
+from .levels import check_level, decide_level, decoded_load_options, decodes_one_at_a_time, default_method
 from .options import OPTIONS, Option
 from .parse import Gamma, is_custom_combine
 
@@ -113,15 +113,14 @@ class LoadSpec:
     def decoded_by(self) -> dict[str, Any]:
         """The load settings a decoded text depends on, as a record keeps them: the level and, at
         the byte and mixed levels, the paths each model holds and their pruning."""
-        paths = {"byte_paths": self.byte_paths, "byte_prune": self.byte_prune} if self.level.in_bytes else {}
-        return {"level": self.level.value, **paths}
+        return {"level": self.level.value, **{name: getattr(self, name) for name in decoded_load_options(self.level)}}
 
     def decoding_together(self, wanted: int) -> LoadSpec:
         """This spec with the sequences decoded at once where the user did not say (`parallel`):
         up to `wanted` as the context allows (`default_parallel`), one for models on RPC servers.
         The byte and mixed levels' sequences are their paths' (one generation at a time), so
         there it is left as it is."""
-        if self.parallel is not None or self.level.in_bytes:
+        if self.parallel is not None or decodes_one_at_a_time(self.level):
             return self
         return replace(self, parallel=1 if any(self.rpc) else default_parallel(self.n_ctx, wanted))
 
@@ -157,21 +156,6 @@ class LoadSpec:
             level=level,  # type: ignore[arg-type]  # decided in __post_init__
             **options,
         )
-
-
-def decide_level(asked: str, paths: Sequence[Path]) -> Level:
-    """The level models decode at, decided once, where they are named (`LoadSpec`): the one asked
-    for, or (auto) the token level for models that share a tokenizer and the byte level otherwise
-    (`tokenizer_mismatch`, read from their GGUF headers as `localcos models list` reads it,
-    before anything loads)."""
-    if asked != "auto":
-        return Level(asked)
-    if len(paths) == 1:  # one model shares its tokenizer with itself: no file opened
-        return Level.TOKEN
-    from ..backend import read_info  # the headers, not llama.cpp: loading a vocabulary takes longer than reading the file's
-    from ..backend.tokenizers import tokenizer_groups
-
-    return Level.TOKEN if max(tokenizer_groups([read_info(p).token_table() for p in paths])) == 0 else Level.BYTE
 
 
 def default_parallel(n_ctx: int, wanted: int = 8) -> int:
@@ -323,77 +307,7 @@ class GenerationConfig:
         return replace(self, **changes)
 
 
-def default_method(n_models: int, level: Level | str = "auto", lookahead: bool = False) -> str:
-    """The method every front end takes when none is given (the command line, the chat, the
-    server, `Ensemble`, `ByteEnsemble`, presets): cos for two or more models (it samples from r
-    exactly, and with --gamma auto, the default, it takes the ensemble's own step wherever drafts
-    would not pay), the standard step for one, at the mixed level (whose token steps are not
-    drafted) and with `lookahead` (which looks ahead from the ensemble's step)."""
-    return "cos" if n_models > 1 and level != "mixed" and not lookahead else "ensemble"
-
-
 INFILL_CANDIDATES = 128  # the most candidates the infill sampler compares (top_k's)
-MIXED_GATE = 0.5  # the gate of one model's mixed level where none is given (the preset coder-plus's)
-
-
-def mixed_gate(gate: float | None, level: Level | str, n: int, second_prompt: bool) -> float | None:
-    """The gate a combination decodes with: one model's mixed level takes `MIXED_GATE` where none
-    is given; elsewhere (several models, or a second prompt's member, whose gate is the user's
-    choice) the gate given, if any."""
-    return MIXED_GATE if gate is None and level == "mixed" and n == 1 and not second_prompt else gate
-
-
-def level_methods(level: Level | str) -> tuple[str, ...]:
-    """The methods a level decodes (what `check_level` lets through): all four at the token
-    level; the ensemble's step and cos at the byte level (the models take turns drafting bytes);
-    the ensemble's step at the mixed level (its whole tokens are not drafted)."""
-    return {Level.TOKEN: METHODS, Level.BYTE: ("ensemble", "cos"), Level.MIXED: ("ensemble",)}[Level(level)]
-
-
-def check_level(level: Level | str, generation: GenerationConfig, gated: bool) -> None:
-    """The byte and mixed levels' rules, written once (the settings layer checks them before any
-    model loads, the byte level's planning for every request, and a one-model mixed-level server
-    to route a request that breaks them to the token level): no lookahead there (its branches are
-    sequences of one tokenizer's tokens); drafts counted in bytes (`--byte-gamma`, not a gamma in
-    tokens), the methods ensemble and cos, no proposer (the models take turns drafting bytes) and
-    no lookup (its drafts are token ids), a fill-in-the-middle read in the makers' layout (the
-    others heal the cursor's token in one vocabulary). The mixed level also needs a gate (`gated`: the gate
-    says where the lead decides whole tokens alone), decodes with the ensemble's step (its whole
-    tokens are not drafted) and takes no constraint (a grammar masks bytes, not the lead's whole
-    tokens)."""
-    if level not in ("byte", "mixed"):
-        return
-    level = Level(level).value  # a Level formats as its name
-    if generation.lookahead is not None:
-        raise ConfigError(f"lookahead: not available at the {level} level (its branches are sequences of one tokenizer's tokens: "
-                          "--level token)", param="lookahead")  # fmt: skip
-    if level == "mixed":
-        if not gated:
-            raise ConfigError("--level mixed needs --gate G: whole tokens of the lead where its likeliest has probability G or more, "
-                              "the byte level elsewhere", param="gate")  # fmt: skip
-        constraint = next((name for name in ("json_schema", "grammar", "json_object") if getattr(generation, name)), None)
-        if constraint is not None:
-            raise ConfigError("a JSON schema or grammar: not available at the mixed level (it decodes with the ensemble's step: "
-                              "--method ensemble)", param=constraint)  # fmt: skip
-        if generation.method not in (None, *level_methods(level)):
-            raise ConfigError(f"--method {generation.method}: not available at the mixed level (it decodes with the ensemble's step: "
-                              "--method ensemble)", param="method")  # fmt: skip
-    if generation.gamma != "auto":
-        raise ConfigError("gamma counts tokens; at the byte level drafts are counted in bytes: --byte-gamma N", param="gamma")
-    if generation.samplers is not None and "infill" in generation.samplers:
-        raise ConfigError(f"samplers: infill merges tokens by their texts: not available at the {level} level (--level token)", param="samplers")
-    if generation.infill_layout != "makers":
-        raise ConfigError(f"infill_layout {generation.infill_layout}: not available at the {level} level (it heals the cursor's token in "
-                          "one vocabulary; each model here reads its own: --level token)", param="infill_layout")  # fmt: skip
-    if generation.method not in (None, *level_methods(level)):
-        raise ConfigError(f"method {generation.method}: not available at the byte level yet (models with different tokenizers, or "
-                          "level byte); ensemble or cos", param="method")  # fmt: skip
-    if generation.proposer is not None or generation.lookup == "on":
-        param = "proposer" if generation.proposer is not None else "lookup"
-        raise ConfigError(f"{param}: not available at the byte level (models take turns drafting bytes; lookup drafts are "
-                          "token ids)", param=param)  # fmt: skip
-
-
 def check_for_models(
     generation: GenerationConfig,
     n: int,

@@ -9,9 +9,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 from collections.abc import Sequence
 
-from ..config import OPTIONS, LoadSpec, Settings, check_for_models, default_method
+from ..config import OPTIONS, LoadSpec, Settings, check_for_models
 from ..config.flags import parse_flags
-from ..config.specs import mixed_gate
+from ..config.levels import check_variant, mixed_gate, on_own_tokens, recorded_level, variant_level, variant_method
 from ..core.level import Level
 from ..core.sizes import member_params
 from ..errors import ConfigError
@@ -40,11 +40,7 @@ class EvalConfig:
     def own_tokens(self) -> bool:
         """In a run whose models load for the byte level: r is one model's distribution and that
         model decodes by itself on its own tokens, as it runs alone (the others are not run)."""
-        return self.run.in_bytes and self.level is Level.TOKEN
-
-    @property
-    def mixed(self) -> bool:
-        return self.level is Level.MIXED
+        return on_own_tokens(self.level, self.run)
 
     @property
     def members(self) -> list[int]:
@@ -72,9 +68,8 @@ class EvalConfig:
         values = {opt.name: opt.format(self.settings.value(opt.name)) for opt in OPTIONS.values() if opt.target in _CONFIG_TARGETS}
         if self.contrast is not None:
             values["contrast_prompt"] = self.contrast
-        if self.run.in_bytes and self.level is not Level.BYTE:
-            return {**values, "level": self.level.value}
-        return values
+        level = recorded_level(self.level, self.run)
+        return values if level is None else {**values, "level": level}
 
 
 def parse_config(text: str, base: Settings, n_params: Sequence[int], run: Level = Level.TOKEN) -> EvalConfig:
@@ -95,13 +90,13 @@ def parse_config(text: str, base: Settings, n_params: Sequence[int], run: Level 
                       refused="is not a combination or generation option of localcos generate, nor --level")  # fmt: skip
     values: dict[str, Any] = {k: v for k, v in raw.items() if k not in ("level", "contrast_prompt")}
     contrast = OPTIONS["contrast_prompt"].check(raw["contrast_prompt"]) if "contrast_prompt" in raw else None
-    asked = OPTIONS["level"].check(raw["level"]) if "level" in raw else "auto"
-    level = run if asked == "auto" else Level(asked)
-    if level.in_bytes and not run.in_bytes:
-        raise ConfigError(f"--variant {name}: --level {level.value}: this run decodes at the token level (its models share a tokenizer); "
-                          f"give the run itself --level {level.value}", param="variant")  # fmt: skip
-    if level.in_bytes and "method" not in values and "method" not in base.given:  # the default method of the level it decodes at
-        values["method"] = default_method(len(n_params), level)
+    try:
+        level = variant_level(OPTIONS["level"].check(raw["level"]) if "level" in raw else "auto", run)
+    except ConfigError as e:
+        raise ConfigError(f"--variant {name}: {e}", param="variant") from None
+    method = variant_method(level, len(n_params))
+    if method is not None and "method" not in values and "method" not in base.given:
+        values["method"] = method
     settings = base.with_values(values, check=False)
     gate = mixed_gate(settings.combine.gate, level, len(n_params), contrast is not None)
     if gate != settings.combine.gate:  # a variant's new combination on one model's mixed level: its default gate, as `generate` takes it
@@ -110,14 +105,9 @@ def parse_config(text: str, base: Settings, n_params: Sequence[int], run: Level 
     try:
         check_for_models(settings.generation, len(n_params), combine=settings.combine, chat_template_model=settings.chat_template_model,
                          level=level, second_prompt=contrast is not None)  # fmt: skip
+        check_variant(level, run, lookahead=settings.generation.lookahead is not None, contrast=contrast is not None)
     except ConfigError as e:
         raise ConfigError(f"--variant {name}: {e}", param="variant") from None
-    if settings.generation.lookahead is not None and run.in_bytes:
-        raise ConfigError(f"--variant {name}: --lookahead needs a run at the token level (its branches are sequences of the models "
-                          "as they load for it): give the run --level token", param="variant")  # fmt: skip
-    if contrast is not None and level is Level.TOKEN and run.in_bytes:
-        raise ConfigError(f"--variant {name}: --contrast-prompt with --level token: a second prompt's member decodes at the run's "
-                          "level", param="variant")  # fmt: skip
     config = EvalConfig(name, settings, tuple(n_params), level, run, contrast)
     if config.own_tokens and not config.alone:
         raise ConfigError(f"--variant {name}: --level token runs one model alone on its own tokens: give it all the weight "
@@ -171,7 +161,8 @@ def default_configs(base: Settings, names: Sequence[str], n_params: Sequence[int
     if preset is not None:
         return configs + [EvalConfig(preset, base, counts, run, run)]
     if n == 1:
-        return configs + ([EvalConfig(f"{names[0]} {run.value}", base, counts, run, run)] if run is not Level.TOKEN else [])
+        # eval's business: beside one model alone on its own tokens, the same model at a level that is not them
+        return configs + ([EvalConfig(f"{names[0]} {run.value}", base, counts, run, run)] if run.in_bytes else [])
     configs.append(EvalConfig("WE", base.with_values({"combine": "we", "weights": ""}), counts, run, run))
     if n == 2:
         configs.append(EvalConfig("CD", base.with_values({"combine": "cd"}), counts, run, run))

@@ -93,7 +93,7 @@ def _texts(generation: Any) -> Iterator[str | Completion]:
 
 class BothLevels(Rounds):
     """One model served at two levels (a server loaded for the mixed level, whose requests that
-    level does not serve decode at the token level: `config.resolve.request_level`): the mixed
+    level does not serve decode at the token level: `config.levels.request_level`): the mixed
     level's generations (`ByteScheduler`) and the token level's (`Scheduler` over the same loaded
     model's sequences), one level at a time. A level runs until it is idle; then the other, if it
     has work, takes the model's sequences. A submission goes to its plan's level."""

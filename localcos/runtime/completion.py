@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from collections.abc import Sequence
+
 from ..core.decoding import Origin
-from ..stats import GenerationStats
+from ..core.level import Level
+from ..stats import GenerationStats, ModelRunStats
 
 
 @dataclass
@@ -37,3 +40,17 @@ class Completion:
         """Its length in `unit` (`Level.unit`): "tokens" (`length`), or "chars" (characters of
         the text), whichever level decoded it: how eval counts every configuration of one run."""
         return len(self.text) if unit == "chars" else self.length
+
+
+def cancelled_completion(names: Sequence[str], method: str, combiner: str, level: Level = Level.TOKEN, *, prompt_tokens: int = 0,
+                         prompt_seconds: float = 0.0, seed: int | None = None) -> Completion:  # fmt: skip
+    """The completion of a generation cancelled before it decoded anything, at any level: no text,
+    its statistics naming each member (`names`) and, at the byte and mixed levels, each member's
+    counters at zero."""
+    stats = GenerationStats(method, combiner, [ModelRunStats(name) for name in names], level=level, prompt_tokens=prompt_tokens,
+                            prompt_seconds=prompt_seconds, seed=seed, finish_reason="cancelled", finish_reasons={"cancelled": 1})  # fmt: skip
+    if level.in_bytes:
+        zeros = [0] * len(names)
+        stats.most_paths, stats.restarts, stats.folded, stats.missed_rows = list(zeros), list(zeros), list(zeros), list(zeros)
+        stats.dropped_mass = [0.0] * len(names)
+    return Completion("", "cancelled", stats, token_ids=None if level.in_bytes else [], data=b"" if level.in_bytes else None)

@@ -26,7 +26,7 @@ from ..core.strategies import make_strategy
 from ..core.text import TextAssembler
 from ..grammar import Matcher
 from ..stats import GenerationStats, ModelRunStats, plan_counts
-from .completion import Completion
+from .completion import Completion, cancelled_completion
 
 if TYPE_CHECKING:
     from .loaded import LoadedModels
@@ -74,12 +74,10 @@ def completion_rng(seed: int | None, index: int = 0) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
 
 
-def cancelled_completion(loaded: LoadedModels, plan: Plan, prompt_seconds: float = 0.0) -> Completion:
-    """The completion of a generation cancelled before it decoded anything."""
-    stats = GenerationStats(plan.strategy.method, plan.combiner.description, [ModelRunStats(name) for name in loaded.run_names],
-                            prompt_tokens=len(plan.prompt), prompt_seconds=prompt_seconds, seed=plan.config.seed,
-                            finish_reason="cancelled", finish_reasons={"cancelled": 1})  # fmt: skip
-    return Completion("", "cancelled", stats, token_ids=[])
+def cancelled(loaded: LoadedModels, plan: Plan, prompt_seconds: float = 0.0) -> Completion:
+    """`plan`'s completion cancelled before it decoded anything (after `prompt_seconds` on its prompt)."""
+    return cancelled_completion(loaded.run_names, plan.strategy.method, plan.combiner.description, prompt_tokens=len(plan.prompt),
+                                prompt_seconds=prompt_seconds, seed=plan.config.seed)  # fmt: skip
 
 
 class Generation:
@@ -126,7 +124,7 @@ class Generation:
         t_prompt = time.perf_counter()
         prompt_rows = yield from self._prefill(slots, prompts, bool(held))
         if prompt_rows is None:
-            return cancelled_completion(loaded, plan, time.perf_counter() - t_prompt)
+            return cancelled(loaded, plan, time.perf_counter() - t_prompt)
         t0 = time.perf_counter()
         before = [[s.stats.snapshot() for s in member] for member in counted]
         # the decoder counts positions in the prompt's sequence: a member reading another prompt

@@ -17,16 +17,17 @@ from ..backend.slot import Slot
 from ..core.combiners import BoundCombiner, Combiner, WeightedEnsemble
 from ..core.hostmem import keep_freed_memory
 from ..core.level import Level
-from ..core.sizes import largest, member_params
+from ..core.sizes import largest
 from ..core.healing import TokenBytes
 from ..core.sampling import InfillSampler
 from ..core.speedmodel import CallProfile, Costs, MeasuredCalls
+from ..config.levels import refuse_byte_options
 from ..config.specs import require_models
 from ..errors import ConfigError
 from ..grammar import Vocabulary
-from .profile import profile as call_profile
-
+from .members import Members
 from .plan import Plan, Prompt, plan as plan_request
+from .profile import profile as call_profile
 
 if TYPE_CHECKING:
     from ..config.specs import GenerationConfig, LoadSpec
@@ -87,13 +88,7 @@ def second_prompt_host(spec: LoadSpec) -> int | None:
     return largest([read_info(p, tokens=False).n_params for p in spec.paths])
 
 
-def member_names(names: Sequence[str], second_member: int | None) -> list[str]:
-    """Members' names for people and statistics: each model's `names`, the member reading a
-    second prompt so marked (the same model twice otherwise reads as one)."""
-    return [name + (" (second prompt)" if i == second_member else "") for i, name in enumerate(names)]
-
-
-class LoadedModels:
+class LoadedModels(Members):
     """Models sharing one tokenizer, loaded, with what decoding needs to know of them.
 
     Its members are what a combination combines and a decoding method drives: each model reading
@@ -128,7 +123,7 @@ class LoadedModels:
     ) -> None:
         require_models(len(models))
         keep_freed_memory()  # vocabulary-sized arrays come and go every token (see core.hostmem)
-        self.loaded = list(models)
+        lead = self._add_members(models, second_prompt)
         self.n_vocab = shared_vocab_size(self.loaded)
         for m in self.loaded:
             m.logits_vocab = self.n_vocab
@@ -144,17 +139,12 @@ class LoadedModels:
         for main, others in self._branches.items():
             for branch in others:
                 branch.partner = main  # a lookahead call counts once, for the sequence itself
-        self.models = list(self.loaded)
-        self.second_member: int | None = None  # the member reading the second prompt
-        if second_prompt:
-            lead = largest([m.n_params for m in self.loaded])
+        if lead is not None:  # the second prompt's member: the second half of the lead's sequences
             half = len(self.member_slots[lead]) // 2
             self.member_slots[lead], second = self.member_slots[lead][:half], self.member_slots[lead][half:]
-            self.models.append(self.loaded[lead])
             self.member_slots.append(second)
             for slot, partner in zip(second, self.member_slots[lead]):
                 slot.partner = partner  # a call both members share counts once
-            self.second_member = len(self.models) - 1
         self.parallel = min(len(s) for s in self.member_slots)  # sequences decoded at once
         first = self.loaded[0]
         self.end_tokens = frozenset(t for t in range(self.n_vocab) if first.is_eog(t))
@@ -223,33 +213,6 @@ class LoadedModels:
 
     # --- the ensemble ------------------------------------------------------------------------------
     @property
-    def profiles(self) -> list[CallProfile]:
-        """Each model's call costs by rows per call, which every auto plan is made from."""
-        return self.costs.profiles
-
-    @profiles.setter
-    def profiles(self, profiles: Sequence[CallProfile]) -> None:
-        """Plan with these costs instead (e.g. to see what another machine would do)."""
-        if len(profiles) != len(self.models):
-            raise ValueError(f"{len(profiles)} profiles for {len(self.models)} models")
-        self.costs = Costs(profiles)
-
-    @property
-    def combiner(self) -> BoundCombiner:
-        """The default combination function (bound to these models)."""
-        return self._combiner
-
-    @combiner.setter
-    def combiner(self, combiner: Combiner) -> None:
-        self._combiner = self.bind(combiner)
-
-    def bind(self, combiner: Combiner | BoundCombiner) -> BoundCombiner:
-        """`combiner` fitted to these models, with its defaults filled in (`ConfigError` if it does
-        not fit, e.g. weights for another number of models); a combiner bound to them already is
-        taken as it is."""
-        return combiner.bind(len(self.models), self.n_params)
-
-    @property
     def level(self) -> Level:
         """The level these models decode at: the token level (`ByteModels` says its own)."""
         return Level.TOKEN
@@ -278,9 +241,7 @@ class LoadedModels:
 
     def refuse_unread(self, given: Iterable[str], *, json: bool = True, remedy: str = "add --level byte") -> None:
         """A `ConfigError` for an option among `given` that these models would not read: one only
-        the byte level reads (`runtime.bytelevel.refuse_byte_options`)."""
-        from .bytelevel.level import refuse_byte_options
-
+        the byte level reads (`config.levels.refuse_byte_options`)."""
         refuse_byte_options(given, json=json, remedy=remedy)
 
     def refuse_unserved(self, asked: Sequence[tuple[bool, str]]) -> None:
@@ -290,34 +251,6 @@ class LoadedModels:
     def own_tokens(self) -> int | None:
         """None: these models decode on their own tokens already (`ByteModels.own_tokens`)."""
         return None
-
-    @property
-    def n_params(self) -> list[int]:
-        """Each member's parameter count, what a combination chooses roles by where the settings
-        leave them open: the member reading a second prompt counts one fewer than its model, so
-        the one reading the prompt is the expert, the lead and the positive member."""
-        return member_params([m.n_params for m in self.loaded], self.second_member is not None)
-
-    @property
-    def names(self) -> list[str]:
-        """The members' names for people (GGUF general.name, else the file name)."""
-        return member_names([m.label for m in self.models], self.second_member)
-
-    @property
-    def run_names(self) -> list[str]:
-        """The members as a generation's statistics name them: each model's file, the second
-        prompt's member so marked."""
-        return member_names([m.name for m in self.models], self.second_member)
-
-    def close(self) -> None:
-        for m in self.loaded:
-            m.close()
-
-    def __enter__(self):  # -> Self
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def tokenize(self, text: str, *, add_bos: bool | None = None, special: bool = False) -> list[int]:
         """Tokens of `text` (BOS as the models' metadata says unless `add_bos` is given; special

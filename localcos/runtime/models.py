@@ -5,15 +5,17 @@
 implement `Models`. A front end loads once (`ensemble.load_at`) and then plans, refuses what
 the models cannot serve, runs its plans (`runtime.run`: `complete`, `Stream`) and reports
 without asking which level it is: the level is a property of the models (`level`), decided
-where they were named (`config.specs.decide_level`) and, where one model serves two levels, per
-request (`config.resolve.request_level`).
+where they were named (`config.levels.decide_level`) and, where one model serves two levels, per
+request (`config.levels.request_level`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from collections.abc import Iterable, Sequence
 
+from ..config.levels import request_level
 from ..core.level import Level
 
 if TYPE_CHECKING:
@@ -68,6 +70,50 @@ class Models(Protocol):
     def own_tokens(self) -> int | None: ...
 
     def close(self) -> None: ...
+
+
+M = TypeVar("M", bound=Models)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LevelViews(Generic[M, T]):
+    """The loaded models as a front end holds them: the models at the level they were loaded for
+    (`loaded`) and, where one model is loaded for the mixed level, that model on its own tokens
+    beside them (`token`: the facade's `Ensemble.token_view`, on the same weights), each with
+    what renders a conversation for it (`templates`, `token_templates`: the front end's, None
+    where the models carry no template). It answers which models decode a request (`decides`),
+    what renders it (`templates_for`) and whether token ids mean one thing (`one_vocabulary`),
+    so a front end never asks which level it is at."""
+
+    loaded: M
+    token: M | None = None
+    templates: T | None = None
+    token_templates: T | None = None
+
+    def decides(self, generation: GenerationConfig, *, needs_tokens: bool) -> M:
+        """The models a request with these settings decodes on: the ones loaded, or the token view
+        where the request's level is its (`config.levels.request_level`: what the mixed level does
+        not decode, or what needs one vocabulary's tokens)."""
+        level = request_level(self.loaded.level, generation, needs_tokens=needs_tokens, token_view=self.token is not None)
+        return self.token if self.token is not None and level is Level.TOKEN else self.loaded
+
+    def templates_for(self, models: M) -> T | None:
+        """What renders a conversation for `models` (one of these views)."""
+        return self.token_templates if self.token is not None and models is self.token else self.templates
+
+    @property
+    def one_vocabulary(self) -> bool:
+        """Whether token ids mean one thing here: the models share a tokenizer, or one model loaded
+        for the mixed level has its own tokens beside it."""
+        return self.token is not None or not self.loaded.level.in_bytes
+
+    @property
+    def token_models(self) -> M:
+        """The models where they decode at the token level: what every path that needs one
+        vocabulary reads (only where `one_vocabulary`)."""
+        assert self.one_vocabulary, "token ids are refused where they mean nothing"
+        return self.loaded if self.token is None else self.token
 
 
 def scheduler_for(models: Models, slots: list[int], token: LoadedModels | None = None) -> Rounds:

@@ -76,6 +76,11 @@ class Plan:
     cursor: Cursor | None = None  # a middle's cursor where its layout heals a token or cuts at the suffix (`infill.FimPrompt`)
 
     @property
+    def prompt_length(self) -> int:
+        """The prompt's length as usage counts it: the request's prompt tokens."""
+        return len(self.prompt)
+
+    @property
     def prompts(self) -> list[tuple[int, ...]]:
         """Each member's prompt: the request's, and the second prompt for its member (last)."""
         return [self.prompt] * (self.members - (self.second_prompt is not None)) + ([self.second_prompt] if self.second_prompt is not None else [])
@@ -120,11 +125,18 @@ def prompt_tokens(loaded: PlannedModels, prompt: str | Sequence[int], param: str
     if not tokens:
         raise ConfigError("the prompt is empty", param=param)
     check_token_ids(loaded, tokens, param)
-    if len(tokens) >= loaded.n_ctx:
-        raise PromptTooLongError(
-            f"the prompt has {len(tokens)} tokens but the context holds {loaded.n_ctx}; shorten the prompt or raise --ctx", param=param
-        )
+    check_fits(len(tokens), loaded.n_ctx, param)
     return tokens
+
+
+def check_fits(n_tokens: int, n_ctx: int, param: str = "prompt", reader: str = "") -> None:
+    """A prompt of `n_tokens` leaves room in a context of `n_ctx` for a token to follow (a
+    `PromptTooLongError` naming `param` otherwise); `reader`: whose tokens they are, where
+    models count them apart (the byte level)."""
+    if n_tokens >= n_ctx:
+        whose = f" for {reader}" if reader else ""
+        raise PromptTooLongError(f"the prompt has {n_tokens} tokens{whose} but the context holds {n_ctx}; shorten the prompt or raise --ctx",
+                                 param=param)  # fmt: skip
 
 
 def plan(

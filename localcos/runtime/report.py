@@ -1,7 +1,8 @@
-"""What a generation reports, in one shape at every level (`generate --json`, the server's
-`localcos` object): its completions' texts, token ids (null at the byte and mixed levels, whose
-text is bytes) and finish reasons, and the one statistics document (`GenerationStats.to_dict`:
-the same keys at every level, null where a level does not count a value)."""
+"""What `generate --json` reports, in one shape at every level: its completions' texts, token ids
+(null at the byte and mixed levels, whose text is bytes) and finish reasons, and the one
+statistics document (`GenerationStats.to_dict`: the same keys at every level, null where a level
+does not count a value; the server's `localcos` object is that document too,
+`server.protocol.statistics`)."""
 
 from __future__ import annotations
 

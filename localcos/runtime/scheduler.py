@@ -1,5 +1,5 @@
-"""The scheduler: every generation runs here, one or many at once, their rows sharing
-llama_decode calls.
+"""The token level's scheduler: its generations run here, one or many at once, their rows
+sharing llama_decode calls (the byte and mixed levels' run one at a time in `bytescheduler`).
 
 Work is submitted as `Submission`s and waits in arrival order. Each `step` admits waiting sequences
 into free slots (the same sequence id in each model's KV cache), runs one round, and retires the
@@ -10,8 +10,8 @@ prompt's next chunk, side by side. A sequence that got its logits runs on at onc
 request may join a later model's call in the same round. The decoding core stays per sequence
 and exact: batching changes which rows share a call, never what is sampled.
 
-`Ensemble.generate`, `stream` and `generate_many`, the bench and the server all drive this one
-loop; a sequence cancelled stops at its next request or round and frees its slot, the others
+At the token level `Ensemble.generate`, `stream` and `generate_many`, the bench and the server
+all drive this one loop; a sequence cancelled stops at its next request or round and frees its slot, the others
 going on untouched.
 """
 
@@ -27,7 +27,7 @@ import numpy as np
 
 from ..core.decoding import Decoder, Evaluate, Phase, Together
 from .completion import Completion
-from .generation import Chunk, Generation, Work, cancelled_completion, completion_rng
+from .generation import Chunk, Generation, Work, cancelled, completion_rng
 from .profile import call_groups
 
 if TYPE_CHECKING:
@@ -189,7 +189,7 @@ class Scheduler(Rounds):
         while self.queue and (self.free or self.queue[0].cancel_requested):
             sequence = self.queue.popleft()
             if sequence.cancel_requested:  # cancelled before it started: nothing to generate
-                sequence.completion = cancelled_completion(self.loaded, sequence.plan)
+                sequence.completion = cancelled(self.loaded, sequence.plan)
                 sequence.state = State.FINISHED
                 finished.append(sequence)
                 continue

@@ -1,4 +1,5 @@
-"""The one scorer: log-probabilities of a token sequence under an ensemble's r and its members.
+"""The token level's scorer: log-probabilities of a token sequence under an ensemble's r and its
+members (the byte level's: `runtime.bytelevel.scoring`).
 
 Every model evaluates the tokens in llama_decode calls of up to `n_batch` tokens (never one call
 per token), each keeping what its KV cache already holds of them (a shared context is evaluated

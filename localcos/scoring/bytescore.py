@@ -26,9 +26,10 @@ from collections.abc import Callable, Sequence
 from ..core.combiners import Combiner
 from ..errors import ConfigError
 from ..runtime.bytelevel import RULED_OUT, combine_symbols
+from ..runtime.bytelevel.scoring import paths_lost, start_lanes, walk_together
 
 if TYPE_CHECKING:
-    from ..runtime.bytelevel import ByteMember, ByteModels
+    from ..runtime.bytelevel import ByteModels
     from .choices import ChoiceItem, ChoiceScores
 
 @dataclass
@@ -78,33 +79,6 @@ def windows_of(data: bytes, window: int) -> list[tuple[int, int]]:
     return out
 
 
-def walk_together(lanes: Sequence[Sequence[ByteMember]], texts: Sequence[bytes], visit: Callable[[int, int, list], None],
-                  wanted: Callable[[int, int], bool]) -> None:  # fmt: skip
-    """Advance each lane's members (one per model, on sequences of their own) through its text
-    (lane l: texts[l]) a byte of every lane at a time, each model's new rows for all lanes in
-    shared calls (`advance_together`), calling `visit(l, j, dists)` with every model's
-    distribution over byte j of texts[l] (given the bytes before it) where `wanted(l, j)`.
-
-    A byte a model's held paths rule out (the cap on paths dropped the ones the text goes on
-    with) is scored as in a generation: its paths are rebuilt from its own tokenisation of the
-    text (`ByteMember.rebuild`) and the byte is scored from those (`ByteView.restarts` counts it)."""
-    for j in range(max(len(t) for t in texts)):
-        live = [lane for lane, text in enumerate(texts) if j < len(text)]
-        for lane in live:
-            if wanted(lane, j):
-                byte = texts[lane][j]
-                dists = []
-                for member in lanes[lane]:
-                    dist = member.view.distribution()
-                    if dist[byte] <= 0:
-                        member.rebuild(bytes([byte]))
-                        dist = member.view.distribution()
-                    dists.append(dist)
-                visit(lane, j, dists)
-        for i, member in enumerate(lanes[0]):
-            member.advance_together([lanes[lane][i] for lane in live], [texts[lane][j] for lane in live])
-
-
 def bits_per_byte(
     models: ByteModels,
     text: str,
@@ -143,23 +117,14 @@ def bits_per_byte(
         start_lanes(used, prompts)
         walk_together(used, pieces, visit, lambda lane, j: j >= len(pieces[lane]) // 2)
         for lane in used:
-            for i, member in enumerate(lane):
-                unreachable[i] += member.view.restarts
-                dropped[i] += member.view.dropped
+            for i, (restarts, mass) in enumerate(paths_lost(lane)):
+                unreachable[i] += restarts
+                dropped[i] += mass
         walked += sum(map(len, pieces))
         if progress:
             progress(walked, len(data))
     dropped = [d / len(spans) for d in dropped]
     return ByteScore(combined, alone, len(spans), window, len(data), unreachable, dropped)
-
-
-def start_lanes(lanes: Sequence[Sequence[ByteMember]], prompts: Sequence[Sequence[int]]) -> None:
-    """Every lane's members at the start of `prompts` (one per model): the first lane's evaluated
-    as a generation's prompt is, the others sharing its cells and rows."""
-    for i, prompt in enumerate(prompts):
-        lanes[0][i].start(prompt)
-        for lane in lanes[1:]:
-            lane[i].start_beside(lanes[0][i])
 
 
 def byte_choices(

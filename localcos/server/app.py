@@ -33,7 +33,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..backend import Model, RemoteModel
-from ..chat import ChatFormatter
 from ..errors import LocalcosError
 from . import infill as infill_route
 from . import ollama, protocol
@@ -138,7 +137,7 @@ async def tokenizer_info(request: Request) -> dict:
 
     return out.TokenizerInfo(
         bos_token=text(first.bos), eos_token=text(first.eos), pad_token=text(first.eos), add_bos_token=first.add_bos,
-        chat_template=served.formatter.template if isinstance(served.formatter, ChatFormatter) else None, model_max_length=models.n_ctx,
+        chat_template=served.formatter.template if served.formatter is not None else None, model_max_length=models.n_ctx,
         vocab_size=models.n_vocab,
     ).body()  # fmt: skip
 

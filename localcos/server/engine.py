@@ -34,12 +34,11 @@ from collections.abc import Callable
 from ..errors import Cancelled
 from ..runtime.completion import Completion
 from ..runtime.generation import completion_rng
-from ..runtime.models import scheduler_for
+from ..runtime.models import LevelViews, scheduler_for
 from ..runtime.scheduler import Submission, State
 
 if TYPE_CHECKING:
-    from ..runtime.loaded import LoadedModels
-    from ..runtime.models import LevelPlan, Models
+    from ..runtime.models import LevelPlan
     from ..runtime.scheduler import Rounds
 
 
@@ -103,11 +102,12 @@ class Job:
 
 class Engine:
     """Runs jobs on one ensemble: their generations decoded together, first come first served.
-    `load()` gives the models, loaded in the engine's own thread (and, where one model is loaded
+    `load()` gives the models as `runtime.models.LevelViews` holds them (where one model is loaded
     for the mixed level, its own tokens beside it, whose requests the mixed level does not
-    serve); the constructor returns once they are, or raises what loading raised."""
+    serve), loaded in the engine's own thread; the constructor returns once they are, or raises
+    what loading raised."""
 
-    def __init__(self, load: Callable[[], tuple[Models, LoadedModels | None]], max_queue: int = 64) -> None:
+    def __init__(self, load: Callable[[], LevelViews], max_queue: int = 64) -> None:
         self.max_queue = max_queue
         self._arrivals: queue.Queue[Job | None] = queue.Queue()
         self._unstarted: set[Job] = set()  # submitted, not started: what max_queue counts
@@ -121,7 +121,7 @@ class Engine:
 
         def run() -> None:
             try:
-                self._start(*load())
+                self._start(load())
             except BaseException as e:  # the load failed: the constructor raises it
                 failure.append(e)
                 return
@@ -135,9 +135,10 @@ class Engine:
         if failure:
             raise failure[0]
 
-    def _start(self, loaded: Models, token: LoadedModels | None) -> None:
-        self.loaded = loaded
-        self.token = token
+    def _start(self, views: LevelViews) -> None:
+        self.views = views
+        self.loaded = views.loaded
+        loaded, token = views.loaded, views.token
         # the sequences token-level requests decode on: where one model is loaded for the mixed
         # level, its own tokens beside it (`token`: its requests the mixed level does not serve)
         parallel = (token or loaded).parallel

@@ -32,7 +32,6 @@ from pydantic import StrictBool, StrictStr
 
 from ..config import OPTIONS
 from ..infill import ExtraChunk, Infill
-from ..runtime.plan import Plan
 from . import protocol
 from .protocol import ServedEnsemble
 from .requests import MAX_CHOICES, SettingsFields, _Body, _integer, _neutral, _option
@@ -128,7 +127,7 @@ def result(served: ServedEnsemble, request: protocol.Request, choice: protocol.C
     plan = request.plans[choice.prompt]
     tokens = list(c.token_ids or []) if c is not None and request.return_token_ids else []
     return _body(served, choice.index, c.text if c is not None else "", tokens, stop_type(c), fields, protocol.statistics(request, [choice]),
-                 n_prompt=len(plan.prompt) if isinstance(plan, Plan) else max(len(p) for p in plan.prompts),
+                 n_prompt=plan.prompt_length,
                  evaluated=stats.prompt_evaluated if stats is not None else 0, predicted=c.length if c is not None else 0,
                  prompt_ms=(stats.prompt_seconds if stats else 0.0) * 1000, predicted_ms=(stats.seconds if stats else 0.0) * 1000)  # fmt: skip
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pydantic import StrictBool, StrictStr, model_validator
 
 from ..backend.gguf_file import GGUFInfo, read_info
-from ..chat import ChatFormatter, Message
+from ..chat import Message
 from ..errors import ConfigError, param_of
 from ..grammar import Constraint, json_object, json_schema
 from ..infill import FimTokens, Infill
@@ -239,7 +239,7 @@ class Described:
                 if isinstance(value, (int, float, str, bool)) and not key.startswith("tokenizer.chat_template"):
                     info.setdefault(key, value)
         formatter = self.served.formatter
-        template = formatter.template if isinstance(formatter, ChatFormatter) else ""
+        template = (formatter.template if formatter is not None else None) or ""
         fim = self.fim
         if fim is not None:  # Ollama's way of saying a model fills in (a client such as Continue looks for .Suffix), the chat's after it
             template = f"{{{{- if .Suffix }}}}{fim[0]}{{{{ .Prompt }}}}{fim[1]}{{{{ .Suffix }}}}{fim[2]}{{{{- else }}}}{template or ''}{{{{- end }}}}"

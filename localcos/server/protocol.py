@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 
 from ..chat import ChatFormatter, Message, OwnTemplates, second_conversation
 from ..config import Settings
-from ..config.resolve import request_level
 from ..config.specs import GenerationConfig
 from ..core.combiners import BoundCombiner
 from ..core.level import Level
@@ -24,7 +23,7 @@ from ..errors import Cancelled, LocalcosError, RemoteError
 from ..grammar import Constraint, ToolCallFormat, tool_call_format, tool_grammar
 from ..runtime.completion import Completion
 from ..runtime.loaded import LoadedModels
-from ..runtime.models import Models
+from ..runtime.models import LevelViews, Models
 from ..runtime.plan import Plan, check_token_ids
 from ..runtime.scoring import ScoreCache, score_tokens
 from ..stats import GenerationStats
@@ -68,50 +67,48 @@ def from_localcos(e: LocalcosError, param: str | None = None) -> APIError:
 
 @dataclass
 class ServedEnsemble:
-    """What the server serves: one loaded ensemble and how to talk about it. At the byte level
-    (models of different tokenizers) every model renders a conversation in its
-    own chat template (`OwnTemplates`). Every route plans through `runtime.models.Models`, on
-    the models a request decodes on (`decide`), and never asks which level they are at."""
+    """What the server serves: the loaded models as `runtime.models.LevelViews` holds them (with,
+    for one model loaded for the mixed level, its own tokens beside it) and how to talk about
+    them. Every route plans through `runtime.models.Models`, on the models a request decodes on
+    (`decide`, the views' answer), with the templates the views give for them (`templates`)."""
 
-    ensemble: Models
+    views: LevelViews[Models, ChatFormatter | OwnTemplates]  # templates None: the models carry no chat template
     settings: Settings
     alias: str
-    formatter: ChatFormatter | OwnTemplates | None  # None: the models carry no chat template
     created: int = field(default_factory=lambda: int(time.time()))
     scores: ScoreCache = field(default_factory=ScoreCache)  # echo scoring's shared prefixes
-    # one model loaded for the mixed level: its own tokens beside it (`Ensemble.beside`) and its
-    # template over them, for the requests the mixed level does not serve (`decide`)
-    token: LoadedModels | None = None
-    token_formatter: ChatFormatter | None = None
 
-    def __post_init__(self) -> None:
-        # the models loaded, at their level, and the token view beside them where there is one
-        self._at: dict[Level, Models] = {self.ensemble.level: self.ensemble, **({Level.TOKEN: self.token} if self.token is not None else {})}
+    @property
+    def ensemble(self) -> Models:
+        """The models as loaded, at the level they were loaded for."""
+        return self.views.loaded
+
+    @property
+    def formatter(self) -> ChatFormatter | OwnTemplates | None:
+        """What renders a conversation for the models as loaded."""
+        return self.views.templates
 
     @property
     def token_models(self) -> LoadedModels:
         """The models where they decode at the token level: what every path that needs one
         vocabulary reads (the byte level refuses those requests before they get here)."""
-        if self.token is not None:
-            return self.token
-        assert isinstance(self.ensemble, LoadedModels), "refused at the byte level first"
-        return self.ensemble
+        models = self.views.token_models
+        assert isinstance(models, LoadedModels), "refused where token ids mean nothing first"
+        return models
 
     def decide(self, generation: GenerationConfig, needs_tokens: bool) -> Models:
-        """The models a request with these settings decodes on: the ones loaded, or the token
-        view beside them where the request's level is its (`config.resolve.request_level`)."""
-        return self._at[request_level(self.level, generation, needs_tokens=needs_tokens, token_view=self.token is not None)]
+        """The models a request with these settings decodes on (`LevelViews.decides`)."""
+        return self.views.decides(generation, needs_tokens=needs_tokens)
 
     @property
     def one_vocabulary(self) -> bool:
-        """Whether token ids mean one thing here (the tokenizer routes need it): the models share
-        a tokenizer, or one model loaded for the mixed level has its own beside it."""
-        return Level.TOKEN in self._at  # the server's business: /tokenize and /detokenize speak one vocabulary
+        """Whether token ids mean one thing here (the tokenizer routes need it)."""
+        return self.views.one_vocabulary
 
     def templates(self, models: Models) -> ChatFormatter | OwnTemplates | None:
-        """What renders a conversation for `models`: the token view's own, else the loaded
-        models' (at the byte levels each model's own template)."""
-        return self.token_formatter if models is self.token else self.formatter
+        """What renders a conversation for `models` (the token view's own, else the loaded
+        models': at the byte levels each model's own template)."""
+        return self.views.templates_for(models)
 
     @property
     def level(self) -> Level:
@@ -502,7 +499,7 @@ def _extras(request: Request, c: Choice) -> dict[str, Any]:
 
 
 def usage(request: Request, choices: Sequence[Choice]) -> out.Usage:
-    prompt_tokens = sum(len(p) for p in request.prompts)
+    prompt_tokens = sum(p.prompt_length for p in request.plans)
     completion_tokens = sum(c.completion.length for c in choices if c.completion is not None)
     return out.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens)
 

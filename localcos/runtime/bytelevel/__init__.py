@@ -12,14 +12,13 @@ that keep the text valid UTF-8, and text is emitted as characters complete.
 """
 
 from .generation import ByteGeneration, run_to_end
-from .level import BYTE_OPTIONS, byte_vocab, decoding_level, refuse_byte_options
+from .level import byte_vocab
 from .member import ByteMember
 from .models import ByteModels
 from .results import BytePlan
 from .symbols import RULED_OUT, combine_symbols, floor_ruled_out, gate_opens
 
 __all__ = [
-    "BYTE_OPTIONS",
     "RULED_OUT",
     "ByteGeneration",
     "ByteMember",
@@ -27,9 +26,7 @@ __all__ = [
     "BytePlan",
     "byte_vocab",
     "combine_symbols",
-    "decoding_level",
     "floor_ruled_out",
     "gate_opens",
-    "refuse_byte_options",
     "run_to_end",
 ]

@@ -108,7 +108,7 @@ class ByteGeneration:
             applies to r and to every draft distribution at the same position, so cos stays exact
             for the constrained r (as at the token level).
         level: BYTE (the byte level's step at every byte) or MIXED: with the combination's gate
-            (`Gated`: the mixed level needs one, `config.check_level`), where the lead's view is
+            (`Gated`: the mixed level needs one, `config.levels.check_level`), where the lead's view is
             one tokenisation ending with the text on a character boundary and the gate is shut
             for its likeliest whole token, the next unit is a whole token of the lead's own
             distribution (one row; the others skip its bytes); elsewhere the byte level's step
@@ -152,7 +152,7 @@ class ByteGeneration:
         self.token_gate: Gated | None = None
         if level is Level.MIXED:
             if not isinstance(combiner.combiner, Gated):
-                raise ValueError("the mixed level decodes with a gated combination (config.check_level refuses others)")
+                raise ValueError("the mixed level decodes with a gated combination (config.levels.check_level refuses others)")
             self.token_gate = combiner.combiner
         self.token_bytes = 0  # bytes decoded as whole tokens (the mixed level)
         self._token_probs = np.empty(0)  # the lead's whole-token distribution, reused every token

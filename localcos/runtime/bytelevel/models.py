@@ -12,22 +12,23 @@ import numpy as np
 
 from ...backend import Model
 from ...backend.model import MAX_SEQUENCES
-from ...config.specs import GenerationConfig, check_level, check_second_member, check_second_prompt, required_second_prompt
+from ...config.levels import check_level
+from ...config.specs import GenerationConfig, check_second_member, check_second_prompt, required_second_prompt
 from ...core.bytelevel import check_prune
 from ...core.combiners import BoundCombiner, Gated
 from ...core.hostmem import keep_freed_memory
 from ...core.level import Level
-from ...core.sizes import largest, member_params
 from ...core.speedmodel import CallProfile, Costs
 from ...errors import ConfigError
 from ...grammar import Matcher, byte_symbols
 from ...infill import Infill
+from ..members import Members
+from ..plan import check_fits
 from ..profile import profile as call_profile
 from .generation import ByteGeneration
 from .level import byte_vocab
 from .member import ByteMember
-from ...stats import GenerationStats, ModelRunStats
-from ..completion import Completion
+from ..completion import Completion, cancelled_completion
 from .results import BytePlan
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 LANE_CELLS = 4
 
 
-class ByteModels:
+class ByteModels(Members):
     """Models loaded for byte-level decoding: each with `max_paths` sequences in one unified KV
     cache, and its byte vocabulary. Its members: each model reading the prompt and, with
     `second_prompt`, the lead model a second time (its next `max_paths` sequences) reading a
@@ -52,15 +53,10 @@ class ByteModels:
         profiles: Sequence[CallProfile] | None = None, level: Level = Level.BYTE, second_prompt: bool = False,
     ) -> None:  # fmt: skip
         keep_freed_memory()  # every row's vocabulary-sized arrays come and go (see core.hostmem)
-        self.loaded = list(models)
-        self.models = list(models)
+        lead = self._add_members(models, second_prompt)
         slots = [m.slots[:max_paths] for m in models]
-        self.second_member: int | None = None
-        if second_prompt:
-            lead = largest([m.n_params for m in models])
-            self.models.append(models[lead])
+        if lead is not None:  # the second prompt's member: the lead's next max_paths sequences
             slots.append(models[lead].slots[max_paths : 2 * max_paths])
-            self.second_member = len(self.models) - 1
         self.level = level  # what a request decodes at unless it names another: byte, or mixed
         self.combiner = combiner
         # each member's call cost by rows (`runtime.profile`): what --byte-gamma auto plans with
@@ -70,17 +66,6 @@ class ByteModels:
         self.costs = Costs(list(profiles))
         self.members = [ByteMember(m, max_paths=max_paths, prune=prune, price=p, slots=s) for m, p, s in zip(self.models, self.costs.profiles, slots)]
         self.n_ctx = min(m.n_ctx for m in self.models)
-
-    def second_model(self) -> Model:
-        """The model whose member reads a second prompt (the lead); a `ConfigError` where none does."""
-        if self.second_member is None:
-            raise ConfigError("second_prompt: no member of these models reads a second prompt (load them with one)", param="negative_prompt")
-        return self.models[self.second_member]
-
-    @property
-    def n_params(self) -> list[int]:
-        """Each member's parameter count as a combination reads roles (`LoadedModels.n_params`)."""
-        return member_params([m.n_params for m in self.loaded], self.second_member is not None)
 
     @classmethod
     def load(
@@ -131,12 +116,6 @@ class ByteModels:
                         for m in self.members])  # fmt: skip
         return out
 
-    @property
-    def names(self) -> list[str]:
-        """The members' names for people (`Model.label`), as the token level's."""
-        from ..loaded import member_names
-
-        return member_names([m.label for m in self.models], self.second_member)
 
     def document_starts(self) -> list[list[int]]:
         """Each model's context for a text of its own: its BOS, or where it has none its
@@ -161,19 +140,6 @@ class ByteModels:
             out.append(self.models[self.second_member].tokenize(second))
         return out
 
-    @property
-    def combiner(self) -> BoundCombiner:
-        """The default combination, bound to the models (a `Combiner` set here is bound)."""
-        return self._combiner
-
-    @combiner.setter
-    def combiner(self, combiner: BoundCombiner | Combiner) -> None:
-        self._combiner = self.bind(combiner)
-
-    def bind(self, combiner: Combiner | BoundCombiner) -> BoundCombiner:
-        """`combiner` fitted to these models' members (`LoadedModels.bind`)."""
-        return combiner.bind(len(self.models), self.n_params)
-
     def without_second(self, combiner: Combiner):  # -> an instance of type(self)
         """These models as loaded, without the member reading a second prompt
         (`LoadedModels.without_second`)."""
@@ -183,7 +149,7 @@ class ByteModels:
 
     def own_tokens(self) -> int | None:
         """The model whose own tokens serve the requests this level does not decode (sampling,
-        log-probabilities, tools...: `config.resolve.request_level`), on the weights and context
+        log-probabilities, tools...: `config.levels.request_level`), on the weights and context
         loaded here: one model loaded for the mixed level; None for anything else."""
         return 0 if self.level is Level.MIXED and len(self.loaded) == 1 else None
 
@@ -224,7 +190,7 @@ class ByteModels:
         tokens: `prompts`) under `config`, checked once here for every front end: `combiner`
         bound to the models (default the loaded one); a prompt longer than a model's context is
         refused (`ConfigError`, naming `param`), and what the level does not decode
-        (`config.check_level`: a gamma in tokens, a method other than ensemble and cos, a
+        (`config.levels.check_level`: a gamma in tokens, a method other than ensemble and cos, a
         proposer, lookup, ...). `level`: the byte or the mixed level (default: the level the
         models loaded for). Where a member reads a second prompt, it reads `second_prompt` (its
         model's tokens, a chat's rendering; or text, in its tokens), or the last of the prompts
@@ -244,20 +210,15 @@ class ByteModels:
         if self.second_member is not None:
             check_second_prompt(prompts[0], prompts[-1], json=True)
         for m, p in zip(self.models, prompts):
-            if len(p) >= m.n_ctx:
-                raise ConfigError(f"the prompt is {len(p)} tokens for {m.name}, which holds {m.n_ctx}", param=param)
+            check_fits(len(p), m.n_ctx, param, m.name)
         bound = self.combiner if combiner is None else self.bind(combiner)
         check_level(level, config, isinstance(bound.combiner, Gated))
         assert config.method in ("ensemble", "cos"), "for_models names the method, check_level allows these"
         return BytePlan(tuple(tuple(p) for p in prompts), config, bound, config.method, level)
 
     def cancelled_completion(self, plan: BytePlan) -> Completion:
-        """The completion of a generation cancelled before it started."""
-        n = len(self.models)
-        stats = GenerationStats(plan.method, plan.combiner.description, [ModelRunStats(name) for name in self.names], level=plan.level,
-                                most_paths=[0] * n, restarts=[0] * n, dropped_mass=[0.0] * n, folded=[0] * n, missed_rows=[0] * n,
-                                finish_reason="cancelled", finish_reasons={"cancelled": 1})  # fmt: skip
-        return Completion("", "cancelled", stats, data=b"")
+        """`plan`'s completion cancelled before it started."""
+        return cancelled_completion(self.names, plan.method, plan.combiner.description, plan.level)
 
     def start(self, plan: BytePlan, rng: np.random.Generator, cancelled: Callable[[], bool] | None = None) -> ByteGeneration:
         """The generation of `plan` drawing from `rng` (`run()` drives it); one at a time."""
@@ -284,13 +245,3 @@ class ByteModels:
         finally:
             for m, p in zip(self.members, loaded):
                 m.view.prune = p
-
-    def close(self) -> None:
-        for m in self.loaded:
-            m.close()
-
-    def __enter__(self) -> ByteModels:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -23,5 +23,12 @@ class BytePlan:
 
     @property
     def prompt(self) -> tuple[int, ...]:
-        """The first model's prompt tokens (what a server's usage counts)."""
+        """The first model's prompt tokens (the plans' common shape; token ids mean one
+        vocabulary's only at the token level, which the paths that read them need)."""
         return self.prompts[0]
+
+    @property
+    def prompt_length(self) -> int:
+        """The prompt's length as usage counts it: the longest of the models' own (what fills a
+        context)."""
+        return max(len(p) for p in self.prompts)
