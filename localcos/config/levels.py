@@ -270,7 +270,7 @@ def decoding_level(settings: SettingsAsked, also_given: Sequence[str] = (), *, s
     if level.in_bytes:
         # the gate belongs to a combination, checked where one is resolved (eval's variants each bring their own)
         check_level(level, settings.generation, gated=True)
-        if decodes_one_at_a_time(level) and (settings.load.parallel or 1) > 1:
+        if (settings.load.parallel or 1) > 1:  # it decodes one generation at a time (`decodes_one_at_a_time`)
             raise ConfigError(f"{parallel_flag}: the byte level decodes one generation at a time (models with different tokenizers)",
                               param=parallel_flag.removeprefix("--"))  # fmt: skip
         if "chat_template_model" in settings.given:
