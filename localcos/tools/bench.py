@@ -321,7 +321,7 @@ def auto_plans(runs: Sequence[Run], unit: str) -> list[str]:
         if r.gamma == "auto" or r.method == "ensemble":
             groups[(r.config, r.temperature, r.prompt)].append(r)
     lines = []
-    for (config, temperature, prompt), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+    for (config, temperature, prompt), group in sorted(groups.items(), key=lambda kv: kv[0]):
         base = _speed(groups.get(("ensemble", temperature, prompt), []), unit)
         if config == "ensemble" or base <= 0:
             continue
