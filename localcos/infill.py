@@ -36,7 +36,10 @@ three ways (`INFILL_LAYOUTS`, the setting `infill_layout`):
 The cursor's token healed: the last token before the cursor is taken back and the middle must
 begin with its bytes (`core.healing`: a mask on the first tokens' rows), so the model, not the
 tokenizer, cuts the text at the cursor into tokens (a prefix ending in indentation, a word half
-typed); those bytes are the prefix's, not the middle's (`FimPrompt.cursor`).
+typed); those bytes are the prefix's, not the middle's (`FimPrompt.cursor`). The cached layout
+takes back the tokens before it too while they cut the word the cursor is in (`WORD_TOKENS` at
+most): the model then writes that word from its start. Reading the prefix last, it otherwise
+often takes the word's first tokens for the whole word (`retur` + ` True`).
 
 The model then writes the middle and ends it with an end-of-generation token (llama.cpp counts the
 FIM pad, repository and file-separator tokens among them). The FIM tokens are llama.cpp's: the
@@ -65,6 +68,8 @@ EXTRA_FILE = "tmp"  # an extra chunk's name where it gives none
 # between extra chunks where the model has no file-separator token ("\n\n--- snippet ---\n\n")
 SNIPPET = "\n\n--- snippet ---\n\n"
 INFILL_LAYOUTS = ("makers", "makers-healed", "cached")
+# the cached layout heals back to the start of the cursor's word, over at most this many tokens
+WORD_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,8 @@ def fim_prompt(model: Model, infill: Infill, budget: Budget, layout: str = "make
     head = extra[len(extra) - n_extra :] + ([model.bos] if model.add_bos else [])
     most = 3 * (budget.window // 4)  # the prefix's tokens
     if layout == "cached":
-        before, healed = _healed(model, _last_tokens(tokens(block_start(infill.prefix + infill.typed, most, budget.block, tokens)), most))
+        read = _last_tokens(tokens(block_start(infill.prefix + infill.typed, most, budget.block, tokens)), most)
+        before, healed = _healed(model, read, WORD_TOKENS)
         suffix = tokens(infill.suffix)[: budget.suffix_tokens(0)]
         return FimPrompt(head + [fim.prefix, fim.suffix, *suffix, fim.middle, *before], Cursor(healed, infill.suffix))
     typed = tokens(infill.typed, special=True)  # llama-server reads `prompt` with its special tokens
@@ -176,11 +182,23 @@ def _last_tokens(tokens: list[int], n: int) -> list[int]:
     return tokens[len(tokens) - min(len(tokens), n) :]
 
 
-def _healed(model: Model, tokens: list[int]) -> tuple[list[int], bytes]:
-    """The tokens before the cursor with the last taken back, and its bytes (none taken back
-    where it writes no text, a special token typed)."""
-    piece = model.piece(tokens[-1]) if tokens else b""
-    return (tokens[:-1], piece) if piece else (tokens, b"")
+def _healed(model: Model, tokens: list[int], most: int = 1) -> tuple[list[int], bytes]:
+    """The tokens before the cursor with the last taken back, and more before it while the two
+    cut a word (at most `most` in all), and their bytes (none taken back where a token writes no
+    text: a special token typed)."""
+    n, healed = 0, b""
+    while n < min(len(tokens), most):
+        piece = model.piece(tokens[-1 - n])
+        if not piece or n and not (_in_word(piece[-1]) and _in_word(healed[0])):
+            break
+        n, healed = n + 1, piece + healed
+    return tokens[: len(tokens) - n], healed
+
+
+def _in_word(byte: int) -> bool:
+    """Whether a byte can be inside a word (a letter, a digit, `_`, any byte of a character
+    beyond ASCII)."""
+    return byte >= 0x80 or chr(byte).isalnum() or byte == ord("_")
 
 
 def block_start(text: str, most: int, block: int, tokens: Callable[[str], list[int]]) -> str:

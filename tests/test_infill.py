@@ -6,6 +6,7 @@ client) serve it, through a real server on synthetic models whose vocabulary has
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import zlib
@@ -101,10 +102,11 @@ def test_fim_tokens_come_from_the_header_or_their_text_and_end_a_middle(models):
 
 
 def test_the_cached_layout_reads_the_suffix_first_and_heals_the_cursors_token(models):
-    """`cached`: [BOS] PRE SUF suffix MID prefix+typed (one text), the last token taken back and
-    its bytes the cursor's healed bytes; the suffix's first window/4 - 2 tokens whatever is
-    typed; the repository header first, as in the makers' layout. `makers-healed`: the makers'
-    tokens with the last before SUF taken back."""
+    """`cached`: [BOS] PRE SUF suffix MID prefix+typed (one text), the tokens of the word the
+    cursor is in taken back (` pl` `u` `s` of `two plus`: not ` two`, before a space) and their
+    bytes the cursor's healed bytes; the suffix's first window/4 - 2 tokens whatever is typed;
+    the repository header first, as in the makers' layout. `makers-healed`: the makers' tokens
+    with the last before SUF taken back, only that one."""
     m = Model(models["fim"], vocab_only=True)
     pre, suf, mid = (m.tokenize(t, add_bos=False, special=True)[0] for t in QWEN_FIM[:3])
 
@@ -113,9 +115,12 @@ def test_the_cached_layout_reads_the_suffix_first_and_heals_the_cursors_token(mo
 
     budget = Budget(48, 4096, 16)
     before = tok(PREFIX + TYPED)
+    word = len(before) - len(tok(PREFIX + TYPED[: TYPED.index(" ")]))  # the tokens of "plus", its space with them
+    assert word == 3 and b"".join(m.piece(t) for t in before[-word:]) == b" plus"  # the word cut in three: the case
     cached = fim_prompt(m, Infill(PREFIX, SUFFIX * 3, TYPED), budget, "cached")
-    assert cached.tokens == [m.bos, pre, suf, *tok(SUFFIX * 3)[:10], mid, *before[:-1]]
-    assert cached.cursor == Cursor(m.piece(before[-1]), SUFFIX * 3) and cached.cursor.healed
+    assert cached.tokens == [m.bos, pre, suf, *tok(SUFFIX * 3)[:10], mid, *before[:-word]]
+    assert cached.cursor == Cursor(b" plus", SUFFIX * 3)
+    assert fim_prompt(m, Infill(PREFIX, SUFFIX * 3, TYPED + " "), budget, "cached").cursor == Cursor(b" ", SUFFIX * 3)  # no word: one token
     # a keystroke changes only the prompt's end: everything up to the prefix is the same tokens
     more = fim_prompt(m, Infill(PREFIX, SUFFIX * 3, TYPED + " the"), budget, "cached").tokens
     assert more[: len(cached.tokens)] == cached.tokens and len(more) > len(cached.tokens)
@@ -197,7 +202,8 @@ def test_the_healed_bytes_are_the_prefixs_and_a_middle_that_runs_into_the_suffix
     """TextAssembler with a cursor: the healed bytes are dropped from the text; a line of the
     middle that ends with the suffix up to its first non-blank line ends the text before it:
     the rest of the cursor's line matched at the character (where the suffix begins inside the
-    line), a line equal to the next line, or that line after the blank text before it."""
+    line), a line equal to the next line, or that line after the blank text before it. Where the
+    suffix goes on inside a block, a new line at the margin ends the text at its last line."""
 
     def middle(pieces: list[str], suffix: str, healed: bytes = b"", stop: tuple[str, ...] = ()) -> TextAssembler:
         text = TextAssembler(lambda i: pieces[i].encode(), stop, cursor=Cursor(healed, suffix))
@@ -233,6 +239,15 @@ def test_the_healed_bytes_are_the_prefixs_and_a_middle_that_runs_into_the_suffix
     assert middle(["a\n", "\n"], "\n\n").text == "a\n\n"
     # a stop string still ends the text first
     assert middle(["a STOP", " b\n"], "\n b\n", stop=("STOP",)).ended_by == "word"
+    # the suffix inside a block: a new line at the margin ends the middle at its last line that is not blank
+    t = middle(["x + y", "\n\n", "if __name__", ":\n"], "\n    return z\n")
+    assert (t.text, t.ended_by) == ("x + y", "block")
+    t = middle(["a\n", "    b\n", "\n", "```\n"], "\n\n        c\n")
+    assert (t.text, t.ended_by) == ("a\n    b", "block")
+    # indented lines and blank ones do not; nor a line at the margin where the suffix is at it; nor the cursor's own line
+    assert (t := middle(["a\n", "\n", "    b\n"], "\n    c\n")).text == "a\n\n    b\n" and t.ended_by is None
+    assert (t := middle(["a\n", "b\n"], "\nc\n")).text == "a\nb\n" and t.ended_by is None
+    assert (t := middle(["import os\n", "    x"], "\n    y\n")).text == "import os\n    x" and t.ended_by is None
 
 
 # --- where a middle ends -------------------------------------------------------------------------------
@@ -376,7 +391,7 @@ class _LineFake(_FimFake):
 def test_a_middle_that_runs_into_the_suffix_ends_where_it_begins(method, gamma):
     """The cached layout, greedy: once the middle writes the suffix's first line, it ends before
     it (finish_reason stop, /infill's stop_type eos); the tokens committed are the middle's and
-    that line's."""
+    that line's. A line at the margin where the suffix is indented ends it too."""
     from localcos.server.infill import stop_type
 
     models = [_LineFake(seed=90 + i, n_vocab=14, n_params=1000 * (i + 1), sharpness=0.7) for i in range(2)]
@@ -393,6 +408,11 @@ def test_a_middle_that_runs_into_the_suffix_ends_where_it_begins(method, gamma):
         else:
             assert out.stopped_by is None and out.text == written
     assert cut >= 3  # the rule was put to the test
+    # the suffix inside a block: the middle's second line, at the margin, ends it at the end of its first
+    out = ens.generate(Infill("5 1", "\n    4"), method=method, gamma=gamma, max_tokens=40, temperature=0, infill_layout="cached")
+    first = models[0].piece((out.token_ids or [0, 0])[1]).decode().rstrip("\n")
+    assert (out.text, out.stopped_by, out.finish_reason, stop_type(out)) == (first, "block", "stop", ("eos", ""))
+    assert len(out.token_ids or []) == 3  # the healed "1\n", the first line, and the line that left the block
 
 
 def test_the_infill_sampler_needs_top_k_and_the_token_level():
@@ -519,42 +539,53 @@ def test_an_editors_rules_end_every_methods_text_where_they_say(method, gamma):
     assert (late.text, late.stopped_by) == ("".join(_Lines.PIECES[t] for t in (free.token_ids or [])[: first + 1]), "time")
 
 
-def _typed_through(model: Model, before: str, tokens: list[int], j: int) -> str:
-    """The text of a suggestion's first `j` tokens, as typed after `before` (its healed bytes,
-    the end of `before`'s own last token, left out)."""
-    healed = model.piece(model.tokenize(before, add_bos=False)[-1])
+def _typed_through(model: Model, healed: bytes, tokens: list[int], j: int) -> str:
+    """The text of a suggestion's first `j` tokens, as typed after the cursor (its `healed`
+    bytes, the prefix's, left out)."""
     return b"".join(model.piece(t) for t in tokens[:j])[len(healed) :].decode()
 
 
 def test_a_keystroke_in_the_cached_layout_evaluates_what_was_typed_and_verifies_the_last_suggestion_as_a_draft(models):
     """With the cells of the last request kept: typing the first tokens of the suggestion costs
-    the prompt one token, and the rest of the suggestion, held in the cells, is verified as a
-    draft in one call: the text is the model's own middle there (synthetic F32: a fresh
-    evaluation's, token for token), counted through the decode calls. A character it does not
-    have: the model writes on as usual."""
+    the prompt one token (inside the cursor's word, which the prompt leaves out, no new one), and
+    the rest of the suggestion, held in the cells after the new prompt, is verified as a draft in
+    one call: the text is the model's own middle there (synthetic F32: a fresh evaluation's, token
+    for token), counted through the decode calls. A character it does not have: the draft stops
+    where it disagrees and the model writes on as usual."""
     with Ensemble.load([models["fim"]], n_ctx=1024) as ens:
         m = ens.models[0]
         calls: list[list[int]] = []  # the tokens of each llama_decode call
         decode = m.decode
         m.decode = lambda parts: calls.append([len(tokens) for _, tokens, _, _ in parts]) or decode(parts)  # type: ignore[method-assign]
         cached = dict(max_tokens=16, temperature=0, infill_layout="cached", proposer="lookup")
-        first = ens.generate(Infill(PREFIX, SUFFIX, TYPED), cache_prompt=True, **cached)
-        assert first.token_ids and len(first.token_ids) == 16
-        for j in (2, 5):
-            typed = TYPED + _typed_through(m, PREFIX + TYPED, first.token_ids, j)
+        budget = Budget(m.n_batch, m.n_ctx, 16)
+        grew = []
+        for before, j in ((TYPED + " ", 2), (TYPED + " ", 5), (TYPED, 5)):  # after a space; inside the word " plus"
+            first = ens.generate(Infill(PREFIX, SUFFIX, before), cache_prompt=True, **cached)
+            assert first.token_ids and len(first.token_ids) == 16
+            prompt = fim_prompt(m, Infill(PREFIX, SUFFIX, before), budget, "cached")
+            typed = before + _typed_through(m, prompt.cursor.healed, first.token_ids, j)
+            now = fim_prompt(m, Infill(PREFIX, SUFFIX, typed), budget, "cached").tokens
+            cells = prompt.tokens + first.token_ids[:-1]  # the last token written was never evaluated
+            assert cells[: len(now)] == now and typed != before  # the case: the new prompt is what the cells hold
+            grew.append(len(now) - len(prompt.tokens))
+            held = min(len(cells) - len(now), 15)  # the last of max_tokens is the first past the draft
             own = ens.generate(Infill(PREFIX, SUFFIX, typed), **cached)  # a fresh evaluation, nothing kept
-            ens.generate(Infill(PREFIX, SUFFIX, TYPED), cache_prompt=True, **cached)  # the suggestion in the cells again
+            ens.generate(Infill(PREFIX, SUFFIX, before), cache_prompt=True, **cached)  # the suggestion in the cells again
             calls.clear()
             again = ens.generate(Infill(PREFIX, SUFFIX, typed), cache_prompt=True, **cached)
             assert again.token_ids == own.token_ids and again.text == own.text
             assert again.stats.prompt_evaluated == 1 < own.stats.prompt_evaluated, (j, again.stats.prompt_evaluated)
-            assert again.stats.held_proposed == again.stats.held_accepted == 16 - j, again.stats
+            assert again.stats.held_proposed == again.stats.held_accepted == held >= 16 - j, again.stats
             # one call evaluates the prompt's last token and scores the held draft (its last row the first token
             # past it); then one a token up to max_tokens
-            assert calls == [[1 + 16 - j]] + [[1]] * (j - 1), calls
+            assert calls == [[1 + held]] + [[1]] * (15 - held), calls
             assert own.stats.calls[0] == 15  # fresh: one a token, the first from the prompt's row
+        assert grew[0] > 0 and grew[1] > grew[0] and grew[2] == 0, grew  # typed tokens past a word; none inside one
+        ens.generate(Infill(PREFIX, SUFFIX, TYPED), cache_prompt=True, **cached)
         other = ens.generate(Infill(PREFIX, SUFFIX, TYPED + "Q"), cache_prompt=True, **cached)
-        assert other.stats.held_proposed == 0 and other.text == ens.generate(Infill(PREFIX, SUFFIX, TYPED + "Q"), **cached).text
+        assert other.stats.held_accepted == other.stats.held_proposed < 15  # drafted up to where the word disagrees
+        assert other.text == ens.generate(Infill(PREFIX, SUFFIX, TYPED + "Q"), **cached).text
 
 
 def test_ollama_and_openai_clients_fill_in_the_middle_with_suffix(fim_server, fim_pair):
@@ -755,16 +786,22 @@ def test_the_cursors_token_healed_on_the_trained_model(trained):
     """The 1.5B, greedy, both healed layouts, the cursor after indentation, inside a word and
     after a multi-byte character: the middle's first tokens write the healed bytes (the model's
     own cut of the text at the cursor: `    ` + ` pi`, `urn`), and the text is what follows
-    them; inside `retu` the makers' order healed finishes the word."""
+    them (the cached layout heals back to the word's start: ` retu`, `"Zoë`); inside `retu` both
+    finish the word."""
     cursors = [("def area(radius):\n    ", "\n\n\nprint(area(2))\n"), ("def area(radius):\n    retu", "\n\n\nprint(area(2))\n"),
                ('def greet():\n    return "Zoë', "\n")]  # fmt: skip
     with Ensemble.load([trained("coder-1.5b")], n_ctx=1024) as ens:
         m = ens.models[0]
         for layout in ("makers-healed", "cached"):
             for prefix, suffix in cursors:
-                healed = m.piece(m.tokenize(prefix, add_bos=False)[-1])
+                healed = fim_prompt(m, Infill(prefix, suffix), Budget(m.n_batch, m.n_ctx, 12), layout).cursor.healed
+                if layout == "makers-healed":
+                    assert healed == m.piece(m.tokenize(prefix, add_bos=False)[-1])
+                else:  # the word before the cursor, and no more than white space before it
+                    assert healed.decode().lstrip() == re.search(r"\w*$", prefix).group(), healed
                 out = ens.generate(Infill(prefix, suffix), max_tokens=12, temperature=0, infill_layout=layout)
                 written = b"".join(m.piece(t) for t in out.token_ids or [])
                 assert written.startswith(healed) and len(healed) >= (2 if "ë" in prefix else 1), (layout, prefix, written)
                 assert out.text == written[len(healed) :].decode(errors="replace")[: len(out.text)] and out.text, (layout, prefix, out.text)
-        assert ens.generate(Infill(*cursors[1]), max_tokens=12, temperature=0, infill_layout="makers-healed").text.startswith("rn ")
+        for layout in ("makers-healed", "cached"):
+            assert ens.generate(Infill(*cursors[1]), max_tokens=12, temperature=0, infill_layout=layout).text.startswith("rn "), layout

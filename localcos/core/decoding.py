@@ -45,7 +45,7 @@ from .constrained import SequenceConstraint, TokenMatcher
 from .lookup import LookupState
 from .sampling import Sampler, softmax
 from .speedmodel import AutoGamma, Costs
-from .text import TextAssembler
+from .text import ENDS, TextAssembler
 from .verify import verify
 
 if TYPE_CHECKING:  # a model's sequence, as the core reads it: its tokens, truncate(n), name
@@ -573,8 +573,8 @@ class Decoder:
                 self.speculation.bonus += 1
             if self.on_commit is not None:
                 self.on_commit(token, origin)
-            if self.text.push(token):  # a stop string, the suffix (a middle ended); an editor's indentation or time rule cuts it as a limit would
-                self.finish_reason = "stop" if self.text.ended_by in ("word", "suffix") else "length"
+            if self.text.push(token):
+                self.finish_reason = "stop" if self.text.ended_by in ENDS else "length"
             elif len(self.committed) >= self.max_length:
                 self.finish_reason = "length"
         n = len(self.committed)

@@ -39,6 +39,18 @@ class Cursor:
             start = end + 1
         return ""
 
+    @property
+    def in_block(self) -> bool:
+        """Whether the suffix's first line that is not blank is indented: the code after the
+        cursor goes on inside a block, which a line of the middle at the margin has left."""
+        first = next((line for line in (self.suffix or "").split("\n") if line.strip()), "")
+        return first[:1] in (" ", "\t")
+
+
+# the rules that end a text as its own end (a finish reason "stop"); the editor's "indent" and
+# "time" cut it as a length would
+ENDS = ("word", "suffix", "block")
+
 
 class TextAssembler:
     """Builds the completion text from token pieces and watches for what ends it: stop strings,
@@ -51,7 +63,10 @@ class TextAssembler:
     text) with the suffix's text up to its first line that is not blank (`Cursor.runs_into`,
     trailing white space aside), starting where a line starts, at the middle's start, or anywhere
     on the cursor's own line where the suffix begins inside that line, the text ends before it
-    (`ended_by` "suffix")."""
+    (`ended_by` "suffix"); and where the suffix goes on inside a block (`Cursor.in_block`), a new
+    line of the middle that begins at the margin with text ends it at the end of its last line
+    that is not blank (`ended_by` "block": the model went on past the block's end, as it does
+    reading the prefix last, into the file's end or a test of it)."""
 
     def __init__(self, piece: Callable[[int], bytes], stop: Sequence[str] = (), *, indent: int = 0,
                  late: Callable[[], bool] | None = None, cursor: Cursor | None = None) -> None:  # fmt: skip
@@ -61,12 +76,14 @@ class TextAssembler:
         # a suffix that begins with a new line is matched wherever a line of the middle ends; one
         # that begins with a line's text, where a line begins or on the cursor's own line
         self._at_line_end = self._runs_into.startswith("\n")
+        self._in_block = cursor is not None and cursor.in_block
+        self._block_scan = 0  # where `_left_block` looks for the next new line
         self._stop = [s for s in stop if s]
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._text = ""
         self._emitted = 0  # characters already handed out as final
         self.stopped = False  # the text ended: a stop string (before it), or an editor's rule
-        self.ended_by: str | None = None  # "word" (a stop string, `word`), "indent" or "time"
+        self.ended_by: str | None = None  # "word" (a stop string, `word`), "suffix", "block", "indent" or "time"
         self.word: str | None = None
         self._hold = max((len(s) for s in self._stop), default=0)
         self._finished = False
@@ -112,6 +129,8 @@ class TextAssembler:
                 if self._ran_into_suffix(newline):
                     return True
                 newline = self._text.find("\n", newline + 1)
+        if self._in_block and self._left_block():
+            return True
         if self._indent > 0 and self._outdented():
             return True
         if self._late is not None and "\n" in piece and self._late():
@@ -139,6 +158,19 @@ class TextAssembler:
                 self._end(at, "indent")
                 return True
             self._line, self._scan = -1, at  # judged: the next new line opens the next line to judge
+
+    def _left_block(self) -> bool:
+        """Whether a line after a new line begins at the margin with text (blank lines aside):
+        the text then ends at the end of the last line before it that is not blank."""
+        text = self._text
+        newline = text.find("\n", self._block_scan)
+        while newline >= 0 and newline + 1 < len(text):
+            if text[newline + 1] not in " \t\r\n":
+                self._end(len(text[: newline + 1].rstrip()), "block")
+                return True
+            newline = text.find("\n", newline + 1)
+        self._block_scan = len(text) if newline < 0 else newline  # a new line at the end: judged with what follows
+        return False
 
     def _ran_into_suffix(self, end: int) -> bool:
         """Whether the line that ends at `end` ends with what of the suffix a middle that runs
@@ -173,6 +205,8 @@ class TextAssembler:
         if self._runs_into and not (self.stopped or self._finished):
             # a middle that runs into the suffix is cut at most that far before the line it is on
             end = min(end, max(0, self._text.rfind("\n") + 1 - len(self._runs_into)))
+        if self._in_block and not (self.stopped or self._finished):
+            end = min(end, len(self._text.rstrip()))  # the block's end drops the blank lines before it
         piece = self._text[self._emitted : end]
         self._emitted = max(self._emitted, end)
         return piece

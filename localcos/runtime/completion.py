@@ -28,7 +28,7 @@ class Completion:
     origins: list[Origin] = field(default_factory=list)
     end_token: int | None = None
     data: bytes | None = None
-    stopped_by: str | None = None  # where a rule on the text ended it: "word" (`stop_word`), "indent" or "time" (`core.text`)
+    stopped_by: str | None = None  # where a rule on the text ended it: "word" (`stop_word`), "suffix", "block", "indent" or "time" (`core.text`)
     stop_word: str | None = None
 
     @property
