@@ -43,8 +43,7 @@ class Cursor:
     def in_block(self) -> bool:
         """Whether the suffix's first line that is not blank is indented: the code after the
         cursor goes on inside a block, which a line of the middle at the margin has left."""
-        first = next((line for line in (self.suffix or "").split("\n") if line.strip()), "")
-        return first[:1] in (" ", "\t")
+        return self.runs_into.rsplit("\n", 1)[-1][:1] in (" ", "\t")  # that line ends what a middle may run into
 
 
 # the rules that end a text as its own end (a finish reason "stop"); the editor's "indent" and
