@@ -19,17 +19,22 @@ three ways (`INFILL_LAYOUTS`, the setting `infill_layout`):
   `3 window / 4` and the suffix's first `window / 4 - 2 - len(typed)` tokens are read
   (llama-server's n_batch is the window).
 - `makers-healed`: the same, with the cursor's token healed (below).
-- `cached`: the suffix first, then the text before the cursor, which the model goes on from (the
-  joint SPM order StarCoder and Code Llama read, after the same repository header):
+- `cached`: the prefix up to the cursor's block, the suffix, then the cursor's block, which the
+  model goes on from (after the same repository header):
 
-    [BOS] [PRE] [SUF] suffix [MID] prefix typed
+    [BOS] [PRE] prefix-above [SUF] suffix [MID] block typed
 
-  Everything a keystroke changes is then at the prompt's end, so a server that keeps the cells of
-  the last request evaluates only what was typed. Because the model no longer reads the suffix
-  right after the cursor, a middle that runs into it is cut where it begins (`core.text`). The
-  prefix and the typed part are one text, of which at most `3 window / 4` tokens are read, cut at
-  the start of a line that is a block's first (`block_start`: a line whose text, with the line
-  before it, hashes to a multiple of `Budget.block`), so that the start moves about once every
+  The prefix and the typed part are one text, cut at the last whole line that begins a block
+  (`middle_start`: a line whose text, with the line before it, hashes to a multiple of
+  `MIDDLE_BLOCK`); with no such line, all of it follows the middle token (the joint SPM order
+  StarCoder and Code Llama read). So the model reads most of the prefix where its makers
+  trained it to, before the suffix, and goes on from a middle begun a few lines up (where the
+  whole prefix follows the middle token, its middles are worse). Everything a keystroke changes is then at the prompt's end, so a
+  server that keeps the cells of the last request evaluates only what was typed; the suffix is
+  read again only when an ended line begins a new block. Because the model does not read the
+  suffix right after the cursor, a middle that runs into it is cut where it begins (`core.text`).
+  At most `3 window / 4` tokens of the text are read, from the start of a line that is a block's
+  first (`block_start`, blocks of `Budget.block` lines), so that the start moves about once every
   `block` lines while an editor's window of lines slides down the file; the suffix's first
   `window / 4 - 2` tokens are read, whatever is typed.
 
@@ -70,6 +75,9 @@ SNIPPET = "\n\n--- snippet ---\n\n"
 INFILL_LAYOUTS = ("makers", "makers-healed", "cached")
 # the cached layout heals back to the start of the cursor's word, over at most this many tokens
 WORD_TOKENS = 8
+# the cached layout's middle begins with the lines of the cursor's block: blocks of this many lines
+# on average (the suffix is read again when a new block begins)
+MIDDLE_BLOCK = 4
 
 
 @dataclass(frozen=True)
@@ -165,10 +173,13 @@ def fim_prompt(model: Model, infill: Infill, budget: Budget, layout: str = "make
     head = extra[len(extra) - n_extra :] + ([model.bos] if model.add_bos else [])
     most = 3 * (budget.window // 4)  # the prefix's tokens
     if layout == "cached":
-        read = _last_tokens(tokens(block_start(infill.prefix + infill.typed, most, budget.block, tokens)), most)
-        before, healed = _healed(model, read, WORD_TOKENS)
+        text = block_start(infill.prefix + infill.typed, most, budget.block, tokens)
+        at = middle_start(text, MIDDLE_BLOCK)
+        begun = _last_tokens(tokens(text[at:]), most)
+        above = _last_tokens(tokens(text[:at]), most - len(begun))
+        before, healed = _healed(model, begun, WORD_TOKENS)
         suffix = tokens(infill.suffix)[: budget.suffix_tokens(0)]
-        return FimPrompt(head + [fim.prefix, fim.suffix, *suffix, fim.middle, *before], Cursor(healed, infill.suffix))
+        return FimPrompt(head + [fim.prefix, *above, fim.suffix, *suffix, fim.middle, *before], Cursor(healed, infill.suffix))
     typed = tokens(infill.typed, special=True)  # llama-server reads `prompt` with its special tokens
     prefix = _last_tokens(tokens(infill.prefix), most)
     suffix = tokens(infill.suffix)[: budget.suffix_tokens(len(typed))]
@@ -203,18 +214,12 @@ def _in_word(byte: int) -> bool:
 
 def block_start(text: str, most: int, block: int, tokens: Callable[[str], list[int]]) -> str:
     """`text` whole where its tokens are at most `most`; else from the earliest line that
-    begins a block and leaves at most that many (a line whose text and the text of the line
-    before it hash to a multiple of `block`: about one line in `block`, the same line whatever
-    comes after it, so the start stays put while lines are added at the end or dropped at the
-    start before it); where none does, the text itself (whose last `most` tokens are read)."""
+    begins a block (`_block_firsts`) and leaves at most that many, so that the start stays put
+    while lines are added at the end or dropped at the start before it; where none does, the
+    text itself (whose last `most` tokens are read)."""
     if len(tokens(text)) <= most:
         return text
-    lines = text.split("\n")
-    starts, at = [], 0
-    for i, line in enumerate(lines[:-1]):
-        at += len(line) + 1
-        if zlib.crc32(f"{line}\n{lines[i + 1]}".encode()) % block == 0:
-            starts.append(at)  # line i + 1 begins a block
+    starts = _block_firsts(text, block)
     lo, hi = 0, len(starts)  # the earliest start that leaves few enough tokens (fewer the later it starts)
     while lo < hi:
         mid = (lo + hi) // 2
@@ -223,6 +228,28 @@ def block_start(text: str, most: int, block: int, tokens: Callable[[str], list[i
         else:
             lo = mid + 1
     return text[starts[lo] :] if lo < len(starts) else text
+
+
+def middle_start(text: str, block: int) -> int:
+    """Where the cached layout's middle begins in `text`, the prefix and the typed part: at the
+    last whole line that begins a block (of `block` lines on average), the cursor's line being
+    still typed; 0 (all of it) where none does. It moves only when a line is ended, and then
+    about once every `block` lines."""
+    whole = text.rfind("\n") + 1  # where the cursor's line begins
+    return max((at for at in _block_firsts(text, block) if at < whole), default=0)
+
+
+def _block_firsts(text: str, block: int) -> list[int]:
+    """Where the lines of `text` that begin a block begin: a line whose text and the text of the
+    line before it hash to a multiple of `block` (about one line in `block`, the same line
+    whatever comes after it)."""
+    lines = text.split("\n")
+    firsts, at = [], 0
+    for i, line in enumerate(lines[:-1]):
+        at += len(line) + 1
+        if zlib.crc32(f"{line}\n{lines[i + 1]}".encode()) % block == 0:
+            firsts.append(at)  # line i + 1 begins a block
+    return firsts
 
 
 class InfillSettings(Protocol):

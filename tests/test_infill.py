@@ -29,7 +29,7 @@ from localcos.eval.sandbox import run_program, Limits
 from localcos.core.constrained import Both
 from localcos.core.healing import Healing, TokenBytes
 from localcos.core.text import Cursor
-from localcos.infill import Budget, FimTokens, block_start, fim_prompt
+from localcos.infill import MIDDLE_BLOCK, Budget, FimTokens, block_start, fim_prompt, middle_start
 from localcos.testing.invariants import checked
 from statcheck import assert_law
 from test_fake_decoding import N  # the fakes' joint-law sample size
@@ -102,39 +102,65 @@ def test_fim_tokens_come_from_the_header_or_their_text_and_end_a_middle(models):
 
 
 def test_the_cached_layout_reads_the_suffix_first_and_heals_the_cursors_token(models):
-    """`cached`: [BOS] PRE SUF suffix MID prefix+typed (one text), the tokens of the word the
-    cursor is in taken back (` pl` `u` `s` of `two plus`: not ` two`, before a space) and their
-    bytes the cursor's healed bytes; the suffix's first window/4 - 2 tokens whatever is typed;
-    the repository header first, as in the makers' layout. `makers-healed`: the makers' tokens
-    with the last before SUF taken back, only that one."""
+    """`cached`: [BOS] PRE prefix-above SUF suffix MID cursor's-block+typed, the prefix and the
+    typed part one text cut where the cursor's block begins (`middle_start`), the tokens of the
+    word the cursor is in taken back (` pl` `u` `s` of `two plus`: not ` two`, before a space)
+    and their bytes the cursor's healed bytes; the suffix's first window/4 - 2 tokens whatever is
+    typed; the repository header first, as in the makers' layout. `makers-healed`: the makers'
+    tokens with the last before SUF taken back, only that one."""
     m = Model(models["fim"], vocab_only=True)
     pre, suf, mid = (m.tokenize(t, add_bos=False, special=True)[0] for t in QWEN_FIM[:3])
 
     def tok(text: str) -> list[int]:
         return m.tokenize(text, add_bos=False)
 
-    budget = Budget(48, 4096, 16)
-    before = tok(PREFIX + TYPED)
-    word = len(before) - len(tok(PREFIX + TYPED[: TYPED.index(" ")]))  # the tokens of "plus", its space with them
-    assert word == 3 and b"".join(m.piece(t) for t in before[-word:]) == b" plus"  # the word cut in three: the case
-    cached = fim_prompt(m, Infill(PREFIX, SUFFIX * 3, TYPED), budget, "cached")
-    assert cached.tokens == [m.bos, pre, suf, *tok(SUFFIX * 3)[:10], mid, *before[:-word]]
+    budget = Budget(96, 4096, 16)
+    prefix = PREFIX + "the bells ring out at noon\nfar over the green hills\n"
+    text = prefix + TYPED
+    at = middle_start(text, MIDDLE_BLOCK)
+    assert 0 < at < len(prefix) and text[at - 1] == "\n" and len(tok(text)) < 72  # the case: a whole line above begins the block; nothing cut
+    begun = tok(text[at:])
+    word = len(begun) - len(tok(text[at : text.index(" plus")]))  # the tokens of "plus", its space with them
+    assert word == 3 and b"".join(m.piece(t) for t in begun[-word:]) == b" plus"  # the word cut in three: the case
+    cached = fim_prompt(m, Infill(prefix, SUFFIX * 3, TYPED), budget, "cached")
+    assert cached.tokens == [m.bos, pre, *tok(text[:at]), suf, *tok(SUFFIX * 3)[:22], mid, *begun[:-word]]
     assert cached.cursor == Cursor(b" plus", SUFFIX * 3)
-    assert fim_prompt(m, Infill(PREFIX, SUFFIX * 3, TYPED + " "), budget, "cached").cursor == Cursor(b" ", SUFFIX * 3)  # no word: one token
+    assert fim_prompt(m, Infill(prefix, SUFFIX * 3, TYPED + " "), budget, "cached").cursor == Cursor(b" ", SUFFIX * 3)  # no word: one token
     # a keystroke changes only the prompt's end: everything up to the prefix is the same tokens
-    more = fim_prompt(m, Infill(PREFIX, SUFFIX * 3, TYPED + " the"), budget, "cached").tokens
+    more = fim_prompt(m, Infill(prefix, SUFFIX * 3, TYPED + " the"), budget, "cached").tokens
     assert more[: len(cached.tokens)] == cached.tokens and len(more) > len(cached.tokens)
-    makers = fim_prompt(m, Infill(PREFIX, SUFFIX * 3, TYPED), budget).tokens
-    assert makers[makers.index(suf) + 1 : -1] != cached.tokens[3:13]  # the makers' suffix budget shrinks with what is typed
+    makers = fim_prompt(m, Infill(prefix, SUFFIX * 3, TYPED), budget).tokens
+    assert len(makers[makers.index(suf) + 1 : -1]) < 22  # the makers' suffix budget shrinks with what is typed
+    # no line above begins a block: all of the prefix is read after the middle token
+    assert middle_start(PREFIX + TYPED, MIDDLE_BLOCK) == 0
+    alone = fim_prompt(m, Infill(PREFIX, SUFFIX, TYPED), budget, "cached").tokens
+    assert alone[:2] == [m.bos, pre] and alone[2] == suf and tok(PREFIX + TYPED)[: len(alone) - alone.index(mid) - 1] == alone[alone.index(mid) + 1 :]
     healed = fim_prompt(m, Infill(PREFIX, SUFFIX, TYPED), budget, "makers-healed")
     typed = m.tokenize(TYPED, add_bos=False, special=True)
-    assert healed.tokens == [m.bos, pre, *tok(PREFIX)[-36:], *typed[:-1], suf, *tok(SUFFIX)[: 12 - 2 - len(typed)], mid]
+    assert healed.tokens == [m.bos, pre, *tok(PREFIX)[-72:], *typed[:-1], suf, *tok(SUFFIX)[: 24 - 2 - len(typed)], mid]
     assert healed.cursor == Cursor(m.piece(typed[-1])) and fim_prompt(m, Infill(PREFIX, SUFFIX, TYPED), budget).cursor is None
     extra = (ExtraChunk("import os\n", "a.py"),)
     header = fim_prompt(m, Infill(PREFIX, SUFFIX, TYPED, extra), Budget(512, 4096, 16), "cached").tokens
     assert header[: header.index(m.bos)] == fim_prompt(m, Infill(PREFIX, SUFFIX, TYPED, extra), Budget(512, 4096, 16)).tokens[: header.index(m.bos)]
     # nothing before the cursor: nothing to heal
     assert fim_prompt(m, Infill("", SUFFIX), budget, "cached").cursor == Cursor(b"", SUFFIX)
+
+
+def test_the_cached_layouts_middle_begins_at_the_cursors_block_which_moves_only_as_lines_end():
+    """middle_start: a whole line's start before the cursor's line (0 for none); it stays put
+    while the cursor's line is typed, never moves back as lines are added, and moves about once
+    every `block` lines, not at each."""
+    lines = [f"    value_{i} = compute({i}, {i * 7 % 13})" for i in range(200)]
+    block, starts = 4, []
+    for n in range(1, 200):
+        above = "\n".join(lines[:n]) + "\n"
+        at = [middle_start(above + lines[n][:k], block) for k in range(0, len(lines[n]), 7)]
+        assert len(set(at)) == 1 and at[0] < len(above) and (at[0] == 0 or above[at[0] - 1] == "\n")  # put while the line is typed
+        starts.append(at[0])
+    assert starts == sorted(starts)
+    moves = sum(a != b for a, b in zip(starts, starts[1:]))
+    assert 200 / (3 * block) < moves < 200 / (block / 3), moves
+    assert middle_start("one line typed", block) == 0 and middle_start("", block) == 0
 
 
 def test_a_long_prefix_starts_at_a_blocks_first_line_which_stays_put_as_the_window_slides():

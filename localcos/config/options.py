@@ -295,10 +295,11 @@ _OPTIONS = [
     _option("infill_layout", "--infill-layout", "output", "generation", _choice(INFILL_LAYOUTS),
             "fill-in-the-middle: how the prompt is laid out: makers (the models' makers' order, prefix, suffix, middle, as "
             "llama-server and Ollama lay it out), makers-healed (the same with the cursor's token healed: taken back, and the "
-            "middle made to begin with its bytes in tokens the model chooses), cached (the suffix first, then the prefix the "
-            "model goes on from, the cursor's token healed: with the last request's cells kept (--cache-prompt, /infill's "
-            "default) a keystroke then evaluates only what was typed; a middle that runs into the suffix ends where the "
-            "suffix begins)", default="makers", choices=INFILL_LAYOUTS),
+            "middle made to begin with its bytes in tokens the model chooses), cached (the prefix up to the cursor's block of "
+            "lines, the suffix, then the cursor's block, which the model goes on from, the cursor's word healed: with the last "
+            "request's cells kept (--cache-prompt, /infill's default) a keystroke then evaluates only what was typed, and the "
+            "suffix is read again only when a new block begins, about every 4 lines; a middle that runs into the suffix ends "
+            "where the suffix begins)", default="makers", choices=INFILL_LAYOUTS),
     _option("infill_block", "--infill-block", "output", "generation", _at_least(1),
             "fill-in-the-middle, --infill-layout cached: a prefix longer than its budget starts at the first line of a block "
             "(a block is about N lines, its first lines chosen by their text), so its start moves about once every N lines as "
