@@ -29,9 +29,9 @@ three ways (`INFILL_LAYOUTS`, the setting `infill_layout`):
   `MIDDLE_BLOCK`); with no such line, all of it follows the middle token (the joint SPM order
   StarCoder and Code Llama read). So the model reads most of the prefix where its makers
   trained it to, before the suffix, and goes on from a middle begun a few lines up (where the
-  whole prefix follows the middle token, its middles are worse). Everything a keystroke changes is then at the prompt's end, so a
-  server that keeps the cells of the last request evaluates only what was typed; the suffix is
-  read again only when an ended line begins a new block. Because the model does not read the
+  whole prefix follows the middle token, its middles are worse). Everything a keystroke changes
+  is then at the prompt's end, so a server that keeps the cells of the last request evaluates
+  only what was typed; the suffix is read again only when an ended line begins a new block. Because the model does not read the
   suffix right after the cursor, a middle that runs into it is cut where it begins (`core.text`).
   At most `3 window / 4` tokens of the text are read, from the start of a line that is a block's
   first (`block_start`, blocks of `Budget.block` lines), so that the start moves about once every
